@@ -1,0 +1,17 @@
+"""Builds opforge's one C++ extension, opforge._native (the kernel-call fast path)."""
+import numpy
+from setuptools import Extension, setup
+
+native = Extension(
+    "opforge._native",
+    sources=[
+        "src/opforge/_native/native.cc",
+        "src/opforge/_native/extra_abi0.cc",
+        "src/opforge/_native/extra_abi1.cc",
+    ],
+    include_dirs=[numpy.get_include()],
+    extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
+    language="c++",
+)
+
+setup(ext_modules=[native])

@@ -1,0 +1,25 @@
+"""opforge: custom tensor operators, defined once.
+
+    import opforge
+    op = opforge.Custom("./kernel.cc:CustomKernel", out_shape=None, out_dtype="float32",
+                        reg_info=opforge.CustomRegOp("add_reduce").attr("axis", "required", "all", value=1)...)
+    y = op(x1, x2)
+"""
+from pathlib import Path
+
+from . import errors
+from .attrs import AttrDef
+from .dtypes import ABI_DTYPES
+from .errors import *  # noqa: F401,F403 - the typed errors are part of the public API
+from .frontends.mindspore import Custom, CustomRegOp, DataType
+from .op import InputDef, Kernel, Op, PyKernel
+from .runtime.aot import AotKernel
+from .runtime.build import build, cache_dir
+from .spec import TensorSpec
+
+__version__ = "0.1.0"
+
+
+def include_dir() -> str:
+    """Folder holding ``custom_aot_extra.h``; pass it to your compiler with -I."""
+    return str(Path(__file__).resolve().parent / "include")

@@ -1,0 +1,789 @@
+// opforge._native: the C side of a kernel call.
+//
+// * Extra     -- owns one AotExtra (attributes, workspace sizes, kernel data)
+//                of the string ABI the kernel library was built with.
+// * call_init / call_infer / call_kernel -- call a kernel library's entry
+//                points inside try/catch, so no C++ exception reaches Python.
+// * Launcher  -- the eager fast path: checks NumPy inputs against a small
+//                cache of per-signature plans, allocates outputs and
+//                workspace, calls the kernel.  Anything unusual (a new
+//                signature, a non-contiguous input, an error) goes back to
+//                the Python planner, which owns the rules.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "../include/custom_aot_extra.h"
+#include "extra_state.h"
+
+static_assert(sizeof(npy_intp) == sizeof(int64_t), "opforge needs a 64-bit npy_intp");
+
+namespace {
+
+using opforge_native::AttrKind;
+using opforge_native::ExtraState;
+using opforge_native::NeutralAttr;
+
+using KernelFn = int (*)(int, void **, int *, int64_t **, const char **, void *, void *);
+using InitFn = int (*)(int *, int64_t **, const char **, AotExtra *);
+using InferFn = std::vector<int64_t> (*)(int *, int64_t **, AotExtra *);
+using InferMultiFn = std::vector<std::vector<int64_t>> (*)(int *, int64_t **, AotExtra *);
+
+// ---------------------------------------------------------------- Extra ----
+
+struct ExtraObject {
+  PyObject_HEAD
+  ExtraState *state;
+  AotExtra *extra;
+  int cxx11_abi;
+};
+
+bool ParseNumberList(PyObject *seq, std::vector<int64_t> *ints, std::vector<double> *reals, bool *all_int) {
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject *item = items[k];
+    if (PyBool_Check(item)) return false;
+    if (PyLong_Check(item)) {
+      long long v = PyLong_AsLongLong(item);
+      if (v == -1 && PyErr_Occurred()) return false;
+      ints->push_back(v);
+      reals->push_back(static_cast<double>(v));
+    } else if (PyFloat_Check(item)) {
+      *all_int = false;
+      ints->push_back(0);
+      reals->push_back(PyFloat_AS_DOUBLE(item));
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Converts one Python attribute value (bool, int, float, str, or a list or
+// list of lists of numbers -- already normalised by opforge.attrs) into C++.
+bool ParseAttr(PyObject *name, PyObject *value, NeutralAttr *out) {
+  Py_ssize_t len;
+  const char *utf8 = PyUnicode_AsUTF8AndSize(name, &len);
+  if (utf8 == nullptr) return false;
+  out->name.assign(utf8, utf8 + len + 1);
+  if (PyBool_Check(value)) {
+    out->kind = AttrKind::kBool;
+    out->b = value == Py_True;
+    return true;
+  }
+  if (PyLong_Check(value)) {
+    out->kind = AttrKind::kInt;
+    out->i = PyLong_AsLongLong(value);
+    return !(out->i == -1 && PyErr_Occurred());
+  }
+  if (PyFloat_Check(value)) {
+    out->kind = AttrKind::kFloat;
+    out->f = PyFloat_AS_DOUBLE(value);
+    return true;
+  }
+  if (PyUnicode_Check(value)) {
+    const char *text = PyUnicode_AsUTF8AndSize(value, &len);
+    if (text == nullptr) return false;
+    out->kind = AttrKind::kStr;
+    out->text.assign(text, text + len + 1);
+    return true;
+  }
+  if (PyList_Check(value) || PyTuple_Check(value)) {
+    PyObject *seq = PySequence_Fast(value, "attribute list");
+    if (seq == nullptr) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    bool ok = true, all_int = true;
+    if (n == 0) {
+      out->kind = AttrKind::kEmptyList;
+    } else if (PyList_Check(PySequence_Fast_GET_ITEM(seq, 0)) || PyTuple_Check(PySequence_Fast_GET_ITEM(seq, 0))) {
+      for (Py_ssize_t r = 0; ok && r < n; ++r) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, r), "attribute row");
+        if (row == nullptr) { ok = false; break; }
+        out->ints.emplace_back();
+        out->reals.emplace_back();
+        ok = ParseNumberList(row, &out->ints.back(), &out->reals.back(), &all_int);
+        Py_DECREF(row);
+      }
+      out->kind = all_int ? AttrKind::kInt2D : AttrKind::kFloat2D;
+    } else {
+      out->ints.emplace_back();
+      out->reals.emplace_back();
+      ok = ParseNumberList(seq, &out->ints.back(), &out->reals.back(), &all_int);
+      out->kind = all_int ? AttrKind::kIntList : AttrKind::kFloatList;
+    }
+    Py_DECREF(seq);
+    if (!ok && !PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError, "attribute '%s': lists may hold only numbers or lists of numbers", out->name.data());
+    return ok;
+  }
+  PyErr_Format(PyExc_TypeError, "attribute '%s': unsupported value of type %s", out->name.data(),
+               Py_TYPE(value)->tp_name);
+  return false;
+}
+
+int Extra_init(ExtraObject *self, PyObject *args, PyObject *kwds) {
+  static const char *kwlist[] = {"op_name", "attrs", "cxx11_abi", nullptr};
+  const char *op_name;
+  PyObject *attrs;
+  int cxx11_abi = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO!|p", const_cast<char **>(kwlist), &op_name, &PyDict_Type, &attrs,
+                                   &cxx11_abi))
+    return -1;
+  if (self->extra != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Extra is already initialised");
+    return -1;
+  }
+  auto *state = new ExtraState();
+  state->op_name.assign(op_name, op_name + std::strlen(op_name) + 1);
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(attrs, &pos, &key, &value)) {
+    state->attrs.emplace_back();
+    if (!PyUnicode_Check(key) || !ParseAttr(key, value, &state->attrs.back())) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "attribute names must be str");
+      delete state;
+      return -1;
+    }
+  }
+  self->state = state;
+  self->cxx11_abi = cxx11_abi;
+  self->extra = cxx11_abi ? opforge_native::NewExtraAbi1(state) : opforge_native::NewExtraAbi0(state);
+  return 0;
+}
+
+void Extra_dealloc(ExtraObject *self) {
+  if (self->extra != nullptr) {
+    // Kernel data set by the kernel's Init is ours: delete it exactly once.
+    // Its destructor is user code, so keep any exception on this side.
+    try {
+      self->extra->DestructKernelData();
+    } catch (...) {
+    }
+    delete self->extra;
+  }
+  delete self->state;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+PyObject *Extra_address(ExtraObject *self, void *) { return PyLong_FromVoidPtr(self->extra); }
+
+PyObject *Extra_workspace(ExtraObject *self, void *) {
+  const std::vector<size_t> &sizes = self->extra->WorkSpace();
+  PyObject *list = PyList_New(static_cast<Py_ssize_t>(sizes.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t k = 0; k < sizes.size(); ++k) PyList_SET_ITEM(list, k, PyLong_FromSize_t(sizes[k]));
+  return list;
+}
+
+PyObject *Extra_has_kernel_data(ExtraObject *self, void *) { return PyBool_FromLong(self->extra->KernelData() != nullptr); }
+
+PyObject *Extra_cxx11_abi(ExtraObject *self, void *) { return PyBool_FromLong(self->cxx11_abi); }
+
+PyGetSetDef Extra_getset[] = {
+    {"address", reinterpret_cast<getter>(Extra_address), nullptr, "the AotExtra* passed to kernels", nullptr},
+    {"workspace", reinterpret_cast<getter>(Extra_workspace), nullptr, "workspace sizes set by Init, in bytes", nullptr},
+    {"has_kernel_data", reinterpret_cast<getter>(Extra_has_kernel_data), nullptr, "whether Init set kernel data",
+     nullptr},
+    {"cxx11_abi", reinterpret_cast<getter>(Extra_cxx11_abi), nullptr, "string ABI of this AotExtra", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject ExtraType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+ExtraObject *AsExtra(PyObject *obj) {
+  if (obj == Py_None) return nullptr;
+  if (!PyObject_TypeCheck(obj, &ExtraType) || reinterpret_cast<ExtraObject *>(obj)->extra == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "expected an opforge._native.Extra or None");
+    return nullptr;
+  }
+  return reinterpret_cast<ExtraObject *>(obj);
+}
+
+// ------------------------------------------------- calling entry points ----
+
+// Result of a guarded call: either fine, or an error (kind, message) that the
+// Python side turns into a typed opforge error.
+struct Outcome {
+  const char *kind = nullptr;  // nullptr, "attr" or "exception"
+  char message[600] = {0};
+};
+
+void RecordException(Outcome *outcome, ExtraState *state, const char *what) {
+  if (state != nullptr && state->error_kind == opforge_native::kAttrError) {
+    outcome->kind = "attr";
+    std::snprintf(outcome->message, sizeof(outcome->message), "%s", state->error);
+  } else {
+    outcome->kind = "exception";
+    std::snprintf(outcome->message, sizeof(outcome->message), "%s", what);
+  }
+}
+
+// Attribute errors are recorded in the state as well as thrown, so a kernel
+// that swallows the exception still fails loudly.
+void CheckSwallowed(Outcome *outcome, ExtraState *state) {
+  if (outcome->kind == nullptr && state != nullptr && state->error_kind == opforge_native::kAttrError) {
+    outcome->kind = "attr";
+    std::snprintf(outcome->message, sizeof(outcome->message), "%s", state->error);
+  }
+}
+
+template <typename Call>
+void Guarded(Outcome *outcome, ExtraState *state, Call call) {
+  if (state != nullptr) state->error_kind = opforge_native::kNoError;
+  try {
+    call();
+  } catch (const std::exception &e) {
+    RecordException(outcome, state, e.what());
+  } catch (...) {
+    RecordException(outcome, state, "unknown C++ exception");
+  }
+  CheckSwallowed(outcome, state);
+}
+
+PyObject *OutcomeError(const Outcome &outcome) {
+  if (outcome.kind == nullptr) Py_RETURN_NONE;
+  return Py_BuildValue("(ss)", outcome.kind, outcome.message);
+}
+
+// Shapes and dtype names of a list of tensors, kept alive for one call.
+struct TensorDescs {
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<int> ndims;
+  std::vector<int64_t *> shapes;
+  std::vector<const char *> dtypes;
+  PyObject *dtype_seq = nullptr;
+
+  ~TensorDescs() { Py_XDECREF(dtype_seq); }
+
+  bool Load(PyObject *shape_list, PyObject *dtype_list) {
+    PyObject *seq = PySequence_Fast(shape_list, "shapes must be a sequence");
+    if (seq == nullptr) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    dims.resize(n);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      PyObject *shape = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each shape must be a sequence");
+      if (shape == nullptr) { Py_DECREF(seq); return false; }
+      Py_ssize_t rank = PySequence_Fast_GET_SIZE(shape);
+      dims[k].resize(rank + 1);  // +1 keeps data() valid for rank 0
+      for (Py_ssize_t d = 0; d < rank; ++d) dims[k][d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, d));
+      Py_DECREF(shape);
+      if (PyErr_Occurred()) { Py_DECREF(seq); return false; }
+      ndims.push_back(static_cast<int>(rank));
+      shapes.push_back(dims[k].data());
+    }
+    Py_DECREF(seq);
+    if (dtype_list == nullptr) return true;
+    dtype_seq = PySequence_Fast(dtype_list, "dtypes must be a sequence");
+    if (dtype_seq == nullptr) return false;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(dtype_seq); ++k) {
+      const char *name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(dtype_seq, k));
+      if (name == nullptr) return false;
+      dtypes.push_back(name);
+    }
+    return true;
+  }
+};
+
+void *AsFunction(PyObject *address) {
+  void *fn = PyLong_AsVoidPtr(address);
+  if (fn == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null function address");
+  return fn;
+}
+
+// call_init(fn, extra, shapes, dtypes) -> (rc, error)
+PyObject *CallInit(PyObject *, PyObject *args) {
+  PyObject *address, *extra_obj, *shape_list, *dtype_list;
+  if (!PyArg_ParseTuple(args, "OOOO", &address, &extra_obj, &shape_list, &dtype_list)) return nullptr;
+  auto fn = reinterpret_cast<InitFn>(AsFunction(address));
+  ExtraObject *extra = AsExtra(extra_obj);
+  TensorDescs descs;
+  if (fn == nullptr || extra == nullptr || !descs.Load(shape_list, dtype_list)) return nullptr;
+  int rc = 0;
+  Outcome outcome;
+  Guarded(&outcome, extra->state, [&] { rc = fn(descs.ndims.data(), descs.shapes.data(), descs.dtypes.data(), extra->extra); });
+  PyObject *error = OutcomeError(outcome);
+  return Py_BuildValue("(iN)", rc, error);
+}
+
+PyObject *ShapeToList(const std::vector<int64_t> &shape) {
+  PyObject *list = PyList_New(static_cast<Py_ssize_t>(shape.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t d = 0; d < shape.size(); ++d) PyList_SET_ITEM(list, d, PyLong_FromLongLong(shape[d]));
+  return list;
+}
+
+// call_infer(fn, extra, shapes, several) -> (shape list or list of shape lists, error)
+PyObject *CallInfer(PyObject *, PyObject *args) {
+  PyObject *address, *extra_obj, *shape_list;
+  int several = 0;
+  if (!PyArg_ParseTuple(args, "OOOp", &address, &extra_obj, &shape_list, &several)) return nullptr;
+  void *fn = AsFunction(address);
+  ExtraObject *extra = AsExtra(extra_obj);
+  TensorDescs descs;
+  if (fn == nullptr || extra == nullptr || !descs.Load(shape_list, nullptr)) return nullptr;
+  std::vector<std::vector<int64_t>> result;
+  Outcome outcome;
+  Guarded(&outcome, extra->state, [&] {
+    if (several) {
+      result = reinterpret_cast<InferMultiFn>(fn)(descs.ndims.data(), descs.shapes.data(), extra->extra);
+    } else {
+      result.push_back(reinterpret_cast<InferFn>(fn)(descs.ndims.data(), descs.shapes.data(), extra->extra));
+    }
+  });
+  if (outcome.kind != nullptr) return Py_BuildValue("(ON)", Py_None, OutcomeError(outcome));
+  PyObject *shapes = PyList_New(static_cast<Py_ssize_t>(result.size()));
+  if (shapes == nullptr) return nullptr;
+  for (size_t k = 0; k < result.size(); ++k) {
+    PyObject *shape = ShapeToList(result[k]);
+    if (shape == nullptr) { Py_DECREF(shapes); return nullptr; }
+    PyList_SET_ITEM(shapes, k, shape);
+  }
+  return Py_BuildValue("(NO)", shapes, Py_None);
+}
+
+// call_kernel(fn, pointers, shapes, dtypes, stream, extra) -> (rc, error)
+// pointers: inputs, outputs then workspaces; shapes/dtypes: inputs and outputs.
+PyObject *CallKernel(PyObject *, PyObject *args) {
+  PyObject *address, *pointer_list, *shape_list, *dtype_list, *stream_obj, *extra_obj;
+  if (!PyArg_ParseTuple(args, "OOOOOO", &address, &pointer_list, &shape_list, &dtype_list, &stream_obj, &extra_obj))
+    return nullptr;
+  auto fn = reinterpret_cast<KernelFn>(AsFunction(address));
+  if (fn == nullptr) return nullptr;
+  ExtraObject *extra = nullptr;
+  if (extra_obj != Py_None && (extra = AsExtra(extra_obj)) == nullptr) return nullptr;
+  void *stream = stream_obj == Py_None ? nullptr : PyLong_AsVoidPtr(stream_obj);
+  if (PyErr_Occurred()) return nullptr;
+  TensorDescs descs;
+  if (!descs.Load(shape_list, dtype_list)) return nullptr;
+  PyObject *seq = PySequence_Fast(pointer_list, "pointers must be a sequence");
+  if (seq == nullptr) return nullptr;
+  std::vector<void *> params(PySequence_Fast_GET_SIZE(seq));
+  for (size_t k = 0; k < params.size(); ++k) params[k] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(seq, k));
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) return nullptr;
+  int rc = 0;
+  Outcome outcome;
+  ExtraState *state = extra ? extra->state : nullptr;
+  void *extra_ptr = extra ? extra->extra : nullptr;
+  Py_BEGIN_ALLOW_THREADS
+  Guarded(&outcome, state, [&] {
+    rc = fn(static_cast<int>(params.size()), params.data(), descs.ndims.data(), descs.shapes.data(),
+            descs.dtypes.data(), stream, extra_ptr);
+  });
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(iN)", rc, OutcomeError(outcome));
+}
+
+// ------------------------------------------------------------- Launcher ----
+
+constexpr int kMaxPlans = 8;
+constexpr int kStackTensors = 16;
+constexpr size_t kWorkspaceAlign = 64;
+
+struct Plan {
+  KernelFn fn = nullptr;           // nullptr: the planner runs this signature itself
+  std::vector<int64_t> signature;  // per input: type_num, ndim, dims...
+  PyObject *spec = nullptr;        // the planner's tuple; keeps everything below alive
+  std::vector<PyArray_Descr *> out_descrs;
+  std::vector<std::vector<npy_intp>> out_dims;
+  std::vector<size_t> workspace;   // byte sizes, each rounded to kWorkspaceAlign
+  size_t workspace_total = 0;
+  std::vector<const char *> dtype_names;  // inputs then outputs
+  ExtraObject *extra = nullptr;
+  void *buffer = nullptr;          // reused workspace, when no other call holds it
+  bool buffer_busy = false;
+  int users = 0;                   // calls in flight (the GIL is released during a kernel)
+  bool evicted = false;
+
+  ~Plan() {
+    Py_XDECREF(spec);
+    std::free(buffer);
+  }
+};
+
+// A plan leaves the cache when evicted, but is deleted only when no call uses it.
+void ReleasePlan(Plan *plan) {
+  plan->evicted = true;
+  if (plan->users == 0) delete plan;
+}
+
+struct LauncherObject {
+  PyObject_HEAD
+  int n_inputs;
+  int n_outputs;
+  int tuple_output;
+  PyObject *planner;
+  Plan *plans[kMaxPlans];
+  int n_plans;
+  int next_victim;
+  long long plan_misses;
+};
+
+bool SignatureMatches(const std::vector<int64_t> &sig, PyArrayObject **arrays, int n) {
+  size_t pos = 0;
+  for (int k = 0; k < n; ++k) {
+    int ndim = PyArray_NDIM(arrays[k]);
+    if (pos + 2 + ndim > sig.size()) return false;
+    if (sig[pos] != PyArray_DESCR(arrays[k])->type_num || sig[pos + 1] != ndim) return false;
+    if (ndim && std::memcmp(&sig[pos + 2], PyArray_DIMS(arrays[k]), ndim * sizeof(int64_t)) != 0) return false;
+    pos += 2 + ndim;
+  }
+  return pos == sig.size();
+}
+
+void MakeSignature(std::vector<int64_t> *sig, PyArrayObject **arrays, int n) {
+  sig->clear();
+  for (int k = 0; k < n; ++k) {
+    sig->push_back(PyArray_DESCR(arrays[k])->type_num);
+    sig->push_back(PyArray_NDIM(arrays[k]));
+    for (int d = 0; d < PyArray_NDIM(arrays[k]); ++d) sig->push_back(PyArray_DIM(arrays[k], d));
+  }
+}
+
+// Reads the planner's answer: None (the planner runs such calls itself) or
+// (function, out_shapes, out_dtypes, workspace_sizes, dtype_names, extra).
+bool FillPlan(LauncherObject *self, Plan *plan, PyObject *spec) {
+  if (spec == Py_None) {
+    Py_INCREF(spec);
+    plan->spec = spec;
+    return true;
+  }
+  PyObject *address, *out_shapes, *out_dtypes, *workspace, *names, *extra_obj;
+  if (!PyArg_ParseTuple(spec, "OOOOOO", &address, &out_shapes, &out_dtypes, &workspace, &names, &extra_obj))
+    return false;
+  plan->fn = reinterpret_cast<KernelFn>(AsFunction(address));
+  if (plan->fn == nullptr) return false;
+  if (PyTuple_Size(out_shapes) != self->n_outputs || PyTuple_Size(out_dtypes) != self->n_outputs ||
+      PyTuple_Size(names) != self->n_inputs + self->n_outputs) {
+    PyErr_SetString(PyExc_ValueError, "planner returned a plan of the wrong size");
+    return false;
+  }
+  plan->out_descrs.clear();
+  plan->out_dims.clear();
+  for (int k = 0; k < self->n_outputs; ++k) {
+    PyObject *descr = PyTuple_GET_ITEM(out_dtypes, k);
+    if (!PyArray_DescrCheck(descr)) {
+      PyErr_SetString(PyExc_TypeError, "planner returned a dtype that is not a numpy.dtype");
+      return false;
+    }
+    plan->out_descrs.push_back(reinterpret_cast<PyArray_Descr *>(descr));
+    PyObject *shape = PyTuple_GET_ITEM(out_shapes, k);
+    plan->out_dims.emplace_back(PyTuple_Size(shape));
+    for (size_t d = 0; d < plan->out_dims.back().size(); ++d) plan->out_dims.back()[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+  }
+  plan->workspace.clear();
+  plan->workspace_total = 0;
+  for (Py_ssize_t k = 0; k < PyTuple_Size(workspace); ++k) {
+    size_t size = PyLong_AsSize_t(PyTuple_GET_ITEM(workspace, k));
+    size = (size + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+    plan->workspace.push_back(size);
+    plan->workspace_total += size;
+  }
+  plan->dtype_names.clear();
+  for (int k = 0; k < self->n_inputs + self->n_outputs; ++k) plan->dtype_names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, k)));
+  if (PyErr_Occurred()) return false;
+  plan->extra = extra_obj == Py_None ? nullptr : AsExtra(extra_obj);
+  if (extra_obj != Py_None && plan->extra == nullptr) return false;
+  Py_INCREF(spec);
+  plan->spec = spec;
+  return true;
+}
+
+// planner.<method>(argument), passing a tuple argument as one object.
+PyObject *CallPlanner(LauncherObject *self, const char *method, PyObject *argument) {
+  PyObject *name = PyUnicode_InternFromString(method);
+  if (name == nullptr) return nullptr;
+  PyObject *result = PyObject_CallMethodObjArgs(self->planner, name, argument, nullptr);
+  Py_DECREF(name);
+  return result;
+}
+
+Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, PyObject *array_tuple) {
+  for (int p = 0; p < self->n_plans; ++p)
+    if (SignatureMatches(self->plans[p]->signature, arrays, self->n_inputs)) return self->plans[p];
+  self->plan_misses++;
+  PyObject *spec = CallPlanner(self, "plan", array_tuple);
+  if (spec == nullptr) return nullptr;
+  auto *plan = new Plan();
+  bool ok = FillPlan(self, plan, spec);
+  Py_DECREF(spec);
+  if (!ok) {
+    delete plan;
+    return nullptr;
+  }
+  MakeSignature(&plan->signature, arrays, self->n_inputs);
+  if (self->n_plans < kMaxPlans) {
+    self->plans[self->n_plans++] = plan;
+  } else {
+    ReleasePlan(self->plans[self->next_victim]);
+    self->plans[self->next_victim] = plan;
+    self->next_victim = (self->next_victim + 1) % kMaxPlans;
+  }
+  return plan;
+}
+
+bool IsPlainArray(PyObject *obj) {
+  if (!PyArray_CheckExact(obj)) return false;
+  auto *a = reinterpret_cast<PyArrayObject *>(obj);
+  return PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a);
+}
+
+PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) {
+  if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || PyTuple_GET_SIZE(args) != self->n_inputs) {
+    PyObject *reject = PyObject_GetAttrString(self->planner, "reject");
+    if (reject == nullptr) return nullptr;
+    PyObject *result = PyObject_Call(reject, args, kwargs);
+    Py_DECREF(reject);
+    return result;
+  }
+
+  PyObject *inputs = args;
+  Py_INCREF(inputs);
+  for (int k = 0; k < self->n_inputs; ++k) {
+    if (!IsPlainArray(PyTuple_GET_ITEM(args, k))) {  // lists, views, byte-swapped...: let Python convert
+      Py_DECREF(inputs);
+      inputs = CallPlanner(self, "prepare", args);
+      if (inputs == nullptr) return nullptr;
+      break;
+    }
+  }
+  PyArrayObject *stack_arrays[kStackTensors];
+  std::vector<PyArrayObject *> heap_arrays;
+  PyArrayObject **arrays = stack_arrays;
+  int n_tensors = self->n_inputs + self->n_outputs;
+  if (n_tensors > kStackTensors) {
+    heap_arrays.resize(n_tensors);
+    arrays = heap_arrays.data();
+  }
+  for (int k = 0; k < self->n_inputs; ++k) arrays[k] = reinterpret_cast<PyArrayObject *>(PyTuple_GET_ITEM(inputs, k));
+
+  Plan *plan = FindOrMakePlan(self, arrays, inputs);
+  if (plan == nullptr) {
+    Py_DECREF(inputs);
+    return nullptr;
+  }
+  if (plan->fn == nullptr) {
+    PyObject *result = CallPlanner(self, "run", inputs);
+    Py_DECREF(inputs);
+    return result;
+  }
+  plan->users++;  // keeps the plan alive even if a call on another thread evicts it
+
+  PyObject *result = nullptr;
+  int created = 0;
+  for (; created < self->n_outputs; ++created) {
+    Py_INCREF(plan->out_descrs[created]);
+    PyObject *out = PyArray_Empty(static_cast<int>(plan->out_dims[created].size()), plan->out_dims[created].data(),
+                                  plan->out_descrs[created], 0);
+    if (out == nullptr) break;
+    arrays[self->n_inputs + created] = reinterpret_cast<PyArrayObject *>(out);
+  }
+
+  if (created == self->n_outputs) {
+    int n_params = n_tensors + static_cast<int>(plan->workspace.size());
+    void *stack_params[kStackTensors * 2];
+    int stack_ndims[kStackTensors];
+    int64_t *stack_shapes[kStackTensors];
+    std::vector<void *> heap_params;
+    std::vector<int> heap_ndims;
+    std::vector<int64_t *> heap_shapes;
+    void **params = stack_params;
+    int *ndims = stack_ndims;
+    int64_t **shapes = stack_shapes;
+    if (n_params > kStackTensors * 2 || n_tensors > kStackTensors) {
+      heap_params.resize(n_params);
+      heap_ndims.resize(n_tensors);
+      heap_shapes.resize(n_tensors);
+      params = heap_params.data();
+      ndims = heap_ndims.data();
+      shapes = heap_shapes.data();
+    }
+    static int64_t scalar_shape[1] = {0};
+    for (int k = 0; k < n_tensors; ++k) {
+      params[k] = PyArray_DATA(arrays[k]);
+      ndims[k] = PyArray_NDIM(arrays[k]);
+      shapes[k] = ndims[k] ? reinterpret_cast<int64_t *>(PyArray_DIMS(arrays[k])) : scalar_shape;
+    }
+    // Workspace: the plan's own buffer, or a private one if another thread holds it.
+    void *workspace = nullptr;
+    bool own_buffer = false;
+    if (plan->workspace_total) {
+      if (!plan->buffer_busy) {
+        if (plan->buffer == nullptr) plan->buffer = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
+        workspace = plan->buffer;
+        plan->buffer_busy = workspace != nullptr;
+      } else {
+        workspace = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
+        own_buffer = true;
+      }
+      if (workspace == nullptr) PyErr_NoMemory();
+      char *cursor = static_cast<char *>(workspace);
+      for (size_t w = 0; w < plan->workspace.size(); ++w) {
+        params[n_tensors + w] = cursor;
+        cursor += plan->workspace[w];
+      }
+    }
+    if (!PyErr_Occurred()) {
+      ExtraObject *extra = plan->extra;
+      ExtraState *state = extra ? extra->state : nullptr;
+      void *extra_ptr = extra ? extra->extra : nullptr;
+      const char **dtypes = plan->dtype_names.data();
+      KernelFn fn = plan->fn;
+      int rc = 0;
+      Outcome outcome;
+      Py_BEGIN_ALLOW_THREADS
+      Guarded(&outcome, state, [&] { rc = fn(n_params, params, ndims, shapes, dtypes, nullptr, extra_ptr); });
+      Py_END_ALLOW_THREADS
+      if (own_buffer) std::free(workspace);
+      else if (workspace != nullptr) plan->buffer_busy = false;
+      if (rc != 0 || outcome.kind != nullptr) {
+        PyObject *error = OutcomeError(outcome);
+        PyObject *raised = PyObject_CallMethod(self->planner, "failed", "iNN", rc, error,
+                                               PyLong_FromVoidPtr(reinterpret_cast<void *>(fn)));
+        Py_XDECREF(raised);  // failed() raises; nullptr with the error set
+      } else if (self->tuple_output) {
+        result = PyTuple_New(self->n_outputs);
+        if (result != nullptr) {
+          for (int k = 0; k < self->n_outputs; ++k) {
+            PyTuple_SET_ITEM(result, k, reinterpret_cast<PyObject *>(arrays[self->n_inputs + k]));
+            Py_INCREF(arrays[self->n_inputs + k]);
+          }
+        }
+      } else {
+        result = reinterpret_cast<PyObject *>(arrays[self->n_inputs]);
+        Py_INCREF(result);
+      }
+    }
+  }
+  for (int k = 0; k < created; ++k) Py_DECREF(arrays[self->n_inputs + k]);
+  plan->users--;
+  if (plan->evicted && plan->users == 0) delete plan;
+  Py_DECREF(inputs);
+  return result;
+}
+
+int Launcher_init(LauncherObject *self, PyObject *args, PyObject *kwds) {
+  static const char *kwlist[] = {"n_inputs", "n_outputs", "tuple_output", "planner", nullptr};
+  PyObject *planner;
+  int n_inputs, n_outputs, tuple_output;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iipO", const_cast<char **>(kwlist), &n_inputs, &n_outputs,
+                                   &tuple_output, &planner))
+    return -1;
+  if (n_inputs < 0 || n_outputs < 1) {
+    PyErr_SetString(PyExc_ValueError, "a launcher needs n_inputs >= 0 and n_outputs >= 1");
+    return -1;
+  }
+  self->n_inputs = n_inputs;
+  self->n_outputs = n_outputs;
+  self->tuple_output = tuple_output;
+  Py_INCREF(planner);
+  Py_XSETREF(self->planner, planner);
+  return 0;
+}
+
+PyObject *Launcher_new(PyTypeObject *type, PyObject *, PyObject *) {
+  auto *self = reinterpret_cast<LauncherObject *>(type->tp_alloc(type, 0));
+  return reinterpret_cast<PyObject *>(self);
+}
+
+int Launcher_traverse(LauncherObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->planner);
+  for (int p = 0; p < self->n_plans; ++p) Py_VISIT(self->plans[p]->spec);
+  return 0;
+}
+
+int Launcher_clear(LauncherObject *self) {
+  Py_CLEAR(self->planner);
+  for (int p = 0; p < self->n_plans; ++p) ReleasePlan(self->plans[p]);
+  self->n_plans = 0;
+  self->next_victim = 0;
+  return 0;
+}
+
+void Launcher_dealloc(LauncherObject *self) {
+  PyObject_GC_UnTrack(self);
+  Launcher_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+PyObject *Launcher_forget(LauncherObject *self, PyObject *) {
+  Launcher_clear(self);
+  Py_RETURN_NONE;
+}
+
+PyObject *Launcher_stats(LauncherObject *self, void *) {
+  return Py_BuildValue("{s:i,s:L}", "plans", self->n_plans, "misses", self->plan_misses);
+}
+
+PyObject *Launcher_get_planner(LauncherObject *self, void *) {
+  if (self->planner == nullptr) Py_RETURN_NONE;
+  Py_INCREF(self->planner);
+  return self->planner;
+}
+
+PyMethodDef Launcher_methods[] = {
+    {"forget", reinterpret_cast<PyCFunction>(Launcher_forget), METH_NOARGS, "drop every cached plan"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef Launcher_getset[] = {
+    {"stats", reinterpret_cast<getter>(Launcher_stats), nullptr, "plan cache statistics", nullptr},
+    {"planner", reinterpret_cast<getter>(Launcher_get_planner), nullptr, "the Python planner", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyMethodDef module_methods[] = {
+    {"call_init", CallInit, METH_VARARGS, "call_init(fn, extra, shapes, dtypes) -> (rc, error)"},
+    {"call_infer", CallInfer, METH_VARARGS, "call_infer(fn, extra, shapes, several) -> (shapes, error)"},
+    {"call_kernel", CallKernel, METH_VARARGS, "call_kernel(fn, pointers, shapes, dtypes, stream, extra) -> (rc, error)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "opforge._native", "C side of opforge kernel calls.", -1,
+                             module_methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native(void) {
+  import_array();
+
+  ExtraType.tp_name = "opforge._native.Extra";
+  ExtraType.tp_basicsize = sizeof(ExtraObject);
+  ExtraType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ExtraType.tp_doc = "Extra(op_name, attrs, cxx11_abi=False): one AotExtra with its attributes";
+  ExtraType.tp_new = PyType_GenericNew;
+  ExtraType.tp_init = reinterpret_cast<initproc>(Extra_init);
+  ExtraType.tp_dealloc = reinterpret_cast<destructor>(Extra_dealloc);
+  ExtraType.tp_getset = Extra_getset;
+
+  LauncherType.tp_name = "opforge._native.Launcher";
+  LauncherType.tp_basicsize = sizeof(LauncherObject);
+  LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  LauncherType.tp_doc = "Launcher(n_inputs, n_outputs, tuple_output, planner): eager kernel calls";
+  LauncherType.tp_new = Launcher_new;
+  LauncherType.tp_init = reinterpret_cast<initproc>(Launcher_init);
+  LauncherType.tp_dealloc = reinterpret_cast<destructor>(Launcher_dealloc);
+  LauncherType.tp_traverse = reinterpret_cast<traverseproc>(Launcher_traverse);
+  LauncherType.tp_clear = reinterpret_cast<inquiry>(Launcher_clear);
+  LauncherType.tp_call = reinterpret_cast<ternaryfunc>(Launcher_call);
+  LauncherType.tp_methods = Launcher_methods;
+  LauncherType.tp_getset = Launcher_getset;
+
+  if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0) return nullptr;
+  PyObject *module = PyModule_Create(&native_module);
+  if (module == nullptr) return nullptr;
+  Py_INCREF(&ExtraType);
+  Py_INCREF(&LauncherType);
+  if (PyModule_AddObject(module, "Extra", reinterpret_cast<PyObject *>(&ExtraType)) < 0 ||
+      PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
+      PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,93 @@
+"""Typed operator attributes.
+
+An attribute has a name, a type and optionally a default.  Values are
+normalised to plain Python (bool, int, float, str, tuples of numbers, tuples
+of tuples) so that they hash, compare, and cross into C++ unchanged.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import AttrError
+
+REQUIRED = object()  # default of an attribute that must be given
+
+ATTR_TYPES = ("any", "bool", "int", "float", "str", "int[]", "float[]", "int[][]", "float[][]", "Shape", "DType")
+
+
+@dataclass(frozen=True)
+class AttrDef:
+    name: str
+    type: str = "any"
+    default: object = REQUIRED
+    positional: bool = False  # may follow the tensor inputs positionally (MindSpore's value-less attrs)
+
+    def __post_init__(self):
+        if self.type not in ATTR_TYPES:
+            raise AttrError(f"attribute '{self.name}': unknown type {self.type!r}; expected one of {', '.join(ATTR_TYPES)}")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+def _plain(value):
+    """NumPy scalars and arrays, lists and tuples -> plain, hashable Python values."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return np.dtype(value).name
+    return value
+
+
+def _is_list_of(value, kind, depth):
+    if not isinstance(value, tuple):
+        return False
+    if depth == 1:
+        return all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+    return all(_is_list_of(v, kind, depth - 1) for v in value)
+
+
+def check_attr(op_name: str, attr: AttrDef, value):
+    """Normalise ``value`` and check it against the attribute's declared type."""
+    value = _plain(value)
+    t = attr.type
+    ok = {
+        "any": lambda v: isinstance(v, (bool, int, float, str, tuple)),
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "int[]": lambda v: _is_list_of(v, int, 1),
+        "float[]": lambda v: _is_list_of(v, (int, float), 1),
+        "int[][]": lambda v: _is_list_of(v, int, 2),
+        "float[][]": lambda v: _is_list_of(v, (int, float), 2),
+        "Shape": lambda v: _is_list_of(v, int, 1),
+        "DType": lambda v: isinstance(v, str),
+    }[t](value)
+    if not ok:
+        raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, got {value!r} ({type(value).__name__})")
+    if t == "float" and isinstance(value, int):
+        value = float(value)
+    if t == "float[]":
+        value = tuple(float(v) for v in value)
+    if t == "float[][]":
+        value = tuple(tuple(float(v) for v in row) for row in value)
+    if t == "DType":
+        from .dtypes import normalize
+
+        value = normalize(value)
+    return value

@@ -1,0 +1,75 @@
+"""Every error opforge raises is an ``OpforgeError``.
+
+Each class also derives from the closest built-in exception, so code that
+catches ``TypeError`` or ``ValueError`` keeps working.  Messages name the op,
+the argument and what was expected.
+"""
+
+
+class OpforgeError(Exception):
+    """Base class of all opforge errors."""
+
+
+class SchemaError(OpforgeError, ValueError):
+    """An op declaration (schema, registration info) is malformed."""
+
+
+class ArityError(OpforgeError, TypeError):
+    """An op was called with the wrong number of tensor inputs."""
+
+
+class DTypeError(OpforgeError, TypeError):
+    """An input has a dtype the op (or the chosen kernel) does not accept."""
+
+
+class ShapeError(OpforgeError, ValueError):
+    """An input shape contradicts the op's declaration or inference."""
+
+
+class AttrError(OpforgeError, TypeError):
+    """An attribute is unknown, missing, or of the wrong type."""
+
+
+class InferenceError(OpforgeError, ValueError):
+    """Shape or dtype inference failed or returned something invalid."""
+
+
+class KernelError(OpforgeError, RuntimeError):
+    """A kernel returned a non-zero status or raised."""
+
+    def __init__(self, message, *, op=None, function=None, code=None):
+        super().__init__(message)
+        self.op = op
+        self.function = function
+        self.code = code
+
+
+class NoKernelError(OpforgeError, RuntimeError):
+    """No registered kernel matches the call (device, dtypes, ISA, layout)."""
+
+
+class CompileError(OpforgeError, RuntimeError):
+    """The compiler rejected a kernel source. ``output`` holds its full message."""
+
+    def __init__(self, message, *, command=None, output=""):
+        super().__init__(message)
+        self.command = command
+        self.output = output
+
+
+class CompilerNotFoundError(OpforgeError, RuntimeError):
+    """No compiler for a source's language could be found."""
+
+
+class SymbolNotFoundError(OpforgeError, AttributeError):
+    """A kernel library does not export the requested function."""
+
+    def __init__(self, message, *, symbol=None, library=None, close_matches=()):
+        super().__init__(message)
+        self.symbol = symbol
+        self.library = library
+        self.close_matches = list(close_matches)
+
+
+class CudaError(OpforgeError, RuntimeError):
+    """The CUDA runtime is missing or reported an error."""

@@ -1,0 +1,180 @@
+"""MindSpore's ``Custom`` / ``CustomRegOp`` / ``DataType``, as a frontend onto ``Op``.
+
+``Custom("./kernel.cc:CustomKernel", out_shape, out_dtype, "aot", reg_info=...)``
+builds an ``Op`` whose one kernel is the library function, whose inference
+comes from ``out_shape``/``out_dtype`` (or the library's ``InferShape``), and
+whose attributes are the registration's attrs.  Calls go through the same path
+as every other op.
+"""
+from __future__ import annotations
+
+import inspect
+
+from .. import dtypes as _dtypes
+from ..attrs import REQUIRED, AttrDef
+from ..errors import InferenceError, SchemaError
+from ..op import InputDef, Op, PyKernel
+from ..runtime import build as _build
+from ..runtime.aot import AotKernel, split_func
+from ..spec import TensorSpec
+
+
+class DataType:
+    """(dtype, format) pairs for ``CustomRegOp.dtype_format``; "" means any."""
+
+    None_None = ("", "")
+    None_Default = ("", "DefaultFormat")
+
+
+for _short, _name in [("BOOL", "bool"), ("I8", "int8"), ("I16", "int16"), ("I32", "int32"), ("I64", "int64"),
+                      ("U8", "uint8"), ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
+                      ("F16", "float16"), ("F32", "float32"), ("F64", "float64"), ("BF16", "bfloat16")]:
+    setattr(DataType, f"{_short}_Default", (_name, "DefaultFormat"))
+    setattr(DataType, f"{_short}_None", (_name, ""))
+
+
+class CustomRegOp:
+    """Registration info builder: inputs, outputs, dtype formats, attributes, target."""
+
+    def __init__(self, op_name="Custom"):
+        self._info = {"op_name": op_name, "inputs": [], "outputs": [], "attr": [], "dtype_format": [],
+                      "target": None}
+
+    def input(self, index=None, name=None, param_type="required", **kwargs):
+        self._info["inputs"].append({"index": index, "name": name, "param_type": param_type, **kwargs})
+        return self
+
+    def output(self, index=None, name=None, param_type="required", **kwargs):
+        self._info["outputs"].append({"index": index, "name": name, "param_type": param_type, **kwargs})
+        return self
+
+    def dtype_format(self, *args):
+        for arg in args:
+            if not (isinstance(arg, tuple) and len(arg) == 2 and all(isinstance(a, str) for a in arg)):
+                raise SchemaError(f"CustomRegOp '{self._info['op_name']}': dtype_format takes DataType pairs such as "
+                                  f"DataType.F32_Default, got {arg!r}")
+        self._info["dtype_format"].append([list(a) for a in args])
+        return self
+
+    def attr(self, name=None, param_type=None, value_type=None, default_value=None, **kwargs):
+        entry = {"name": name, "param_type": param_type, "type": value_type}
+        if default_value is not None:
+            entry["default_value"] = default_value
+        if "value" in kwargs:
+            entry["value"] = kwargs.pop("value")
+        entry.update(kwargs)
+        self._info["attr"].append(entry)
+        return self
+
+    def target(self, target=None):
+        if target not in ("CPU", "GPU", "Ascend", None):
+            raise SchemaError(f"CustomRegOp '{self._info['op_name']}': target must be 'CPU' or 'GPU', got {target!r}")
+        self._info["target"] = target
+        return self
+
+    def get_op_info(self):
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self._info.items()}
+
+
+_VALUE_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str", "listInt": "int[]",
+                "listFloat": "float[]", "listListInt": "int[][]", "listListFloat": "float[][]"}
+
+
+def _attr_defs(info):
+    attrs = []
+    for entry in info.get("attr", []):
+        if "value" in entry:
+            default = entry["value"]
+        elif entry.get("default_value") is not None:
+            default = entry["default_value"]
+        else:
+            default = REQUIRED
+        # Declared value types are advisory in MindSpore's aot Custom; we check only known ones.
+        attrs.append(AttrDef(entry["name"], _VALUE_TYPES.get(entry.get("type"), "any"), default,
+                             positional="value" not in entry))
+    return attrs
+
+
+def _signatures(info):
+    rows = info.get("dtype_format") or []
+    signatures = [tuple(pair[0] or None for pair in row) for row in rows]
+    signatures = [s for s in signatures if any(d is not None for d in s)]
+    return [tuple(None if d is None else _dtypes.normalize(d) for d in s) for s in signatures] or None
+
+
+def _shape_list(shape):
+    return list(shape) if shape != (-2,) else [-2]
+
+
+class Custom(Op):
+    """MindSpore-compatible custom op: ``Custom(func, out_shape, out_dtype, func_type, bprop, reg_info)``."""
+
+    def __init__(self, func, out_shape=None, out_dtype=None, func_type="aot", bprop=None, reg_info=None):
+        if isinstance(reg_info, (list, tuple)):
+            reg_info = reg_info[0] if reg_info else None
+        if isinstance(reg_info, CustomRegOp):
+            reg_info = reg_info.get_op_info()
+        info = reg_info or {}
+        several = isinstance(out_dtype, (tuple, list)) or (
+            isinstance(out_shape, tuple) and bool(out_shape) and isinstance(out_shape[0], (list, tuple)))
+
+        if func_type == "aot":
+            path, function = split_func(func)
+            default_name = function
+        elif func_type == "pyfunc":
+            if not callable(func):
+                raise SchemaError("Custom(func_type='pyfunc') needs a Python function")
+            default_name = func.__name__
+        else:
+            raise SchemaError(f"Custom: func_type {func_type!r} is not supported; use 'aot' (C/C++/CUDA) or 'pyfunc'")
+
+        name = info.get("op_name") if info.get("op_name") not in (None, "Custom") else default_name
+        if info.get("inputs"):
+            inputs = [InputDef(i["name"] or f"x{k}", optional=i.get("param_type") == "optional")
+                      for k, i in enumerate(info["inputs"])]
+        else:
+            inputs = [InputDef("x", variadic=True)]
+        n_out = len(out_dtype) if isinstance(out_dtype, (tuple, list)) else (
+            len(out_shape) if several else 1)
+        outputs = [o["name"] or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
+            [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
+        super().__init__(name, inputs, outputs, _attr_defs(info), tuple_output=several,
+                         doc=f"Custom op from {func!r}")
+        self.func = func
+        self.func_type = func_type
+        self.out_shape = out_shape
+        self.out_dtype = out_dtype
+        self.bprop = bprop
+        self.reg_info = reg_info
+
+        signatures = _signatures(info)
+        target = info.get("target")
+        if func_type == "aot":
+            device = "gpu" if target == "GPU" or (target is None and path.suffix == ".cu") else "cpu"
+            self.kernel = AotKernel(func, device=device, dtypes=signatures, name=function).load()
+            if out_shape is None and not self.kernel.has_infer_shape:
+                raise InferenceError(f"op '{name}': out_shape is None, so the library must export "
+                                     f"{function}InferShape, and {self.kernel.location} does not")
+        else:
+            self.kernel = PyKernel(func, dtypes=signatures)
+        self.add_kernel(self.kernel)
+        self.def_infer(self._infer)
+
+    def _infer(self, specs, attrs):
+        shapes_in = [_shape_list(s.shape) for s in specs]
+        if self.out_shape is None:
+            shapes = [s.shape for s in self.kernel.infer(self, specs, attrs)]
+        else:
+            shapes = self.out_shape(*shapes_in) if callable(self.out_shape) else self.out_shape
+            shapes = list(shapes) if self.tuple_output else [shapes]
+        if callable(self.out_dtype):
+            out_dtypes = self.out_dtype(*[_dtypes.to_numpy(s.dtype) for s in specs])
+        elif self.out_dtype is None:
+            out_dtypes = specs[0].dtype if specs else "float32"
+        else:
+            out_dtypes = self.out_dtype
+        out_dtypes = list(out_dtypes) if isinstance(out_dtypes, (tuple, list)) else [out_dtypes] * len(shapes)
+        if len(shapes) != len(self.outputs) or len(out_dtypes) != len(self.outputs):
+            raise InferenceError(f"op '{self.name}': out_shape gives {len(shapes)} shape(s) and out_dtype "
+                                 f"{len(out_dtypes)} dtype(s) for {len(self.outputs)} output(s)")
+        return [TensorSpec(shape, dtype) for shape, dtype in zip(shapes, out_dtypes)]

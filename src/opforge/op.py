@@ -1,0 +1,241 @@
+"""The one operator model.
+
+An ``Op`` is a name, its tensor inputs and outputs, typed attributes and
+traits, an inference function (shapes and dtypes from specs alone) and a list
+of kernels.  Every way of declaring an op -- ``Custom``/``CustomRegOp``,
+schemas, built-ins -- produces an ``Op``, and every call goes through
+``Op.__call__``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .attrs import REQUIRED, AttrDef, check_attr
+from .errors import ArityError, AttrError, InferenceError, SchemaError, ShapeError
+from .spec import TensorSpec
+
+
+@dataclass(frozen=True)
+class InputDef:
+    name: str
+    optional: bool = False
+    variadic: bool = False
+
+
+class Kernel:
+    """One implementation of an op: where it runs and what it accepts.
+
+    Subclasses implement ``run`` (and the runtime's native kernels ``plan``).
+    ``dtypes`` is None (any) or a list of accepted signatures, each a tuple of
+    dtype names (None = any) for the inputs followed by the outputs.
+    """
+
+    device = "cpu"
+
+    def __init__(self, *, device="cpu", dtypes=None, isa=None, layout="ndarray", name=None):
+        self.device = device.lower()
+        self.dtypes = dtypes
+        self.isa = isa
+        self.layout = layout
+        self.name = name or type(self).__name__
+
+    def reject_reason(self, op: "Op", specs) -> str | None:
+        """Why this kernel cannot take inputs of these specs, or None if it can."""
+        if self.dtypes is None:
+            return None
+        given = tuple(s.dtype for s in specs)
+        for signature in self.dtypes:
+            wanted = signature[: len(given)]
+            if all(w is None or w == g for w, g in zip(wanted, given)):
+                return None
+        if len(self.dtypes) == 1:  # name the first input that is off
+            for index, (w, g) in enumerate(zip(self.dtypes[0], given)):
+                if w is not None and w != g:
+                    return f"input '{op.input_name(index)}' has dtype {g}, but the kernel takes {w}"
+        named = ", ".join(f"{op.input_name(k)}={g}" for k, g in enumerate(given))
+        accepted = "; ".join(", ".join(d or "any" for d in sig[: len(given)]) for sig in self.dtypes)
+        return f"input dtypes ({named}) match none of the kernel's signatures ({accepted})"
+
+    def infer(self, op: "Op", specs, attrs):
+        """Kernel-provided inference (e.g. a C++ InferShape); None if it has none."""
+        return None
+
+    def run(self, op: "Op", arrays, attrs, out_specs):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<{self.name} device={self.device}>"
+
+
+class PyKernel(Kernel):
+    """A kernel written in Python on NumPy arrays (MindSpore's "pyfunc").
+
+    ``fn(*arrays, **attrs)`` returns one array, or a tuple for several outputs;
+    results are checked against the op's inference.
+    """
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(name=kwargs.pop("name", getattr(fn, "__name__", "python_kernel")), **kwargs)
+        self.fn = fn
+
+    def run(self, op, arrays, attrs, out_specs):
+        import numpy as np
+
+        result = self.fn(*arrays, **attrs)
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(outputs) != len(out_specs):
+            raise InferenceError(f"op '{op.name}': Python kernel '{self.name}' returned {len(outputs)} output(s), "
+                                 f"the op declares {len(out_specs)}")
+        checked = []
+        for name, value, spec in zip(op.outputs, outputs, out_specs):
+            value = np.asarray(value)
+            if not spec.matches(value.shape):
+                raise ShapeError(f"op '{op.name}': Python kernel '{self.name}' returned output '{name}' of shape "
+                                 f"{list(value.shape)}, inference says {list(spec.shape)}")
+            checked.append(np.ascontiguousarray(value, dtype=spec.dtype))
+        return checked
+
+
+class Op:
+    """An operator: schema, inference and kernels.  Call it on arrays."""
+
+    def __init__(self, name, inputs, outputs, attrs=(), *, traits=(), doc=None, tuple_output=None):
+        self.name = name
+        self.inputs = tuple(i if isinstance(i, InputDef) else InputDef(i) for i in inputs)
+        self.outputs = tuple(outputs)
+        self.attrs = {a.name: a for a in attrs}
+        self.traits = frozenset(traits)
+        self.doc = doc
+        self.tuple_output = len(self.outputs) > 1 if tuple_output is None else tuple_output
+        self.variadic = len(self.inputs) == 1 and self.inputs[0].variadic
+        if any(i.variadic for i in self.inputs) and not self.variadic:
+            raise SchemaError(f"op '{name}': a variadic input must be the op's only tensor input")
+        self.kernels: list[Kernel] = []
+        self.infer_fn = None
+        self._launchers = {}  # frozen attribute values -> runtime Launcher
+        self._default_launcher = None
+
+    # -- declaration ------------------------------------------------------
+    def add_kernel(self, kernel: Kernel) -> Kernel:
+        self.kernels.append(kernel)
+        self._forget_plans()
+        return kernel
+
+    def def_infer(self, fn):
+        """Set ``fn(specs, attrs) -> list of TensorSpec`` as the op's inference."""
+        self.infer_fn = fn
+        self._forget_plans()
+        return fn
+
+    def _forget_plans(self):
+        self._launchers.clear()
+        self._default_launcher = None
+
+    # -- binding ----------------------------------------------------------
+    def bind(self, args, kwargs):
+        """Split a call's arguments into tensor inputs and checked attributes."""
+        if self.variadic:  # any number of tensors, no positional attributes
+            tensors, extra = list(args), []
+            n_in = len(tensors)
+        else:
+            n_in = len(self.inputs)
+            tensors, extra = list(args[:n_in]), list(args[n_in:])
+        if len(tensors) < n_in:
+            missing = [i.name for i in self.inputs[len(tensors):] if not i.optional]
+            if missing:
+                raise ArityError(
+                    f"op '{self.name}' takes {n_in} tensor input(s) ({', '.join(i.name for i in self.inputs)}), "
+                    f"got {len(tensors)}; missing: {', '.join(missing)}")
+            tensors += [None] * (n_in - len(tensors))
+        positional = [a for a in self.attrs.values() if a.positional]
+        if len(extra) > len(positional):
+            raise ArityError(
+                f"op '{self.name}' takes {n_in} tensor input(s) ({', '.join(i.name for i in self.inputs)})"
+                + (f" and {len(positional)} positional attribute(s)" if positional else "")
+                + f", got {len(args)} positional arguments")
+        values = {a.name: v for a, v in zip(positional, extra)}
+        for name, value in kwargs.items():
+            if name not in self.attrs:
+                known = ", ".join(self.attrs) or "none"
+                raise AttrError(f"op '{self.name}' has no attribute '{name}' (attributes: {known})")
+            if name in values:
+                raise AttrError(f"op '{self.name}': attribute '{name}' given twice")
+            values[name] = value
+        return tensors, self.resolve_attrs(values)
+
+    def resolve_attrs(self, values):
+        """Fill defaults, reject missing required attributes, check types."""
+        resolved = {}
+        for name, attr in self.attrs.items():
+            if name in values:
+                resolved[name] = check_attr(self.name, attr, values[name])
+            elif attr.default is not REQUIRED:
+                resolved[name] = attr.default
+            else:
+                raise AttrError(f"op '{self.name}': required attribute '{name}' ({attr.type}) was not given")
+        return resolved
+
+    # -- inference --------------------------------------------------------
+    def infer_specs(self, specs, attrs, kernel: Kernel | None = None):
+        """Output specs for input specs; uses the op's inference, else the kernel's."""
+        if self.infer_fn is not None:
+            result = self.infer_fn(list(specs), dict(attrs))
+        else:
+            candidates = [kernel] if kernel is not None else self.kernels
+            result = None
+            for k in candidates:
+                result = k.infer(self, specs, attrs)
+                if result is not None:
+                    break
+            if result is None:
+                raise InferenceError(f"op '{self.name}' has no shape inference: give it an infer function "
+                                     "(or out_shape), or a kernel library that exports an InferShape function")
+        if isinstance(result, TensorSpec):
+            result = [result]
+        result = list(result)
+        if len(result) != len(self.outputs):
+            raise InferenceError(f"op '{self.name}': inference returned {len(result)} output spec(s), "
+                                 f"the op declares {len(self.outputs)} ({', '.join(self.outputs)})")
+        for spec in result:
+            if not isinstance(spec, TensorSpec):
+                raise InferenceError(f"op '{self.name}': inference must return TensorSpec objects, got {spec!r}")
+        return result
+
+    def infer(self, *args, **attrs):
+        """Output spec(s) for input specs (or arrays); -1 dims and [-2] ranks propagate.
+
+        Used as a decorator on a function, sets the op's inference instead.
+        """
+        if len(args) == 1 and callable(args[0]) and not attrs and not hasattr(args[0], "shape"):
+            return self.def_infer(args[0])
+        tensors, attr_values = self.bind(args, attrs)
+        specs = [t if isinstance(t, TensorSpec) or t is None else TensorSpec.of(t) for t in tensors]
+        out = self.infer_specs(specs, attr_values)
+        return tuple(out) if self.tuple_output else out[0]
+
+    # -- calling ----------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        launcher = self._default_launcher
+        if launcher is None or kwargs:
+            return self.call(args, kwargs)
+        return launcher(*args)
+
+    def call(self, args, kwargs):
+        """The general call path: bind, then run through the attributes' launcher."""
+        from .runtime.dispatch import launcher_for  # runtime sits above the core
+
+        tensors, attr_values = self.bind(args, kwargs)
+        return launcher_for(self, attr_values, len(tensors))(*tensors)
+
+    def input_name(self, index: int) -> str:
+        return f"{self.inputs[0].name}[{index}]" if self.variadic else self.inputs[index].name
+
+    def check_output_shape(self, spec: TensorSpec):
+        if not spec.is_static:
+            raise ShapeError(f"op '{self.name}': inference gave output shape {list(spec.shape)} for concrete inputs; "
+                             "an eager call needs every output dim known")
+
+    def __repr__(self):
+        ins = ", ".join(i.name for i in self.inputs)
+        attrs = ", ".join(self.attrs)
+        return f"<opforge.Op {self.name}({ins}{'; ' + attrs if attrs else ''}) -> {', '.join(self.outputs)}>"

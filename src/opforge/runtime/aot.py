@@ -1,0 +1,172 @@
+"""Kernels from an aot-ABI library: ``"path/file.cc:Func"`` or a prebuilt ``.so``.
+
+The library may export ``Func`` (required), ``FuncInit`` and
+``FuncInferShape``.  Init runs once per distinct input signature (shapes,
+dtypes, attribute values); its workspace sizes and kernel data are kept in a
+bounded cache and reused.  Kernel data is deleted when its entry is evicted or
+the kernel is dropped.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .. import _native
+from ..errors import InferenceError, SchemaError
+from ..op import Kernel
+from ..spec import TensorSpec
+from . import build as _build
+from .library import load_library
+
+INIT_CACHE_SIZE = 64
+WORKSPACE_ALIGN = 64
+
+
+def split_func(func: str):
+    """``"path/file.cc:Func"`` -> (Path, "Func")."""
+    path, sep, name = str(func).rpartition(":")
+    if not sep or not path or not name.isidentifier():
+        raise SchemaError(f"func must look like 'path/to/file.cc:FunctionName', got {func!r}")
+    return Path(os.path.expanduser(path)), name
+
+
+def workspace_sizes(requested, arrays):
+    """Byte sizes to allocate.  Rounded up to 64 and to the largest input:
+    some kernels written for MindSpore pass element counts, not bytes, and
+    rely on such generous rounding."""
+    floor = max((a.nbytes for a in arrays), default=0)
+    return tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor) for s in requested)
+
+
+class AotKernel(Kernel):
+    """A kernel function in a C/C++/CUDA library following the aot ABI."""
+
+    def __init__(self, func, *, device="cpu", dtypes=None, isa=None, layout="ndarray", cflags=(),
+                 include_dirs=(), cxx11_abi=None, name=None, init_cache_size=INIT_CACHE_SIZE):
+        path, function = split_func(func)
+        super().__init__(device=device, dtypes=dtypes, isa=isa, layout=layout, name=name or function)
+        self.path = path if path.is_absolute() else Path.cwd() / path  # MindSpore resolves from the cwd
+        self.function_name = function
+        self.cflags = tuple(cflags)
+        self.include_dirs = tuple(include_dirs)
+        self.cxx11_abi = cxx11_abi
+        self.init_cache_size = init_cache_size
+        self.library = None
+        self._function = self._init = self._infer = None
+        self._inits = OrderedDict()   # signature -> (Extra, workspace sizes)
+        self._attr_extras = {}        # attribute values -> Extra used without Init
+
+    @property
+    def location(self):
+        return str(self.path)
+
+    def load(self):
+        """Build (or fetch from the cache) and load the library; resolve entry points."""
+        if self.library is not None:
+            return self
+        if _build.is_source(self.path):
+            built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
+                                 **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
+            library = load_library(built.path, cxx11_abi=built.cxx11_abi)
+        else:
+            library = load_library(self.path, cxx11_abi=self.cxx11_abi)
+        self._function = library.address(self.function_name)
+        self._init = library.address(self.function_name + "Init", required=False)
+        self._infer = library.address(self.function_name + "InferShape", required=False)
+        self.library = library
+        return self
+
+    @property
+    def has_infer_shape(self):
+        return self.load()._infer is not None
+
+    @property
+    def has_init(self):
+        return self.load()._init is not None
+
+    # -- attributes and Init ----------------------------------------------
+    def _extra_for_attrs(self, op, attrs):
+        key = tuple(sorted(attrs.items()))
+        extra = self._attr_extras.get(key)
+        if extra is None:
+            extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
+            self._attr_extras[key] = extra
+        return extra
+
+    def signature_state(self, op, specs, attrs):
+        """(Extra, workspace sizes) for inputs+outputs ``specs``; runs Init once per signature."""
+        self.load()
+        if self._init is None:
+            return self._extra_for_attrs(op, attrs), ()
+        key = (tuple((s.shape, s.dtype) for s in specs), tuple(sorted(attrs.items())))
+        state = self._inits.get(key)
+        if state is not None:
+            self._inits.move_to_end(key)
+            return state
+        from .dispatch import kernel_error
+
+        extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
+        rc, error = _native.call_init(self._init, extra, [s.shape for s in specs], [s.dtype for s in specs])
+        if rc != 0 or error is not None:
+            raise kernel_error(op, self, rc, error, function=self.function_name + "Init")
+        state = (extra, tuple(extra.workspace))
+        self._inits[key] = state
+        while len(self._inits) > self.init_cache_size:
+            self._inits.popitem(last=False)  # the Extra's kernel data goes with it
+        return state
+
+    @property
+    def init_cache_entries(self):
+        return len(self._inits)
+
+    # -- inference --------------------------------------------------------
+    def infer(self, op, specs, attrs):
+        if not self.has_infer_shape:
+            return None
+        from .dispatch import kernel_error
+
+        several = len(op.outputs) > 1
+        shapes, error = _native.call_infer(self._infer, self._extra_for_attrs(op, attrs),
+                                           [s.shape for s in specs], several)
+        if error is not None:
+            raise kernel_error(op, self, 0, error, function=self.function_name + "InferShape")
+        if len(shapes) != len(op.outputs):
+            raise InferenceError(f"op '{op.name}': {self.function_name}InferShape returned {len(shapes)} shape(s) "
+                                 f"for {len(op.outputs)} output(s)")
+        return [TensorSpec(shape, specs[0].dtype if specs else "float32") for shape in shapes]
+
+    # -- running ------------------------------------------------------------
+    def plan(self, op, arrays, specs, out_specs, attrs):
+        """The native launcher's plan for one signature (CPU kernels only)."""
+        if self.device != "cpu":
+            return None
+        extra, requested = self.signature_state(op, list(specs) + list(out_specs), attrs)
+        return (self._function,
+                tuple(s.shape for s in out_specs),
+                tuple(np.dtype(s.dtype) for s in out_specs),
+                workspace_sizes(requested, arrays),
+                tuple(s.dtype for s in list(specs) + list(out_specs)),
+                extra)
+
+    def run(self, op, arrays, attrs, out_specs):
+        from .dispatch import input_specs, kernel_error
+
+        specs = input_specs(op, arrays)
+        extra, requested = self.signature_state(op, specs + list(out_specs), attrs)
+        sizes = workspace_sizes(requested, arrays)
+        shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
+        names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
+        if self.device == "gpu":
+            from . import cuda
+
+            return cuda.run_on_device(self, op, arrays, out_specs, sizes, shapes, names, extra)
+        outputs = [np.empty(s.shape, s.dtype) for s in out_specs]
+        workspaces = [np.empty(size, np.uint8) for size in sizes]
+        pointers = [a.ctypes.data for a in list(arrays) + outputs + workspaces]
+        rc, error = _native.call_kernel(self._function, pointers, shapes, names, None, extra)
+        if rc != 0 or error is not None:
+            raise kernel_error(op, self, rc, error)
+        return outputs

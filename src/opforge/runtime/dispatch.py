@@ -1,0 +1,130 @@
+"""The eager call path: from bound arguments to a kernel launch.
+
+``launcher_for(op, attrs)`` returns the native ``Launcher`` for one op and one
+set of attribute values.  The launcher handles the common case in C (known
+input signature, contiguous NumPy arrays); everything else calls back into the
+``CallPlanner`` below, which chooses the kernel, runs inference and Init, and
+hands the launcher a plan for that signature.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import _native
+from ..errors import AttrError, DTypeError, KernelError, NoKernelError
+from ..spec import TensorSpec
+
+_MAX_LAUNCHERS_PER_OP = 64
+
+
+def _attr_key(attrs):
+    return tuple(sorted(attrs.items()))
+
+
+def launcher_for(op, attrs, n_inputs):
+    key = (_attr_key(attrs), n_inputs)
+    launcher = op._launchers.get(key)
+    if launcher is None:
+        if len(op._launchers) >= _MAX_LAUNCHERS_PER_OP:
+            op._launchers.pop(next(iter(op._launchers)))
+        launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
+        op._launchers[key] = launcher
+        if not any(a.required for a in op.attrs.values()) and attrs == op.resolve_attrs({}):
+            op._default_launcher = launcher  # what op(*arrays) with no attributes uses
+    return launcher
+
+
+def as_array(op, index, value):
+    """One tensor argument as a C-contiguous, native-byte-order NumPy array."""
+    if isinstance(value, np.ndarray):
+        array = value
+    elif hasattr(value, "__array__") or isinstance(value, (list, tuple, numbers.Number, np.generic)):
+        array = np.asarray(value)
+    elif hasattr(value, "__dlpack__"):
+        array = np.from_dlpack(value)
+    else:
+        raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' must be an array, got {type(value).__name__}")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array)
+
+
+def input_specs(op, arrays):
+    specs = []
+    for index, array in enumerate(arrays):
+        try:
+            specs.append(TensorSpec.of(array))
+        except DTypeError as error:
+            raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}': {error}") from None
+    return specs
+
+
+def select_kernel(op, specs, device="cpu"):
+    """The first kernel on ``device`` (else any device) that accepts the specs."""
+    if not op.kernels:
+        raise NoKernelError(f"op '{op.name}' has no kernels")
+    ordered = [k for k in op.kernels if k.device == device] + [k for k in op.kernels if k.device != device]
+    reasons = []
+    for kernel in ordered:
+        reason = kernel.reject_reason(op, specs)
+        if reason is None:
+            return kernel
+        reasons.append((kernel, reason))
+    if len(reasons) == 1:
+        raise DTypeError(f"op '{op.name}': {reasons[0][1]}")
+    lines = "\n".join(f"  {k!r}: {r}" for k, r in reasons)
+    raise NoKernelError(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
+
+
+def kernel_error(op, kernel, rc, error, function=None):
+    function = function or getattr(kernel, "function_name", kernel.name)
+    if error is not None and error[0] == "attr":
+        return AttrError(error[1])
+    where = f" ({kernel.location})" if getattr(kernel, "location", None) else ""
+    if error is not None:
+        message = f"op '{op.name}': kernel function '{function}'{where} raised a C++ exception: {error[1]}"
+    else:
+        message = f"op '{op.name}': kernel function '{function}'{where} returned error code {rc}"
+    return KernelError(message, op=op.name, function=function, code=rc)
+
+
+class CallPlanner:
+    """Python half of a Launcher: everything that is not the hot path."""
+
+    def __init__(self, op, attrs):
+        self.op = op
+        self.attrs = attrs
+        self._kernels_by_function = {}
+
+    def reject(self, *args, **kwargs):
+        # Wrong arity or keywords for the fast path: bind properly (raises on bad input).
+        return self.op.call(args, kwargs)
+
+    def prepare(self, args):
+        return tuple(as_array(self.op, k, a) for k, a in enumerate(args))
+
+    def _resolve(self, arrays):
+        specs = input_specs(self.op, arrays)
+        kernel = select_kernel(self.op, specs)
+        out_specs = self.op.infer_specs(specs, self.attrs, kernel)
+        for spec in out_specs:
+            self.op.check_output_shape(spec)
+        return specs, kernel, out_specs
+
+    def plan(self, arrays):
+        specs, kernel, out_specs = self._resolve(arrays)
+        plan = kernel.plan(self.op, arrays, specs, out_specs, self.attrs) if hasattr(kernel, "plan") else None
+        if plan is not None:
+            self._kernels_by_function[plan[0]] = kernel
+        return plan
+
+    def run(self, arrays):
+        specs, kernel, out_specs = self._resolve(arrays)
+        outputs = kernel.run(self.op, arrays, self.attrs, out_specs)
+        return tuple(outputs) if self.op.tuple_output else outputs[0]
+
+    def failed(self, rc, error, function_address):
+        kernel = self._kernels_by_function.get(function_address)
+        raise kernel_error(self.op, kernel, rc, error)
