@@ -1,0 +1,1 @@
+"""Compatibility layers: other frameworks' user-facing names over opforge ops."""

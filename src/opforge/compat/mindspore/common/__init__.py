@@ -1,0 +1,3 @@
+from . import dtype
+
+__all__ = ["dtype"]

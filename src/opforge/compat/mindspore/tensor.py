@@ -1,0 +1,56 @@
+"""``Tensor``: a NumPy array with MindSpore's constructor, or a shape-only placeholder."""
+import numpy as np
+
+from ... import dtypes as _dtypes
+from ...spec import TensorSpec
+
+
+class Tensor:
+    """``Tensor(array)`` holds data; ``Tensor(shape=[4, None], dtype=...)`` is a
+    placeholder for ``Cell.set_inputs`` (None marks a dynamic dim)."""
+
+    def __init__(self, input_data=None, dtype=None, shape=None):
+        if input_data is None:
+            if shape is None or dtype is None:
+                raise ValueError("Tensor without data needs both shape and dtype")
+            self._array = None
+            self.spec = TensorSpec(shape, _dtypes.to_numpy(dtype))
+            return
+        array = np.asarray(input_data.asnumpy() if isinstance(input_data, Tensor) else input_data)
+        if dtype is not None:
+            array = array.astype(_dtypes.to_numpy(dtype))
+        self._array = array
+        self.spec = None
+
+    @property
+    def is_placeholder(self):
+        return self._array is None
+
+    def asnumpy(self):
+        if self._array is None:
+            raise ValueError(f"{self.spec} is a shape-only placeholder and holds no data")
+        return self._array
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.asnumpy()
+        return array if dtype is None else array.astype(dtype)
+
+    @property
+    def shape(self):
+        return self.spec.shape if self._array is None else self._array.shape
+
+    @property
+    def dtype(self):
+        return self.spec.dtype if self._array is None else self._array.dtype
+
+    def __getitem__(self, index):
+        return Tensor(self.asnumpy()[index])
+
+    def __len__(self):
+        return len(self.asnumpy())
+
+    def __str__(self):
+        return str(self.spec) if self._array is None else str(self._array)
+
+    def __repr__(self):
+        return repr(self.spec) if self._array is None else f"Tensor({self._array!r})"
