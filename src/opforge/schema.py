@@ -1,0 +1,206 @@
+"""Parse op schemas such as
+
+    "mylib::leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y"
+
+Inputs are ``Tensor``, ``Tensor?`` (optional) or ``Tensor[]`` (variadic);
+attributes are ``bool int float str int[] float[] int[][] float[][] Shape
+DType``, with an optional ``=default`` (a Python literal).  Parameters after
+``*`` are keyword-only.  Outputs are ``Tensor name`` or a parenthesised list.
+A malformed schema raises ``SchemaError`` pointing at the column.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from .attrs import ATTR_TYPES, REQUIRED, AttrDef, check_attr
+from .errors import SchemaError
+from .op import InputDef
+
+_TOKEN = re.compile(r"\s*(?:(?P<arrow>->)|(?P<colons>::)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)"
+                    r"|(?P<punct>[(),*=?\[\]])|(?P<literal>-?[0-9][0-9.eE+-]*|'[^']*'|\"[^\"]*\"))")
+
+
+@dataclass
+class ParsedSchema:
+    namespace: str | None
+    name: str
+    inputs: list
+    attrs: list
+    outputs: list
+
+    @property
+    def qualified_name(self):
+        return f"{self.namespace}::{self.name}" if self.namespace else self.name
+
+
+class _Parser:
+    def __init__(self, text):
+        self.text = text
+        self.pos = 0
+
+    def fail(self, message, pos=None):
+        pos = self.pos if pos is None else pos
+        pointer = " " * pos + "^"
+        raise SchemaError(f"{message} at column {pos + 1}\n  {self.text}\n  {pointer}")
+
+    def peek(self):
+        match = _TOKEN.match(self.text, self.pos)
+        if match is None:
+            return None, None, len(self.text.rstrip()) if self.pos >= len(self.text.rstrip()) else self.pos
+        kind = match.lastgroup
+        start = match.start(kind)
+        return kind, match.group(kind), start
+
+    def next(self):
+        match = _TOKEN.match(self.text, self.pos)
+        if match is None:
+            if self.text[self.pos:].strip():
+                start = len(self.text) - len(self.text[self.pos:].lstrip())
+                self.fail(f"unexpected character {self.text[start]!r}", start)
+            self.fail("unexpected end of schema", len(self.text))
+        self.pos = match.end()
+        return match.lastgroup, match.group(match.lastgroup), match.start(match.lastgroup)
+
+    def expect(self, value):
+        kind, token, start = self.next()
+        if token != value:
+            self.fail(f"expected {value!r}, found {token!r}", start)
+        return start
+
+    def at(self, value):
+        return self.peek()[1] == value
+
+    def at_end(self):
+        return not self.text[self.pos:].strip()
+
+    # type := name ('?' | '[' ']' ('[' ']')?)?
+    def parse_type(self):
+        kind, base, start = self.next()
+        if kind != "name":
+            self.fail(f"expected a type, found {base!r}", start)
+        suffix = ""
+        while self.at("[") or self.at("?"):
+            if self.at("?"):
+                self.next()
+                suffix += "?"
+            else:
+                self.next()
+                self.expect("]")
+                suffix += "[]"
+        return base + suffix, start
+
+    def parse_default(self):
+        depth, start = 0, None
+        while True:
+            kind, token, pos = self.peek()
+            if token is None:
+                break
+            if token in (",", ")") and depth == 0:
+                break
+            start = pos if start is None else start
+            depth += token == "["
+            depth -= token == "]"
+            self.next()
+        if start is None:
+            self.fail("expected a default value after '='")
+        source = self.text[start:self.pos].strip()
+        words = {"true": "True", "false": "False", "None": "None"}
+        try:
+            return ast.literal_eval(words.get(source, source)), start
+        except (ValueError, SyntaxError):
+            self.fail(f"default {source!r} is not a literal", start)
+
+    def parse(self):
+        kind, first, start = self.next()
+        if kind != "name":
+            self.fail("expected the op name", start)
+        namespace, name = None, first
+        if self.at("::"):
+            self.next()
+            kind, name, start = self.next()
+            if kind != "name":
+                self.fail("expected the op name after '::'", start)
+            namespace = first
+        self.expect("(")
+        inputs, attrs, keyword_only, seen = [], [], False, set()
+        while not self.at(")"):
+            if self.at("*"):
+                self.next()
+                keyword_only = True
+            else:
+                type_name, type_start = self.parse_type()
+                kind, param, param_start = self.next()
+                if kind != "name":
+                    self.fail(f"expected a parameter name after {type_name}", param_start)
+                if param in seen:
+                    self.fail(f"parameter '{param}' is declared twice", param_start)
+                seen.add(param)
+                default = REQUIRED
+                if self.at("="):
+                    self.next()
+                    default, default_start = self.parse_default()
+                if type_name.startswith("Tensor"):
+                    if type_name not in ("Tensor", "Tensor?", "Tensor[]"):
+                        self.fail(f"unknown tensor type {type_name!r} (Tensor, Tensor? or Tensor[])", type_start)
+                    if keyword_only:
+                        self.fail("tensor inputs must come before '*'", type_start)
+                    if attrs:
+                        self.fail("tensor inputs must come before attributes", type_start)
+                    if default is not REQUIRED and not (type_name == "Tensor?" and default is None):
+                        self.fail("only Tensor? inputs may have a default, and it must be None", type_start)
+                    inputs.append(InputDef(param, optional=type_name == "Tensor?", variadic=type_name == "Tensor[]"))
+                else:
+                    if type_name not in ATTR_TYPES or type_name == "any":
+                        self.fail(f"unknown type {type_name!r}; expected Tensor, Tensor?, Tensor[] or one of "
+                                  f"{', '.join(t for t in ATTR_TYPES if t != 'any')}", type_start)
+                    attr = AttrDef(param, type_name, REQUIRED, positional=not keyword_only)
+                    if default is not REQUIRED:
+                        try:
+                            default = check_attr(name, attr, default)
+                        except Exception as error:
+                            self.fail(f"default of '{param}': {error}", default_start)
+                        attr = AttrDef(param, type_name, default, positional=not keyword_only)
+                    attrs.append(attr)
+            if not self.at(")"):
+                self.expect(",")
+        self.expect(")")
+        if self.at_end():
+            self.fail("expected '->' and the outputs", len(self.text))
+        self.expect("->")
+        outputs = self.parse_outputs()
+        if not self.at_end():
+            kind, token, start = self.next()
+            self.fail(f"unexpected {token!r} after the outputs", start)
+        return ParsedSchema(namespace, name, inputs, attrs, outputs)
+
+    def parse_outputs(self):
+        grouped = self.at("(")
+        if grouped:
+            self.next()
+        outputs = []
+        while True:
+            type_name, start = self.parse_type()
+            if type_name != "Tensor":
+                self.fail(f"outputs are Tensor, found {type_name!r}", start)
+            name = f"out{len(outputs)}"
+            if self.peek()[0] == "name":
+                name = self.next()[1]
+            if name in outputs:
+                self.fail(f"output '{name}' is declared twice")
+            outputs.append(name)
+            if not (grouped and self.at(",")):
+                break
+            self.next()
+        if grouped:
+            self.expect(")")
+        if len(outputs) == 1 and outputs[0] == "out0":
+            outputs = ["out"]
+        return outputs
+
+
+def parse_schema(text: str) -> ParsedSchema:
+    if not isinstance(text, str) or not text.strip():
+        raise SchemaError("a schema is a non-empty string such as 'ns::name(Tensor x, *, float a=1.0) -> Tensor y'")
+    return _Parser(text).parse()

@@ -1,0 +1,446 @@
+"""Compilation and the on-disk build cache (opforge.runtime.build)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from opforge.errors import CompileError, CompilerNotFoundError
+from opforge.runtime import build as build_mod
+from opforge.runtime.build import (
+    ABI_VERSION,
+    BuiltLibrary,
+    build,
+    cache_dir,
+    cache_info,
+    clear_cache,
+    detect_cuda_arch,
+    find_compiler,
+    include_dir,
+    is_source,
+)
+from opforge.runtime.library import load_library
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+ANSWER_CC = 'extern "C" int answer() { return 42; }\n'
+
+_ENV_VARS = (
+    "OPFORGE_CC", "OPFORGE_CXX", "OPFORGE_NVCC", "CC", "CXX",
+    "OPFORGE_CFLAGS", "OPFORGE_CXXFLAGS", "OPFORGE_NVCC_FLAGS", "OPFORGE_INCLUDE_DIRS",
+    "OPFORGE_VERBOSE", "OPFORGE_CUDA_ARCH", "XDG_CACHE_HOME",
+)
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty private cache and an environment free of opforge settings."""
+    for var in _ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(folder))
+    return folder
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def call_int(library_path, name: str) -> int:
+    lib = load_library(library_path)
+    return ctypes.CFUNCTYPE(ctypes.c_int)(lib.address(name))()
+
+
+def forbid_processes(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a process was spawned: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse, raising=False)
+
+
+def make_wrapper(folder: Path, real: str = "g++") -> tuple[Path, Path]:
+    """A compiler wrapper that logs each run to a counter file, then runs ``real``.
+
+    With OPFORGE_TEST_STALL set, its first run stalls (a hung compiler).
+    """
+    counter = folder / "compiler-runs.txt"
+    wrapper = folder / "wrapped-cxx"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo run >> "{counter}"
+        if [ -n "$OPFORGE_TEST_STALL" ] && [ "$(wc -l < "{counter}")" -eq 1 ]; then
+            sleep 60
+        fi
+        if [ -n "$OPFORGE_TEST_SLOW" ]; then sleep 0.5; fi
+        exec {shutil.which(real)} "$@"
+        """))
+    wrapper.chmod(0o755)
+    return wrapper, counter
+
+
+def runs(counter: Path) -> int:
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def child_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+BUILD_IN_CHILD = (
+    "import sys; from opforge.runtime.build import build; "
+    "b = build(sys.argv[1]); print('CACHED' if b.from_cache else 'BUILT', b.path)"
+)
+
+
+# --------------------------------------------------------------------------
+
+
+def test_is_source_and_include_dir():
+    assert all(is_source(f"k{s}") for s in (".c", ".cc", ".cpp", ".cxx", ".cu"))
+    assert not is_source("k.so") and not is_source("k.h") and not is_source("k")
+    assert (include_dir() / "custom_aot_extra.h").is_file()
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("OPFORGE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "opforge"
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(tmp_path / "own"))
+    assert cache_dir() == tmp_path / "own"
+    monkeypatch.delenv("OPFORGE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "opforge"
+
+
+def test_non_source_is_rejected(cache, tmp_path):
+    prebuilt = tmp_path / "libk.so"
+    prebuilt.write_bytes(b"\x7fELF")
+    with pytest.raises(ValueError, match="not a kernel source"):
+        build(prebuilt)
+
+
+@needs_gxx
+def test_cold_then_warm_build_spawns_nothing(cache, tmp_path, monkeypatch):
+    src = write(tmp_path / "add.cc", ANSWER_CC)
+    cold = build(src)
+    assert isinstance(cold, BuiltLibrary) and not cold.from_cache
+    assert cold.path.name == "add.cc.so"
+    assert cold.path.parent.parent == cache
+    assert cold.path.parent.name.startswith("add-")
+    assert cold.source == src.resolve()
+
+    manifest = json.loads((cold.path.parent / "manifest.json").read_text())
+    assert manifest["size"] == cold.path.stat().st_size
+    assert manifest["command"][0].endswith("g++")
+    assert {"key", "source", "command", "sha256", "size", "cxx11_abi", "created"} <= set(manifest)
+
+    forbid_processes(monkeypatch)
+    start = time.perf_counter()
+    warm = build(src)
+    elapsed = time.perf_counter() - start
+    assert warm.from_cache and warm.path == cold.path
+    assert elapsed < 0.5  # the target is a few ms; generous for a loaded CI machine
+    assert not any(p.name.startswith(".tmp-") for p in cold.path.parent.iterdir())
+    monkeypatch.undo()
+    assert call_int(warm.path, "answer") == 42
+
+
+@needs_gxx
+def test_source_edit_and_flags_change_the_entry(cache, tmp_path):
+    src = write(tmp_path / "k.cc", 'extern "C" int answer() { return 1; }\n')
+    first = build(src, optimization="-O0")
+    write(src, 'extern "C" int answer() { return 2; }\n')
+    edited = build(src, optimization="-O0")
+    assert not edited.from_cache and edited.path != first.path
+    assert call_int(edited.path, "answer") == 2
+
+    flagged = build(src, optimization="-O0", extra_cflags=["-DUNUSED=1"])
+    assert not flagged.from_cache and flagged.path != edited.path
+    other = build(src, optimization="-O0", extra_cflags="-DUNUSED=2")
+    assert not other.from_cache and other.path not in (flagged.path, edited.path)
+    # Each flag set keeps its own entry.
+    assert build(src, optimization="-O0", extra_cflags=["-DUNUSED=1"]).from_cache
+    assert build(src, optimization="-O0").from_cache
+    assert cache_info()["entries"] == 4
+
+
+@needs_gxx
+def test_env_flags_and_include_dirs_enter_the_key(cache, tmp_path, monkeypatch):
+    inc = write(tmp_path / "inc" / "value.h", "#define VALUE 5\n").parent
+    src = write(tmp_path / "k.cc", '#include "value.h"\nextern "C" int answer() { return VALUE; }\n')
+    monkeypatch.setenv("OPFORGE_INCLUDE_DIRS", str(inc))
+    plain = build(src, optimization="-O0")
+    assert call_int(plain.path, "answer") == 5
+    monkeypatch.setenv("OPFORGE_CXXFLAGS", "-DUNUSED=3")
+    flagged = build(src, optimization="-O0")
+    assert not flagged.from_cache and flagged.path != plain.path
+    assert "-DUNUSED=3" in json.loads((flagged.path.parent / "manifest.json").read_text())["command"]
+
+
+@needs_gxx
+def test_local_headers_are_hashed_and_source_folder_comes_first(cache, tmp_path):
+    # A user's own custom_aot_extra.h next to the source must win over opforge's.
+    local = write(tmp_path / "custom_aot_extra.h", '#include "nested.h"\n#define FROM_LOCAL_HEADER 1\n')
+    nested = write(tmp_path / "nested.h", "#define NESTED 10\n")
+    # A missing header is ignored by the key (the compiler would report it).
+    # Included with <...>, so only the -I order decides which copy is used.
+    src = write(tmp_path / "k.cc", """\
+        #include <custom_aot_extra.h>
+        #include <cstdio>
+        #if 0
+        #include "missing_but_guarded.h"
+        #endif
+        extern "C" int answer() { return FROM_LOCAL_HEADER + NESTED; }
+        """)
+    first = build(src, optimization="-O0")
+    assert call_int(first.path, "answer") == 11
+    assert build(src, optimization="-O0").from_cache
+
+    write(nested, "#define NESTED 20\n")  # two includes deep
+    second = build(src, optimization="-O0")
+    assert not second.from_cache and second.path != first.path
+    assert call_int(second.path, "answer") == 21
+
+    write(local, '#include "nested.h"\n#define FROM_LOCAL_HEADER 2\n')  # the <...> header itself
+    third = build(src, optimization="-O0")
+    assert not third.from_cache and third.path not in (first.path, second.path)
+    assert call_int(third.path, "answer") == 22
+
+
+@needs_gxx
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage-manifest", "wrong-key", "no-library"])
+def test_corrupt_entry_is_rebuilt(cache, tmp_path, damage):
+    src = write(tmp_path / "add.cc", ANSWER_CC)
+    good = build(src, optimization="-O0")
+    manifest = good.path.parent / "manifest.json"
+    if damage == "truncate":
+        data = good.path.read_bytes()
+        good.path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":  # same size, different bytes
+        data = bytearray(good.path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        good.path.write_bytes(bytes(data))
+    elif damage == "garbage-manifest":
+        manifest.write_bytes(b"{not json")
+    elif damage == "wrong-key":
+        record = json.loads(manifest.read_text())
+        record["key"] = "0" * 64
+        manifest.write_text(json.dumps(record))
+    else:
+        good.path.unlink()
+    again = build(src, optimization="-O0")
+    assert not again.from_cache
+    assert again.path == good.path
+    assert call_int(again.path, "answer") == 42
+    assert build(src, optimization="-O0").from_cache
+
+
+@needs_gxx
+def test_force_rebuilds(cache, tmp_path):
+    src = write(tmp_path / "add.cc", ANSWER_CC)
+    build(src, optimization="-O0")
+    forced = build(src, optimization="-O0", force=True)
+    assert not forced.from_cache and forced.path.is_file()
+
+
+@needs_gxx
+def test_concurrent_builds_compile_once(cache, tmp_path):
+    wrapper, counter = make_wrapper(tmp_path)
+    src = write(tmp_path / "shared.cc", ANSWER_CC)
+    env = child_env(OPFORGE_CXX=str(wrapper), OPFORGE_TEST_SLOW="1")
+    children = [subprocess.Popen([sys.executable, "-c", BUILD_IN_CHILD, str(src)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    results = [child.communicate(timeout=60) for child in children]
+    for child, (out, err) in zip(children, results):
+        assert child.returncode == 0, err
+    words = sorted(out.split()[0] for out, _ in results)
+    assert words == ["BUILT", "CACHED"]
+    assert runs(counter) == 1
+    paths = {out.split()[1] for out, _ in results}
+    assert len(paths) == 1
+    assert call_int(paths.pop(), "answer") == 42
+
+
+@needs_gxx
+@pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
+def test_killed_builder_does_not_block_the_next(cache, tmp_path):
+    wrapper, counter = make_wrapper(tmp_path)
+    src = write(tmp_path / "victim.cc", ANSWER_CC)
+    env = child_env(OPFORGE_CXX=str(wrapper), OPFORGE_TEST_STALL="1")
+    victim = subprocess.Popen([sys.executable, "-c", BUILD_IN_CHILD, str(src)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while runs(counter) < 1:  # the victim holds the lock and its compiler hangs
+            assert victim.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        victim.send_signal(signal.SIGKILL)  # the builder only; its compiler lives on
+        victim.wait(timeout=10)
+
+        done = subprocess.run([sys.executable, "-c", BUILD_IN_CHILD, str(src)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("BUILT")
+        assert runs(counter) == 2
+        library = Path(done.stdout.split()[1])
+        assert call_int(library, "answer") == 42
+        # The dead build's temporary file was cleaned up, not left behind.
+        assert sorted(p.name for p in library.parent.iterdir()) == ["manifest.json", "victim.cc.so"]
+    finally:
+        kill_group(victim.pid)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@needs_gxx
+def test_compile_error_reports_file_and_line(cache, tmp_path):
+    src = write(tmp_path / "broken.cc", 'extern "C" int answer() {\n  return undefined_name;\n}\n')
+    with pytest.raises(CompileError) as caught:
+        build(src)
+    error = caught.value
+    first_line = str(error).splitlines()[0]
+    assert "broken.cc" in first_line
+    assert f"{src.resolve()}:2:" in str(error)
+    assert f"{src.resolve()}:2:" in error.output and "undefined_name" in error.output
+    assert isinstance(error.command, list) and error.command[0].endswith("g++")
+    assert str(src.resolve()) in error.command
+    assert cache_info()["entries"] == 0  # no half-made entry left behind
+
+
+def test_missing_compiler(cache, tmp_path, monkeypatch):
+    src = write(tmp_path / "k.cc", ANSWER_CC)
+    monkeypatch.setenv("OPFORGE_CXX", "/nonexistent/g++")
+    with pytest.raises(CompilerNotFoundError, match="OPFORGE_CXX"):
+        build(src)
+    monkeypatch.delenv("OPFORGE_CXX")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(CompilerNotFoundError) as caught:
+        find_compiler("c")
+    assert "gcc" in str(caught.value) and "OPFORGE_CC" in str(caught.value)
+    with pytest.raises(ValueError):
+        find_compiler("fortran")
+
+
+@needs_gcc
+def test_c_source_uses_gcc(cache, tmp_path):
+    src = write(tmp_path / "plain.c", "int answer(void) { return 42; }\n")
+    built = build(src)
+    command = json.loads((built.path.parent / "manifest.json").read_text())["command"]
+    assert "-std=c11" in command and "-std=c++17" not in command
+    assert os.path.basename(command[0]) in {"gcc", "cc"} or "gcc" in command[0]
+    assert built.path.name == "plain.c.so"
+    assert call_int(built.path, "answer") == 42
+
+
+@needs_gxx
+def test_cxx11_abi_setting(cache, tmp_path):
+    src = write(tmp_path / "abi.cc", ANSWER_CC)
+
+    def command_of(built):
+        return json.loads((built.path.parent / "manifest.json").read_text())["command"]
+
+    default = build(src, optimization="-O0")
+    assert default.cxx11_abi is False
+    assert "-D_GLIBCXX_USE_CXX11_ABI=0" in command_of(default)
+
+    new = build(src, optimization="-O0", cxx11_abi=True)
+    assert new.cxx11_abi is True and new.path != default.path
+    assert "-D_GLIBCXX_USE_CXX11_ABI=1" in command_of(new)
+
+    # A user's own -D wins over the argument, and ours is not added beside it.
+    user = build(src, optimization="-O0", cxx11_abi=False, extra_cflags=["-D_GLIBCXX_USE_CXX11_ABI=1"])
+    assert user.cxx11_abi is True
+    assert "-D_GLIBCXX_USE_CXX11_ABI=0" not in command_of(user)
+    assert build(src, optimization="-O0", cxx11_abi=False,
+                 extra_cflags=["-D_GLIBCXX_USE_CXX11_ABI=1"]).cxx11_abi is True  # cached answer too
+
+
+def test_cuda_arch_override_and_normalisation(monkeypatch):
+    monkeypatch.setenv("OPFORGE_CUDA_ARCH", "9.0")
+    assert detect_cuda_arch() == "sm_90"
+    monkeypatch.setenv("OPFORGE_CUDA_ARCH", "sm_90a")
+    assert detect_cuda_arch() == "sm_90a"
+    monkeypatch.delenv("OPFORGE_CUDA_ARCH")
+    assert detect_cuda_arch().startswith("sm_")
+    with pytest.raises(ValueError):
+        build_mod._normalize_arch("hopper")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_cuda_source_compiles(cache, tmp_path):
+    src = write(tmp_path / "scale.cu", """\
+        #include "custom_aot_extra.h"
+        __global__ void scale(float *x, int n) {
+          int i = blockIdx.x * blockDim.x + threadIdx.x;
+          if (i < n) x[i] *= 2.0f;
+        }
+        extern "C" int CustomScale(int nparam, void **params, int *ndims, int64_t **shapes,
+                                   const char **dtypes, void *stream, void *extra) {
+          int n = static_cast<int>(shapes[0][0]);
+          scale<<<(n + 255) / 256, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+              static_cast<float *>(params[0]), n);
+          return 0;
+        }
+        """)
+    built = build(src, cuda_arch="sm_80")
+    assert built.path.is_file() and built.path.name == "scale.cu.so"
+    command = json.loads((built.path.parent / "manifest.json").read_text())["command"]
+    assert "arch=compute_80,code=sm_80" in command and "--expt-relaxed-constexpr" in command
+    assert build(src, cuda_arch="80").from_cache  # same arch, spelled differently
+
+
+@needs_gxx
+def test_clear_cache_and_info(cache, tmp_path):
+    assert cache_info() == {"path": str(cache), "entries": 0, "bytes": 0}
+    a = build(write(tmp_path / "a.cc", ANSWER_CC), optimization="-O0")
+    build(write(tmp_path / "b.cc", ANSWER_CC), optimization="-O0")
+    info = cache_info()
+    assert info["entries"] == 2 and info["bytes"] >= 2 * a.path.stat().st_size
+    assert clear_cache() == 2
+    assert cache_info()["entries"] == 0
+    assert not any(cache.glob("*.lock"))
+    assert not build(tmp_path / "a.cc", optimization="-O0").from_cache
+
+
+@needs_gxx
+def test_clear_cache_skips_entry_being_built(cache, tmp_path):
+    src = write(tmp_path / "busy.cc", ANSWER_CC)
+    built = build(src, optimization="-O0")
+    lock = built.path.parent.with_name(built.path.parent.name + ".lock")
+    with build_mod._file_lock(lock) as held:  # as a concurrent builder would
+        assert held
+        assert clear_cache() == 0
+        assert built.path.is_file()
+    assert clear_cache() == 1
+
+
+def test_abi_version_is_exposed():
+    assert ABI_VERSION == 1
