@@ -7,15 +7,19 @@
 """
 from pathlib import Path
 
-from . import errors
+from . import errors, infer, ops
 from .attrs import AttrDef
 from .dtypes import ABI_DTYPES
 from .errors import *  # noqa: F401,F403 - the typed errors are part of the public API
 from .frontends.mindspore import Custom, CustomRegOp, DataType
-from .op import InputDef, Kernel, Op, PyKernel
+from .operator import InputDef, Kernel, Op, PyKernel
+from .registry import lookup, op, registered_ops
 from .runtime.aot import AotKernel
 from .runtime.build import build, cache_dir
+from .runtime.cpu import cpu_features, isa_cap, set_isa_cap
 from .spec import TensorSpec
+
+from . import builtins  # noqa: E402,F401 - registers the built-in ops (kernels compile on first use)
 
 __version__ = "0.1.0"
 

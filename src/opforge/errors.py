@@ -30,6 +30,10 @@ class AttrError(OpforgeError, TypeError):
     """An attribute is unknown, missing, or of the wrong type."""
 
 
+class CheckError(OpforgeError, ValueError):
+    """An op's check function rejected its inputs or attributes."""
+
+
 class InferenceError(OpforgeError, ValueError):
     """Shape or dtype inference failed or returned something invalid."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .attrs import ATTR_TYPES, REQUIRED, AttrDef, check_attr
 from .errors import SchemaError
-from .op import InputDef
+from .operator import InputDef
 
 _TOKEN = re.compile(r"\s*(?:(?P<arrow>->)|(?P<colons>::)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)"
                     r"|(?P<punct>[(),*=?\[\]])|(?P<literal>-?[0-9][0-9.eE+-]*|'[^']*'|\"[^\"]*\"))")

@@ -13,7 +13,7 @@ import inspect
 from .. import dtypes as _dtypes
 from ..attrs import REQUIRED, AttrDef
 from ..errors import InferenceError, SchemaError
-from ..op import InputDef, Op, PyKernel
+from ..operator import InputDef, Op, PyKernel
 from ..runtime import build as _build
 from ..runtime.aot import AotKernel, split_func
 from ..spec import TensorSpec
@@ -160,7 +160,7 @@ class Custom(Op):
         self.add_kernel(self.kernel)
         self.def_infer(self._infer)
 
-    def _infer(self, specs, attrs):
+    def _infer(self, *specs, **attrs):
         shapes_in = [_shape_list(s.shape) for s in specs]
         if self.out_shape is None:
             shapes = [s.shape for s in self.kernel.infer(self, specs, attrs)]

@@ -8,7 +8,9 @@ the kernel is dropped.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -16,9 +18,10 @@ import numpy as np
 
 from .. import _native
 from ..errors import InferenceError, SchemaError
-from ..op import Kernel
+from ..operator import Kernel
 from ..spec import TensorSpec
 from . import build as _build
+from .cpu import ISA_COMPILE_FLAGS, normalize_isa
 from .library import load_library
 
 INIT_CACHE_SIZE = 64
@@ -48,6 +51,7 @@ class AotKernel(Kernel):
                  include_dirs=(), cxx11_abi=None, name=None, init_cache_size=INIT_CACHE_SIZE):
         path, function = split_func(func)
         super().__init__(device=device, dtypes=dtypes, isa=isa, layout=layout, name=name or function)
+        self.priority = 2  # native kernels before Python ones
         self.path = path if path.is_absolute() else Path.cwd() / path  # MindSpore resolves from the cwd
         self.function_name = function
         self.cflags = tuple(cflags)
@@ -170,3 +174,61 @@ class AotKernel(Kernel):
         if rc != 0 or error is not None:
             raise kernel_error(op, self, rc, error)
         return outputs
+
+
+# C types behind OPFORGE_T for each dtype a templated source is compiled for.
+C_TYPES = {"bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+           "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+           "float16": "_Float16", "float32": "float", "float64": "double"}
+
+
+def inline_source(op_name, code, suffix):
+    """Write kernel source given as a string to a content-addressed file in the cache."""
+    digest = hashlib.sha256(code.encode()).hexdigest()[:16]
+    folder = _build.cache_dir() / "inline"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = "".join(c if c.isalnum() else "_" for c in op_name)
+    path = folder / f"{stem}-{digest}{suffix}"
+    if not path.exists() or path.read_text() != code:
+        fd, temporary = tempfile.mkstemp(dir=folder, suffix=suffix)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(code)
+        os.replace(temporary, path)  # atomic: concurrent writers write the same bytes
+    return path
+
+
+def dtype_flags(op, signature):
+    """-D flags selecting one dtype variant of a templated source."""
+    if signature is None:
+        return []
+    names = [i.name for i in op.inputs] + list(op.outputs)
+    typed = [(n, d) for n, d in zip(names, signature) if d is not None]
+    if not typed:
+        return []
+    flags = [f"-DOPFORGE_T={C_TYPES[typed[0][1]]}", f"-DOPFORGE_DTYPE_{typed[0][1].upper()}=1"]
+    flags += [f"-DOPFORGE_T_{n}={C_TYPES[d]}" for n, d in typed]
+    return flags
+
+
+def source_kernels(op, *, source, code, function, device, signatures, dtypes, isa, layout, cflags, include_dirs,
+                   name):
+    """The AotKernels for one source: one per dtype variant, compiled with the ISA's flags."""
+    if code is not None:
+        if not function:
+            raise SchemaError(f"op '{op.name}': a kernel given as code needs function='FunctionName'")
+        source = f"{inline_source(op.name, code, '.cu' if device == 'gpu' else '.cc')}:{function}"
+    elif function is not None:
+        source = f"{source}:{function}"
+    isa_flags = ISA_COMPILE_FLAGS[normalize_isa(isa)] if device == "cpu" else []
+    variants = signatures if (signatures and isinstance(dtypes, dict)) else [None]
+    kernels = []
+    for variant in variants:
+        flags = list(cflags) + isa_flags + dtype_flags(op, variant)
+        label = name or split_func(source)[1]
+        if isa:
+            label += f"[{normalize_isa(isa)}]"
+        if variant is not None:
+            label += "<" + ",".join(d for d in variant if d) + ">"
+        kernels.append(AotKernel(source, device=device, dtypes=[variant] if variant else signatures, isa=isa,
+                                 layout=layout, cflags=flags, include_dirs=include_dirs, name=label))
+    return kernels

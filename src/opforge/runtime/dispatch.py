@@ -15,6 +15,7 @@ import numpy as np
 from .. import _native
 from ..errors import AttrError, DTypeError, KernelError, NoKernelError
 from ..spec import TensorSpec
+from .cpu import isa_rank, isa_reject_reason
 
 _MAX_LAUNCHERS_PER_OP = 64
 
@@ -48,12 +49,16 @@ def as_array(op, index, value):
         raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' must be an array, got {type(value).__name__}")
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
-    return np.ascontiguousarray(array)
+    # (not np.ascontiguousarray: it turns 0-d arrays into 1-d ones)
+    return array if array.flags.c_contiguous and array.flags.aligned else array.copy(order="C")
 
 
 def input_specs(op, arrays):
     specs = []
     for index, array in enumerate(arrays):
+        if array is None:  # an absent optional input
+            specs.append(None)
+            continue
         try:
             specs.append(TensorSpec.of(array))
         except DTypeError as error:
@@ -61,20 +66,28 @@ def input_specs(op, arrays):
     return specs
 
 
+def _preference(kernel, device):
+    """Sort key: the inputs' device first, then native before Python, the best ISA,
+    and the reference kernel last."""
+    return (kernel.device != device, getattr(kernel, "reference", False), -getattr(kernel, "priority", 1),
+            -isa_rank(kernel.isa))
+
+
 def select_kernel(op, specs, device="cpu"):
-    """The first kernel on ``device`` (else any device) that accepts the specs."""
+    """The preferred kernel that accepts the specs; errors list every candidate."""
     if not op.kernels:
         raise NoKernelError(f"op '{op.name}' has no kernels")
-    ordered = [k for k in op.kernels if k.device == device] + [k for k in op.kernels if k.device != device]
     reasons = []
-    for kernel in ordered:
+    for kernel in sorted(op.kernels, key=lambda k: _preference(k, device)):
         reason = kernel.reject_reason(op, specs)
+        if reason is None and kernel.device == "cpu" and kernel.isa is not None:
+            reason = isa_reject_reason(kernel.isa)
         if reason is None:
             return kernel
         reasons.append((kernel, reason))
-    if len(reasons) == 1:
+    if len(reasons) == 1 and "dtype" in reasons[0][1]:
         raise DTypeError(f"op '{op.name}': {reasons[0][1]}")
-    lines = "\n".join(f"  {k!r}: {r}" for k, r in reasons)
+    lines = "\n".join(f"  {k.name} ({k.device}{', ' + k.isa if k.isa else ''}): {r}" for k, r in reasons)
     raise NoKernelError(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
 
 
@@ -103,7 +116,9 @@ class CallPlanner:
         return self.op.call(args, kwargs)
 
     def prepare(self, args):
-        return tuple(as_array(self.op, k, a) for k, a in enumerate(args))
+        if "support_non_contiguous" in self.op.traits and all(k.priority < 2 for k in self.op.kernels):
+            return tuple(a if a is None else np.asarray(a) for a in args)  # Python kernels take views
+        return tuple(None if a is None else as_array(self.op, k, a) for k, a in enumerate(args))
 
     def _resolve(self, arrays):
         specs = input_specs(self.op, arrays)
@@ -113,8 +128,14 @@ class CallPlanner:
             self.op.check_output_shape(spec)
         return specs, kernel, out_specs
 
+    def _skips_kernel(self, arrays):
+        # PPLNN's CanDoExecute: an empty input means empty work, unless the op says otherwise.
+        return "always_compute" not in self.op.traits and any(a is not None and a.size == 0 for a in arrays)
+
     def plan(self, arrays):
         specs, kernel, out_specs = self._resolve(arrays)
+        if self._skips_kernel(arrays):
+            return None
         plan = kernel.plan(self.op, arrays, specs, out_specs, self.attrs) if hasattr(kernel, "plan") else None
         if plan is not None:
             self._kernels_by_function[plan[0]] = kernel
@@ -122,7 +143,10 @@ class CallPlanner:
 
     def run(self, arrays):
         specs, kernel, out_specs = self._resolve(arrays)
-        outputs = kernel.run(self.op, arrays, self.attrs, out_specs)
+        if self._skips_kernel(arrays):
+            outputs = [np.zeros(s.shape, s.dtype) for s in out_specs]
+        else:
+            outputs = kernel.run(self.op, arrays, self.attrs, out_specs)
         return tuple(outputs) if self.op.tuple_output else outputs[0]
 
     def failed(self, rc, error, function_address):

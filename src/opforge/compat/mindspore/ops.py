@@ -2,13 +2,12 @@
 import numpy as np
 
 from ...frontends.mindspore import Custom, CustomRegOp, DataType
-from ...op import Op, PyKernel
+from ...operator import Op, PyKernel
 from ...spec import TensorSpec
 
 
 def _elementwise(name, fn):
-    def infer(specs, attrs):
-        a, b = specs
+    def infer(a, b):
         if a.rank is None or b.rank is None:
             return [TensorSpec(None, a.dtype)]
         shape = np.broadcast_shapes(tuple(max(d, 1) for d in a.shape), tuple(max(d, 1) for d in b.shape))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .attrs import REQUIRED, AttrDef, check_attr
-from .errors import ArityError, AttrError, InferenceError, SchemaError, ShapeError
+from .dtypes import normalize as normalize_dtype
+from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
 from .spec import TensorSpec
 
 
@@ -31,6 +32,8 @@ class Kernel:
     """
 
     device = "cpu"
+    priority = 1  # dispatch prefers higher: native kernels are 2
+    reference = False
 
     def __init__(self, *, device="cpu", dtypes=None, isa=None, layout="ndarray", name=None):
         self.device = device.lower()
@@ -43,10 +46,10 @@ class Kernel:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
         if self.dtypes is None:
             return None
-        given = tuple(s.dtype for s in specs)
+        given = tuple(s.dtype if s is not None else None for s in specs)
         for signature in self.dtypes:
             wanted = signature[: len(given)]
-            if all(w is None or w == g for w, g in zip(wanted, given)):
+            if all(w is None or g is None or w == g for w, g in zip(wanted, given)):
                 return None
         if len(self.dtypes) == 1:  # name the first input that is off
             for index, (w, g) in enumerate(zip(self.dtypes[0], given)):
@@ -75,7 +78,7 @@ class PyKernel(Kernel):
     """
 
     def __init__(self, fn, **kwargs):
-        super().__init__(name=kwargs.pop("name", getattr(fn, "__name__", "python_kernel")), **kwargs)
+        super().__init__(name=kwargs.pop("name", None) or getattr(fn, "__name__", "python_kernel"), **kwargs)
         self.fn = fn
 
     def run(self, op, arrays, attrs, out_specs):
@@ -92,7 +95,7 @@ class PyKernel(Kernel):
             if not spec.matches(value.shape):
                 raise ShapeError(f"op '{op.name}': Python kernel '{self.name}' returned output '{name}' of shape "
                                  f"{list(value.shape)}, inference says {list(spec.shape)}")
-            checked.append(np.ascontiguousarray(value, dtype=spec.dtype))
+            checked.append(np.array(value, dtype=spec.dtype, order="C"))
         return checked
 
 
@@ -112,23 +115,120 @@ class Op:
             raise SchemaError(f"op '{name}': a variadic input must be the op's only tensor input")
         self.kernels: list[Kernel] = []
         self.infer_fn = None
-        self._launchers = {}  # frozen attribute values -> runtime Launcher
+        self.check_fn = None
+        self._launchers = {}  # (frozen attribute values, n inputs) -> runtime Launcher
+        self._fast_calls = {}  # raw attribute values -> Launcher, for the functional API
         self._default_launcher = None
 
     # -- declaration ------------------------------------------------------
     def add_kernel(self, kernel: Kernel) -> Kernel:
+        if "cpu_only" in self.traits and kernel.device != "cpu":
+            raise SchemaError(f"op '{self.name}' has trait cpu_only; it cannot take a {kernel.device} kernel")
         self.kernels.append(kernel)
         self._forget_plans()
         return kernel
 
+    def kernel(self, fn=None, *, source=None, code=None, function=None, device="cpu", dtypes=None, isa=None,
+               layout="ndarray", cflags=(), include_dirs=(), name=None, reference=False):
+        """Add a kernel.
+
+        * ``op.kernel(source="leaky_relu.cc:LeakyRelu", ...)``: a C/C++/CUDA
+          function on the aot ABI (a relative path resolves from the caller's cwd);
+        * ``op.kernel(code=CPP, function="LeakyRelu", ...)``: the same from a string;
+        * ``@op.kernel(device="cpu")`` on ``fn(*arrays, **attrs)``: a NumPy kernel.
+          ``reference=True`` marks it as the semantics other kernels are checked
+          against (and the last choice of dispatch).
+
+        ``dtypes={"x": ["float32", "float64"]}`` compiles a source once per
+        listed dtype, with ``OPFORGE_T`` defined as the C type (and
+        ``OPFORGE_DTYPE_<NAME>`` set); ``isa`` ("sse41", "avx", "avx2",
+        "avx512") compiles with that instruction set and lets dispatch pick
+        the best one the CPU has.  Returns the kernel (or list of kernels).
+        """
+        if fn is None and source is None and code is None:
+            return lambda f: self.kernel(f, device=device, dtypes=dtypes, isa=isa, layout=layout, name=name,
+                                         reference=reference)
+        signatures = self._dtype_signatures(dtypes)
+        if fn is not None:
+            kernel = PyKernel(fn, device=device, dtypes=signatures, isa=isa, layout=layout, name=name)
+            kernel.reference = reference
+            self.add_kernel(kernel)
+            return fn
+        from .runtime.aot import source_kernels  # the runtime sits above the core; needed only here
+
+        kernels = source_kernels(self, source=source, code=code, function=function, device=device,
+                                 signatures=signatures, dtypes=dtypes, isa=isa, layout=layout, cflags=cflags,
+                                 include_dirs=include_dirs, name=name)
+        for kernel in kernels:
+            self.add_kernel(kernel)
+        return kernels[0] if len(kernels) == 1 else kernels
+
+    def reference(self, fn):
+        """Decorator: the op's NumPy reference kernel."""
+        return self.kernel(fn, reference=True)
+
+    @property
+    def reference_kernel(self):
+        return next((k for k in self.kernels if getattr(k, "reference", False)), None)
+
+    def _dtype_signatures(self, dtypes):
+        """{"x": [...], ...} -> one signature per variant (inputs then outputs; None = any)."""
+        if dtypes is None:
+            return None
+        if not isinstance(dtypes, dict):  # a list of full signatures
+            return [tuple(None if d is None else normalize_dtype(d) for d in sig) for sig in dtypes]
+        names = [i.name for i in self.inputs] + list(self.outputs)
+        for key in dtypes:
+            if key not in names:
+                raise SchemaError(f"op '{self.name}': kernel dtypes name '{key}', which is not an input or output "
+                                  f"(inputs and outputs: {', '.join(names)})")
+        lists = {k: [normalize_dtype(d) for d in ([v] if isinstance(v, str) else v)] for k, v in dtypes.items()}
+        lengths = {len(v) for v in lists.values()}
+        if len(lengths) != 1:
+            raise SchemaError(f"op '{self.name}': kernel dtype lists must have one entry per variant, "
+                              f"got lengths {sorted(lengths)}")
+        return [tuple(lists[n][k] if n in lists else None for n in names) for k in range(lengths.pop())]
+
     def def_infer(self, fn):
-        """Set ``fn(specs, attrs) -> list of TensorSpec`` as the op's inference."""
+        """Set ``fn(*input_specs, **attrs) -> TensorSpec or tuple`` as the op's inference."""
         self.infer_fn = fn
+        self._forget_plans()
+        return fn
+
+    def infer_shape(self, fn):
+        """Decorator (MindSpore style): ``fn(*shapes, **attrs) -> shape or tuple of shapes``."""
+        self._shape_fn = fn
+        return self._combine_shape_dtype(fn)
+
+    def infer_dtype(self, fn):
+        """Decorator (MindSpore style): ``fn(*dtypes, **attrs) -> dtype or tuple of dtypes``."""
+        self._dtype_fn = fn
+        return self._combine_shape_dtype(fn)
+
+    def _combine_shape_dtype(self, returned):
+        shape_fn, dtype_fn = getattr(self, "_shape_fn", None), getattr(self, "_dtype_fn", None)
+
+        def infer(*specs, **attrs):
+            present = [s for s in specs if s is not None]
+            shapes = shape_fn(*[s and s.shape for s in specs], **attrs) if shape_fn else present[0].shape
+            dtypes = dtype_fn(*[s and s.dtype for s in specs], **attrs) if dtype_fn else present[0].dtype
+            shapes = list(shapes) if self.tuple_output else [shapes]
+            dtypes = list(dtypes) if isinstance(dtypes, (tuple, list)) else [dtypes] * len(shapes)
+            return [TensorSpec(shape, dtype) for shape, dtype in zip(shapes, dtypes)]
+
+        self.def_infer(infer)
+        return returned
+
+    def check(self, fn):
+        """Decorator (OneFlow's check_fn): ``fn(*input_specs, **attrs)`` raises, or returns
+        an error message, when the inputs or attributes are invalid."""
+        self.check_fn = fn
         self._forget_plans()
         return fn
 
     def _forget_plans(self):
         self._launchers.clear()
+        self._fast_calls.clear()
         self._default_launcher = None
 
     # -- binding ----------------------------------------------------------
@@ -177,9 +277,13 @@ class Op:
 
     # -- inference --------------------------------------------------------
     def infer_specs(self, specs, attrs, kernel: Kernel | None = None):
-        """Output specs for input specs; uses the op's inference, else the kernel's."""
+        """Output specs for input specs; the op's inference, else the kernel's (a C++ InferShape)."""
+        if self.check_fn is not None:
+            problem = self.check_fn(*specs, **attrs)
+            if problem:
+                raise CheckError(f"op '{self.name}': {problem}")
         if self.infer_fn is not None:
-            result = self.infer_fn(list(specs), dict(attrs))
+            result = self.infer_fn(*specs, **attrs)
         else:
             candidates = [kernel] if kernel is not None else self.kernels
             result = None
@@ -190,9 +294,7 @@ class Op:
             if result is None:
                 raise InferenceError(f"op '{self.name}' has no shape inference: give it an infer function "
                                      "(or out_shape), or a kernel library that exports an InferShape function")
-        if isinstance(result, TensorSpec):
-            result = [result]
-        result = list(result)
+        result = [result] if isinstance(result, TensorSpec) else list(result)
         if len(result) != len(self.outputs):
             raise InferenceError(f"op '{self.name}': inference returned {len(result)} output spec(s), "
                                  f"the op declares {len(self.outputs)} ({', '.join(self.outputs)})")

@@ -1,0 +1,53 @@
+"""The op registry: qualified name -> Op, and ``op(schema)`` to declare one.
+
+Names are ``namespace::name``; ops without a namespace live in the default
+(flat) one.  Registering a taken name is an error unless ``replace=True``.
+"""
+from __future__ import annotations
+
+from .errors import SchemaError
+from .operator import Op
+from .schema import parse_schema
+
+TRAITS = frozenset({"no_grad", "cpu_only", "no_side_effect", "always_compute", "support_non_contiguous"})
+
+_ops: dict[str, Op] = {}
+
+
+def register(op: Op, *, replace=False) -> Op:
+    if op.name in _ops and not replace:
+        raise SchemaError(f"op '{op.name}' is already registered; pass replace=True to replace it, "
+                          "or give it a namespace ('mylib::name')")
+    _ops[op.name] = op
+    return op
+
+
+def unregister(name: str) -> None:
+    _ops.pop(name, None)
+
+
+def lookup(name: str) -> Op | None:
+    return _ops.get(name)
+
+
+def registered_ops() -> list[Op]:
+    return [_ops[name] for name in sorted(_ops)]
+
+
+def op(schema: str, *, traits=(), doc=None, replace=False) -> Op:
+    """Declare and register an op from a schema string.
+
+    ``opforge.op("mylib::leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y")``
+    returns the ``Op``; attach inference, checks and kernels to it with
+    ``@op.infer``, ``@op.check``, ``op.kernel(...)``; call it directly or as
+    ``opforge.ops.mylib.leaky_relu``.
+    """
+    parsed = parse_schema(schema)
+    traits = frozenset(traits)
+    unknown = traits - TRAITS
+    if unknown:
+        raise SchemaError(f"op '{parsed.qualified_name}': unknown trait(s) {sorted(unknown)}; "
+                          f"known: {', '.join(sorted(TRAITS))}")
+    new = Op(parsed.qualified_name, parsed.inputs, parsed.outputs, parsed.attrs, traits=traits, doc=doc)
+    new.schema = schema
+    return register(new, replace=replace)
