@@ -11,6 +11,7 @@ from . import errors, infer, ops
 from .attrs import AttrDef
 from .dtypes import ABI_DTYPES
 from .errors import *  # noqa: F401,F403 - the typed errors are part of the public API
+from .frontends.declarations import load_ops
 from .frontends.mindspore import Custom, CustomRegOp, DataType
 from .operator import InputDef, Kernel, Op, PyKernel
 from .registry import lookup, op, registered_ops
@@ -19,6 +20,7 @@ from .runtime.build import build, cache_dir
 from .runtime.cpu import cpu_features, isa_cap, set_isa_cap
 from .spec import TensorSpec
 
+from . import testing  # noqa: E402
 from . import builtins  # noqa: E402,F401 - registers the built-in ops (kernels compile on first use)
 
 __version__ = "0.1.0"

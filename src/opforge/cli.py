@@ -3,6 +3,8 @@
     opforge build FILE [--cflags "..."] [-I DIR]... [--verbose]
     opforge cache info | clear
     opforge include
+    opforge ops
+    opforge doctor
 
 Each subcommand is one ``add_<name>(subparsers)`` function that declares its
 arguments and sets ``func`` to the function that runs it; ``SUBCOMMANDS``
@@ -126,8 +128,74 @@ def run_include(args) -> int:
 
 
 # --------------------------------------------------------------------------
+# opforge ops
 
-SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include]
+
+def add_ops(subparsers) -> None:
+    parser = subparsers.add_parser("ops", help="list registered ops with signatures and kernels")
+    parser.add_argument("--load", action="append", default=[], metavar="FILE",
+                        help="load op declarations (YAML or JSON) first (repeatable)")
+    parser.set_defaults(func=run_ops)
+
+
+def run_ops(args) -> int:
+    import opforge
+
+    for path in args.load:
+        opforge.load_ops(path)
+    for op in opforge.registered_ops():
+        print(getattr(op, "schema", op.name))
+        if op.traits:
+            print(f"    traits: {', '.join(sorted(op.traits))}")
+        for kernel in op.kernels:
+            tags = [kernel.device]
+            if kernel.isa:
+                tags.append(kernel.isa)
+            if kernel.layout != "ndarray":
+                tags.append(kernel.layout)
+            if getattr(kernel, "reference", False):
+                tags.append("reference")
+            print(f"    kernel {kernel.name} ({', '.join(tags)})")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# opforge doctor
+
+
+def add_doctor(subparsers) -> None:
+    parser = subparsers.add_parser("doctor", help="report compilers, CPU features and CUDA")
+    parser.set_defaults(func=run_doctor)
+
+
+def run_doctor(args) -> int:
+    import platform
+
+    import numpy
+
+    import opforge
+    from opforge.errors import CompilerNotFoundError
+    from opforge.runtime import build, cpu, cuda
+
+    print(f"opforge {opforge.__version__}, Python {platform.python_version()}, NumPy {numpy.__version__}, "
+          f"{platform.system()} {platform.machine()}")
+    for language in ("c", "c++", "cuda"):
+        try:
+            print(f"{language:>5} compiler: {build.find_compiler(language)}")
+        except CompilerNotFoundError as error:
+            print(f"{language:>5} compiler: not found ({str(error).splitlines()[0]})")
+    features = cpu.cpu_features()
+    print("CPU features: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in features.items()))
+    print(f"ISA used by dispatch: {cpu.best_isa()} (cap {cpu.isa_cap()})")
+    count = cuda.device_count()
+    print(f"CUDA devices: {count}" + ("" if count else " (GPU kernels will not run; CUDA sources still compile)"))
+    print(f"cache: {build.cache_dir()}")
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include, add_ops, add_doctor]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -67,6 +67,7 @@ class TensorSpec:
         return len(shape) == len(self.shape) and all(s == -1 or s == d for s, d in zip(self.shape, shape))
 
     def __repr__(self):
-        dims = "?" if self.rank is None else ", ".join("?" if d == -1 else str(d) for d in self.shape)
+        dims = "unknown rank" if self.rank is None else \
+            "[" + ", ".join("?" if d == -1 else str(d) for d in self.shape) + "]"
         layout = "" if self.layout == "ndarray" else f", {self.layout}"
-        return f"TensorSpec([{dims}], {self.dtype}{layout})"
+        return f"TensorSpec({dims}, {self.dtype}{layout})"

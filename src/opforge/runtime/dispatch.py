@@ -88,7 +88,8 @@ def select_kernel(op, specs, device="cpu"):
     if len(reasons) == 1 and "dtype" in reasons[0][1]:
         raise DTypeError(f"op '{op.name}': {reasons[0][1]}")
     lines = "\n".join(f"  {k.name} ({k.device}{', ' + k.isa if k.isa else ''}): {r}" for k, r in reasons)
-    raise NoKernelError(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
+    error = DTypeError if all("dtype" in r for _, r in reasons) else NoKernelError
+    raise error(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
 
 
 def kernel_error(op, kernel, rc, error, function=None):

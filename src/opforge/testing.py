@@ -1,0 +1,167 @@
+"""``check_op``: test an op against its own claims (like PyTorch's opcheck).
+
+    opforge.testing.check_op(op, x, alpha=0.2)
+
+For the given inputs and attributes it checks that
+
+* inference agrees with every kernel's real outputs (shape and dtype), and
+  inference on specs with unknown dims or rank stays consistent with them;
+* every kernel that can run here (each dtype and ISA variant, not only the
+  one dispatch picks) agrees with the reference kernel (else with the kernel
+  dispatch picks);
+* no kernel mutates its inputs;
+* the call path rejects an unknown attribute and a wrongly typed one.
+
+It raises ``OpCheckFailure`` listing every failed check, and returns the
+list of checks that ran.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attrs import REQUIRED
+from .errors import AttrError, OpforgeError
+from .operator import Op
+from .runtime import cpu
+from .runtime.dispatch import as_array, input_specs, select_kernel
+from .spec import TensorSpec
+
+
+class OpCheckFailure(OpforgeError, AssertionError):
+    """check_op found an op that does not keep its own promises."""
+
+
+def _tolerance(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return dict(rtol=1e-2, atol=1e-3)
+    if dtype == np.float32:
+        return dict(rtol=1e-5, atol=1e-6)
+    if dtype == np.float64:
+        return dict(rtol=1e-7, atol=1e-10)  # float attributes cross the ABI as 32-bit floats
+    return dict(rtol=0, atol=0)
+
+
+def _resolve(op):
+    if isinstance(op, Op):
+        return op
+    if hasattr(op, "op"):
+        return op.op
+    from .registry import lookup
+
+    found = lookup(op) if isinstance(op, str) else None
+    if found is None:
+        raise OpforgeError(f"check_op needs an Op, an opforge.ops function or a registered name, got {op!r}")
+    return found
+
+
+def _runnable(op, kernel, specs):
+    reason = kernel.reject_reason(op, specs)
+    if reason is None and kernel.device != "cpu":
+        reason = f"{kernel.device} kernels are not checked on host arrays"
+    if reason is None and kernel.isa is not None and not cpu.cpu_features()[cpu.normalize_isa(kernel.isa)]:
+        reason = f"this CPU lacks {kernel.isa}"  # (the ISA cap limits dispatch, not what check_op tests)
+    return reason
+
+
+def _wrong_value(attr):
+    return {"bool": "yes", "int": "three", "float": "half", "str": 3, "int[]": "1,2", "float[]": "1,2",
+            "int[][]": 5, "float[][]": 5, "Shape": "2x2", "DType": 3}.get(attr.type)
+
+
+def check_op(op, *inputs, **attrs):
+    op = _resolve(op)
+    checks, failures = [], []
+
+    def record(name, ok, detail=""):
+        checks.append((name, ok, detail))
+        if not ok:
+            failures.append(f"{name}: {detail}")
+
+    tensors, resolved = op.bind(inputs, attrs)
+    arrays = [None if t is None else as_array(op, k, t) for k, t in enumerate(tensors)]
+    specs = input_specs(op, arrays)
+    out_specs = op.infer_specs(specs, resolved)
+    skip_empty = "always_compute" not in op.traits and any(a is not None and a.size == 0 for a in arrays)
+
+    reference = op.reference_kernel
+    if reference is None:
+        reference = select_kernel(op, specs)
+    expected = None
+    results = {}
+    for kernel in op.kernels:
+        reason = _runnable(op, kernel, specs)
+        if reason is not None:
+            checks.append((f"kernel {kernel.name}", None, f"skipped: {reason}"))
+            continue
+        if skip_empty:
+            checks.append((f"kernel {kernel.name}", None, "skipped: empty input, the kernel is not called"))
+            continue
+        before = [None if a is None else a.copy() for a in arrays]
+        try:
+            outputs = kernel.run(op, arrays, resolved, out_specs)
+        except OpforgeError as error:
+            record(f"kernel {kernel.name} runs", False, f"{type(error).__name__}: {error}")
+            continue
+        mutated = [op.input_name(k) for k, (a, b) in enumerate(zip(arrays, before))
+                   if a is not None and not np.array_equal(a, b, equal_nan=True)]
+        record(f"kernel {kernel.name} leaves inputs unchanged", not mutated, f"mutated {mutated}")
+        for name, value, spec in zip(op.outputs, outputs, out_specs):
+            ok = tuple(value.shape) == spec.shape and np.dtype(value.dtype) == np.dtype(spec.dtype)
+            record(f"kernel {kernel.name} output '{name}' matches inference", ok,
+                   f"kernel gave {list(value.shape)} {value.dtype}, inference says {spec}")
+        results[kernel] = outputs
+        if kernel is reference:
+            expected = outputs
+
+    if expected is None and results:
+        expected = next(iter(results.values()))
+    for kernel, outputs in results.items():
+        if kernel is reference or outputs is expected:
+            continue
+        for name, got, want in zip(op.outputs, outputs, expected):
+            ok = got.shape == want.shape and np.allclose(got, want, equal_nan=True, **_tolerance(want.dtype))
+            worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) \
+                if ok is False and got.shape == want.shape and got.size else None
+            record(f"kernel {kernel.name} output '{name}' agrees with {reference.name}", ok,
+                   f"max abs difference {worst}" if worst is not None else f"shapes {got.shape} vs {want.shape}")
+
+    # Inference with unknown dims and unknown rank must not contradict the static answer.
+    for mode in ("dims", "rank"):
+        dynamic = [None if s is None else TensorSpec([-1] * len(s.shape) if mode == "dims" else None, s.dtype)
+                   for s in specs]
+        try:
+            loose = op.infer_specs(dynamic, resolved)
+        except OpforgeError as error:
+            checks.append((f"inference with unknown {mode}", None, f"not supported: {error}"))
+            continue
+        ok = all(l.dtype == s.dtype and (l.rank is None or (l.rank == s.rank and
+                 all(a in (-1, b) for a, b in zip(l.shape, s.shape)))) for l, s in zip(loose, out_specs))
+        record(f"inference with unknown {mode} agrees", ok, f"{loose} vs {out_specs}")
+
+    # Bad attributes are rejected by the call path, before any kernel runs.
+    try:
+        op.bind(inputs, {**attrs, "no_such_attribute__": 1})
+        record("unknown attribute rejected", False, "no error")
+    except AttrError:
+        record("unknown attribute rejected", True)
+    for attr in op.attrs.values():
+        wrong = _wrong_value(attr)
+        if wrong is None:
+            continue
+        try:
+            op.bind(inputs, {**attrs, attr.name: wrong})
+            record(f"attribute '{attr.name}' rejects {wrong!r}", False, "no error")
+        except AttrError:
+            record(f"attribute '{attr.name}' rejects {wrong!r}", True)
+    for attr in op.attrs.values():
+        if attr.default is REQUIRED and not attr.positional:
+            try:
+                op.bind(inputs, {k: v for k, v in attrs.items() if k != attr.name})
+                record(f"missing '{attr.name}' rejected", False, "no error")
+            except AttrError:
+                record(f"missing '{attr.name}' rejected", True)
+
+    if failures:
+        raise OpCheckFailure(f"op '{op.name}' failed {len(failures)} check(s):\n  " + "\n  ".join(failures))
+    return checks

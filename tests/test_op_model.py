@@ -1,0 +1,384 @@
+"""The op model: schemas, registry, inference, kernels and dispatch, the
+functional API, declarations files, check_op and the ops/doctor commands."""
+import inspect
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge import TensorSpec
+from opforge.errors import (AttrError, CheckError, DTypeError, InferenceError, NoKernelError, SchemaError,
+                            ShapeError)
+from opforge.runtime.dispatch import select_kernel
+from opforge.schema import parse_schema
+from opforge.testing import OpCheckFailure, check_op
+
+SCALE = r"""
+#include "custom_aot_extra.h"
+extern "C" int Scale(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                     void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  const OPFORGE_T factor = static_cast<AotExtra *>(extra)->Attr<float>("factor");
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = factor * x[i];
+#ifdef __AVX2__
+  return 0;
+#else
+  return 0;
+#endif
+}
+"""
+
+# Reports which ISA the variant was compiled for, so dispatch can be observed.
+WHICH_ISA = r"""
+#include "custom_aot_extra.h"
+extern "C" int WhichIsa(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  float *y = static_cast<float *>(params[1]);
+#if defined(__AVX512F__)
+  y[0] = 512;
+#elif defined(__AVX2__)
+  y[0] = 2;
+#elif defined(__SSE4_1__)
+  y[0] = 41;
+#else
+  y[0] = 0;
+#endif
+  return 0;
+}
+"""
+
+
+@pytest.fixture
+def fresh(request):
+    """Unregister the ops a test declares."""
+    names = []
+    yield names
+    for name in names:
+        opforge.registry.unregister(name)
+
+
+def declare(fresh, schema, **kwargs):
+    op = opforge.op(schema, **kwargs)
+    fresh.append(op.name)
+    return op
+
+
+# -- schemas ------------------------------------------------------------------
+
+def test_schema_parses_inputs_attributes_and_outputs():
+    parsed = parse_schema("lib::f(Tensor x, Tensor? bias=None, int axis=-1, *, int[] axes=[0, 1], "
+                          "bool keep=false, str mode='a', float[][] m=[[1.0]], DType t='float32', Shape s=[2]) "
+                          "-> (Tensor y, Tensor z)")
+    assert parsed.qualified_name == "lib::f"
+    assert [(i.name, i.optional) for i in parsed.inputs] == [("x", False), ("bias", True)]
+    attrs = {a.name: a for a in parsed.attrs}
+    assert attrs["axis"].positional and not attrs["axes"].positional
+    assert attrs["axes"].default == (0, 1) and attrs["keep"].default is False
+    assert attrs["m"].default == ((1.0,),) and attrs["t"].default == "float32"
+    assert parsed.outputs == ["y", "z"]
+    assert parse_schema("g(Tensor[] xs) -> Tensor").inputs[0].variadic
+
+
+@pytest.mark.parametrize("schema, column, words", [
+    ("f(Tensor x, floot a) -> Tensor", 13, "unknown type 'floot'"),
+    ("f(Tensor x -> Tensor", 12, "expected ','"),
+    ("f(Tensor x) ->", 15, "end of schema"),
+    ("f(Tensor x, *, int a=1.5) -> Tensor", 22, "expects int"),
+    ("f(Tensor x) -> Tensor y extra", 25, "unexpected 'extra'"),
+    ("f(int a, Tensor x) -> Tensor", 10, "tensor inputs must come before attributes"),
+    ("f(Tensor x, Tensor x) -> Tensor", 20, "declared twice"),
+])
+def test_malformed_schema_points_at_the_column(schema, column, words):
+    with pytest.raises(SchemaError) as info:
+        parse_schema(schema)
+    message = str(info.value)
+    assert words in message and f"column {column}" in message
+    assert message.splitlines()[-1].index("^") - 2 == column - 1
+
+
+def test_registering_twice_needs_replace(fresh):
+    first = declare(fresh, "t1::same(Tensor x) -> Tensor")
+    with pytest.raises(SchemaError, match="already registered"):
+        opforge.op("t1::same(Tensor x) -> Tensor")
+    second = opforge.op("t1::same(Tensor x) -> Tensor", replace=True)
+    assert opforge.lookup("t1::same") is second is not first
+    assert declare(fresh, "t2::same(Tensor x) -> Tensor") is not second  # namespaces avoid clashes
+
+
+def test_unknown_trait_is_rejected():
+    with pytest.raises(SchemaError, match="unknown trait"):
+        opforge.op("t3::f(Tensor x) -> Tensor", traits=["fast"])
+
+
+# -- inference ------------------------------------------------------------------
+
+def test_infer_shape_and_dtype_separately_with_unknown_dims(fresh):
+    op = declare(fresh, "t4::pairs(Tensor x, *, int k=2) -> Tensor y")
+
+    @op.infer_shape
+    def _(shape, *, k):
+        return shape if shape == (-2,) else (shape[0], k)
+
+    @op.infer_dtype
+    def _(dtype, *, k):
+        return "int64"
+
+    assert op.infer(TensorSpec([None, 7], "float32"), k=3) == TensorSpec([-1, 3], "int64")
+    assert op.infer(TensorSpec(None, "float32")).shape == (-2,)
+
+
+def test_check_function_rejects_bad_attributes(fresh):
+    op = declare(fresh, "t5::pick(Tensor x, *, int axis=0) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+
+    @op.check
+    def _(x, *, axis):
+        if x.rank is not None and not -x.rank <= axis < x.rank:
+            return f"axis {axis} is out of range for rank {x.rank}"
+
+    op.kernel(lambda x, axis: x.copy())
+    assert op(np.ones(3), axis=0).shape == (3,)
+    with pytest.raises(CheckError, match="t5::pick.*axis 4 is out of range"):
+        op(np.ones(3), axis=4)
+
+
+def test_inference_helpers_propagate_unknowns():
+    from opforge.infer import broadcast_shapes, reduce_shape
+
+    assert broadcast_shapes((4, 1), (3,)) == (4, 3)
+    assert broadcast_shapes((-1, 1), (3,)) == (-1, 3)
+    assert broadcast_shapes((-2,), (3,)) == (-2,)
+    with pytest.raises(ShapeError):
+        broadcast_shapes((2,), (3,))
+    assert reduce_shape((2, -1, 4), [-1], True) == (2, -1, 1)
+    assert reduce_shape((2, 3), [], False) == ()
+
+
+def test_missing_inference_is_a_clear_error(fresh):
+    op = declare(fresh, "t6::blank(Tensor x) -> Tensor")
+    op.kernel(lambda x: x)
+    with pytest.raises(InferenceError, match="t6::blank.*no shape inference"):
+        op(np.ones(2))
+
+
+def test_python_kernel_output_is_checked_against_inference(fresh):
+    op = declare(fresh, "t7::liar(Tensor x) -> Tensor")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: np.ones(5))
+    with pytest.raises(ShapeError, match="t7::liar"):
+        op(np.ones(2))
+
+
+# -- kernels and dispatch ---------------------------------------------------------
+
+def test_source_compiles_once_per_dtype_and_dispatches_by_dtype(fresh):
+    op = declare(fresh, "t8::scale(Tensor x, *, float factor=2.0) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    kernels = op.kernel(code=SCALE, function="Scale", dtypes={"x": ["float32", "float64", "int32"]})
+    assert [k.name for k in kernels] == ["Scale<float32>", "Scale<float64>", "Scale<int32>"]
+    for dtype in ("float32", "float64", "int32"):
+        x = np.arange(6, dtype=dtype).reshape(2, 3)
+        assert select_kernel(op, [TensorSpec.of(x)]).name == f"Scale<{dtype}>"
+        np.testing.assert_array_equal(op(x, factor=3.0), x * 3)
+    assert len({k.library.path for k in kernels}) == 3  # three builds of one source
+    with pytest.raises(DTypeError, match="t8::scale") as info:
+        op(np.ones(2, np.int8))
+    assert "int8" in str(info.value)
+
+
+def test_best_isa_is_chosen_and_the_cap_is_honoured(fresh):
+    op = declare(fresh, "t9::which(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    for isa in ("sse41", "avx2", "avx512"):
+        op.kernel(code=WHICH_ISA, function="WhichIsa", isa=isa)
+    features = opforge.cpu_features()
+    best = max((isa for isa in ("sse41", "avx2", "avx512") if features[isa]),
+               key=["sse41", "avx2", "avx512"].index, default=None)
+    if best is None:
+        pytest.skip("this CPU has none of SSE4.1, AVX2, AVX-512")
+    codes = {"sse41": 41, "avx2": 2, "avx512": 512}
+    assert op(np.zeros(1, np.float32))[0] == codes[best]
+    opforge.set_isa_cap("sse41")
+    try:
+        assert op(np.zeros(2, np.float32))[0] == 41
+        assert select_kernel(op, [TensorSpec([3], "float32")]).isa == "sse41"
+    finally:
+        opforge.set_isa_cap(None)
+    assert op(np.zeros(3, np.float32))[0] == codes[best]
+
+
+def test_isa_cap_from_the_environment():
+    code = ("import opforge; from opforge.runtime.cpu import best_isa; print(best_isa(), opforge.isa_cap())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "OPFORGE_ISA": "sse41"}).stdout.split()
+    assert out == ["sse41", "sse41"]
+
+
+def test_no_kernel_lists_every_candidate(fresh):
+    op = declare(fresh, "t10::narrow(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: x, dtypes={"x": ["float64"]}, name="numpy64")
+    op.kernel(lambda x: x, dtypes={"x": ["int32"]}, name="numpy_int")
+    with pytest.raises(NoKernelError) as info:
+        op(np.ones(2, np.float32))
+    assert "numpy64" in str(info.value) and "numpy_int" in str(info.value)
+
+
+def test_cpu_only_trait_rejects_gpu_kernels(fresh):
+    op = declare(fresh, "t11::host(Tensor x) -> Tensor y", traits=["cpu_only"])
+    with pytest.raises(SchemaError, match="cpu_only"):
+        op.kernel(lambda x: x, device="gpu")
+
+
+def test_empty_input_skips_the_kernel_unless_always_compute(fresh):
+    calls = []
+
+    def kernel(x):
+        calls.append(x.shape)
+        return x + 1
+
+    lazy = declare(fresh, "t12::lazy(Tensor x) -> Tensor y")
+    lazy.def_infer(opforge.infer.same_as(0))
+    lazy.kernel(kernel)
+    assert lazy(np.ones((0, 3))).shape == (0, 3) and calls == []
+    eager = declare(fresh, "t12::eager(Tensor x) -> Tensor y", traits=["always_compute"])
+    eager.def_infer(opforge.infer.same_as(0))
+    eager.kernel(kernel)
+    assert eager(np.ones((0, 3))).shape == (0, 3) and calls == [(0, 3)]
+
+
+def test_support_non_contiguous_passes_views_to_python_kernels(fresh):
+    seen = []
+    op = declare(fresh, "t13::view(Tensor x) -> Tensor y", traits=["support_non_contiguous"])
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: (seen.append(x.flags.c_contiguous), x.copy())[1])
+    x = np.arange(12.0).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(op(x), x)
+    assert seen == [False]
+
+
+def test_optional_input(fresh):
+    op = declare(fresh, "t14::bias(Tensor x, Tensor? b=None) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x, b: x if b is None else x + b)
+    x = np.ones(3)
+    np.testing.assert_array_equal(opforge.ops.t14.bias(x), x)
+    np.testing.assert_array_equal(opforge.ops.t14.bias(x, np.ones(3)), 2 * x)
+
+
+# -- functional API --------------------------------------------------------------
+
+def test_functional_api_signature_doc_and_checking(fresh):
+    op = declare(fresh, "t15::lerp(Tensor a, Tensor b, *, float w=0.5, str mode='linear') -> Tensor y",
+                 doc="Blend two tensors.")
+    op.def_infer(opforge.infer.broadcast())
+    op.kernel(lambda a, b, w, mode: (1 - w) * a + w * b)
+    f = opforge.ops.t15.lerp
+    assert str(inspect.signature(f)) == "(a, b, *, w=0.5, mode='linear')"
+    assert "t15::lerp(Tensor a" in f.__doc__ and "Blend two tensors." in f.__doc__ and "w (float)" in f.__doc__
+    a, b = np.zeros(3), np.ones(3)
+    np.testing.assert_allclose(f(a, b, w=0.25), 0.25 * b)
+    np.testing.assert_allclose(f(a, b=b), 0.5 * b)
+    with pytest.raises(TypeError):
+        f(a, b, weight=1.0)
+    with pytest.raises(AttrError, match="'w' expects float"):
+        f(a, b, w="heavy")
+    assert "lerp" in dir(opforge.ops.t15) and "t15" in dir(opforge.ops)
+
+
+def test_functional_api_of_builtins():
+    x = np.array([-1.0, 2.0])
+    np.testing.assert_array_equal(opforge.ops.relu(x), [0.0, 2.0])
+    with pytest.raises(AttributeError, match="no op 'nonexistent'"):
+        opforge.ops.nonexistent
+
+
+# -- declarations files ------------------------------------------------------------
+
+def test_load_ops_from_yaml_and_json(tmp_path, fresh):
+    (tmp_path / "scale.cc").write_text(SCALE)
+    (tmp_path / "ops.yaml").write_text(
+        "ops:\n"
+        "  - schema: \"t16::scale(Tensor x, *, float factor=2.0) -> Tensor y\"\n"
+        "    doc: Multiply by a constant.\n"
+        "    infer: same_as\n"
+        "    kernels:\n"
+        "      - source: scale.cc:Scale\n"
+        "        dtypes: {x: [float32, float64]}\n")
+    pytest.importorskip("yaml")
+    (op,) = opforge.load_ops(tmp_path / "ops.yaml")
+    fresh.append(op.name)
+    np.testing.assert_array_equal(opforge.ops.t16.scale(np.ones(3, np.float32), factor=4.0), [4, 4, 4])
+    (tmp_path / "ops.json").write_text(json.dumps([{
+        "schema": "t17::neg(Tensor x) -> Tensor y", "infer": "same_as",
+        "kernels": [{"python": "numpy:negative", "reference": True}]}]))
+    (neg,) = opforge.load_ops(tmp_path / "ops.json")
+    fresh.append(neg.name)
+    np.testing.assert_array_equal(opforge.ops.t17.neg(np.ones(2)), [-1, -1])
+    (tmp_path / "bad.json").write_text(json.dumps([{"schema": "t18::f(Tensor x) -> Tensor", "kernel": []}]))
+    with pytest.raises(SchemaError, match="unknown key"):
+        opforge.load_ops(tmp_path / "bad.json")
+
+
+# -- check_op ---------------------------------------------------------------------
+
+def test_check_op_passes_a_correct_op_and_runs_every_variant(fresh):
+    op = declare(fresh, "t19::scale(Tensor x, *, float factor=2.0) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.reference(lambda x, factor: (x * np.float32(factor)).astype(x.dtype))
+    for isa in ("sse41", "avx2"):
+        op.kernel(code=SCALE, function="Scale", dtypes={"x": ["float32", "float64"]}, isa=isa)
+    checks = check_op(op, np.random.randn(4, 3).astype(np.float32), factor=1.5)
+    agreed = [name for name, ok, _ in checks if ok and "agrees with" in name]
+    assert len(agreed) == sum(opforge.cpu_features()[isa] for isa in ("sse41", "avx2"))
+    assert any("rejects 'half'" in name for name, ok, _ in checks if ok)
+
+
+def test_check_op_catches_a_wrong_kernel(fresh):
+    op = declare(fresh, "t20::twice(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.reference(lambda x: 2 * x)
+    op.kernel(lambda x: 2 * x + (x.size > 3), name="off_by_one")
+    with pytest.raises(OpCheckFailure, match="off_by_one.*agrees with"):
+        check_op(op, np.ones(5))
+
+
+def test_check_op_catches_a_mutating_kernel(fresh):
+    def sneaky(x):
+        x += 1
+        return x - 1
+
+    op = declare(fresh, "t21::sneaky(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(sneaky, name="sneaky")
+    with pytest.raises(OpCheckFailure, match="sneaky leaves inputs unchanged"):
+        check_op(op, np.ones(3))
+
+
+def test_check_op_catches_wrong_dynamic_inference(fresh):
+    op = declare(fresh, "t22::grow(Tensor x) -> Tensor y")
+    op.def_infer(lambda x: TensorSpec([x.shape[0] + 1], x.dtype))  # forgets that -1 means unknown
+    op.kernel(lambda x: np.append(x, 0.0))
+    with pytest.raises(OpCheckFailure, match="inference with unknown dims agrees"):
+        check_op(op, np.ones(3))
+
+
+# -- CLI ---------------------------------------------------------------------------
+
+def test_cli_ops_and_doctor():
+    ops = subprocess.run([sys.executable, "-m", "opforge", "ops"], capture_output=True, text=True, check=True)
+    assert "relu(Tensor x) -> Tensor y" in ops.stdout and "kernel Relu<float32> (cpu)" in ops.stdout
+    doctor = subprocess.run([sys.executable, "-m", "opforge", "doctor"], capture_output=True, text=True, check=True)
+    assert "c++ compiler:" in doctor.stdout and "CPU features:" in doctor.stdout and "CUDA devices:" in doctor.stdout
+
+
+def test_examples_define_op():
+    out = subprocess.run([sys.executable, "examples/define_op.py"], capture_output=True, text=True, check=True,
+                         cwd=__import__("pathlib").Path(__file__).resolve().parent.parent).stdout
+    assert "selected kernel: LeakyRelu<float32>" in out and "matches reference: True" in out
