@@ -21,6 +21,7 @@ from .runtime.cpu import cpu_features, isa_cap, set_isa_cap
 from .spec import TensorSpec
 
 from . import testing  # noqa: E402
+from .graph import Graph, trace  # noqa: E402
 from . import builtins  # noqa: E402,F401 - registers the built-in ops (kernels compile on first use)
 
 __version__ = "0.1.0"

@@ -44,6 +44,9 @@ class Kernel:
 
     def reject_reason(self, op: "Op", specs) -> str | None:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
+        for index, spec in enumerate(specs):
+            if spec is not None and spec.layout != self.layout:
+                return f"input '{op.input_name(index)}' is in layout {spec.layout}, the kernel takes {self.layout}"
         if self.dtypes is None:
             return None
         given = tuple(s.dtype if s is not None else None for s in specs)

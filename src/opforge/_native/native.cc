@@ -550,6 +550,23 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
       Py_DECREF(inputs);
       inputs = CallPlanner(self, "prepare", args);
       if (inputs == nullptr) return nullptr;
+      if (!PyTuple_CheckExact(inputs)) {  // the planner completed the call itself (e.g. tracing)
+        PyObject *value = PyObject_GetAttrString(inputs, "value");
+        Py_DECREF(inputs);
+        return value;
+      }
+      if (PyTuple_GET_SIZE(inputs) != self->n_inputs) {
+        Py_DECREF(inputs);
+        PyErr_SetString(PyExc_RuntimeError, "planner.prepare returned the wrong number of inputs");
+        return nullptr;
+      }
+      for (int j = 0; j < self->n_inputs; ++j) {
+        if (!IsPlainArray(PyTuple_GET_ITEM(inputs, j))) {  // absent optional inputs, views for Python kernels
+          PyObject *result = CallPlanner(self, "run", inputs);
+          Py_DECREF(inputs);
+          return result;
+        }
+      }
       break;
     }
   }
@@ -738,6 +755,127 @@ PyGetSetDef Launcher_getset[] = {
 
 PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+
+// -------------------------------------------------------------- Program ----
+//
+// A planned graph: a list of kernel calls whose tensor pointers are
+// (buffer, byte offset) pairs.  run() takes the buffers' base addresses (the
+// arena, graph inputs, graph outputs, constants) and makes every call in C
+// with the GIL released; the plan (shapes, Init state, offsets) was computed
+// once in Python for this input signature.
+
+struct Step {
+  KernelFn fn = nullptr;
+  std::vector<std::pair<int, int64_t>> refs;  // per param: buffer index, byte offset
+  std::vector<int> ndims;
+  std::vector<std::vector<int64_t>> dims;
+  std::vector<int64_t *> shapes;
+  std::vector<const char *> dtypes;
+  std::vector<void *> params;
+  ExtraObject *extra = nullptr;
+};
+
+struct ProgramObject {
+  PyObject_HEAD
+  std::vector<Step> *steps;
+  PyObject *keepalive;  // the step tuples: dtype strings and Extra objects
+  int n_buffers;
+};
+
+int Program_init(ProgramObject *self, PyObject *args, PyObject *) {
+  PyObject *step_list;
+  int n_buffers;
+  if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &step_list, &n_buffers)) return -1;
+  auto steps = new std::vector<Step>(PyList_GET_SIZE(step_list));
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(step_list); ++k) {
+    Step &step = (*steps)[k];
+    PyObject *address, *refs, *shape_list, *names, *extra_obj;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(step_list, k), "OO!O!O!O", &address, &PyTuple_Type, &refs, &PyTuple_Type,
+                          &shape_list, &PyTuple_Type, &names, &extra_obj)) {
+      delete steps;
+      return -1;
+    }
+    step.fn = reinterpret_cast<KernelFn>(AsFunction(address));
+    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(refs); ++r) {
+      int buffer;
+      long long offset;
+      if (!PyArg_ParseTuple(PyTuple_GET_ITEM(refs, r), "iL", &buffer, &offset)) break;
+      if (buffer < 0 || buffer >= n_buffers) {
+        PyErr_SetString(PyExc_ValueError, "program step refers to a buffer out of range");
+        break;
+      }
+      step.refs.emplace_back(buffer, offset);
+    }
+    step.dims.resize(PyTuple_GET_SIZE(shape_list));
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(shape_list); ++t) {
+      PyObject *shape = PyTuple_GET_ITEM(shape_list, t);
+      step.dims[t].resize(PyTuple_GET_SIZE(shape) + 1);
+      for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); ++d) step.dims[t][d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+      step.ndims.push_back(static_cast<int>(PyTuple_GET_SIZE(shape)));
+      step.shapes.push_back(step.dims[t].data());
+    }
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(names); ++t) step.dtypes.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, t)));
+    step.extra = extra_obj == Py_None ? nullptr : AsExtra(extra_obj);
+    step.params.resize(step.refs.size());
+    if (PyErr_Occurred() || step.fn == nullptr || (extra_obj != Py_None && step.extra == nullptr)) {
+      delete steps;
+      return -1;
+    }
+  }
+  delete self->steps;
+  self->steps = steps;
+  self->n_buffers = n_buffers;
+  Py_INCREF(step_list);
+  Py_XSETREF(self->keepalive, step_list);
+  return 0;
+}
+
+void Program_dealloc(ProgramObject *self) {
+  delete self->steps;
+  Py_XDECREF(self->keepalive);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+// run(addresses) -> None, or (step index, rc, error) for the first step that failed.
+PyObject *Program_run(ProgramObject *self, PyObject *args) {
+  PyObject *address_tuple;
+  if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &address_tuple)) return nullptr;
+  if (self->steps == nullptr || PyTuple_GET_SIZE(address_tuple) != self->n_buffers) {
+    PyErr_SetString(PyExc_ValueError, "Program.run needs one address per buffer");
+    return nullptr;
+  }
+  std::vector<char *> bases(self->n_buffers);
+  for (int b = 0; b < self->n_buffers; ++b) bases[b] = static_cast<char *>(PyLong_AsVoidPtr(PyTuple_GET_ITEM(address_tuple, b)));
+  if (PyErr_Occurred()) return nullptr;
+  Py_ssize_t failed = -1;
+  int rc = 0;
+  Outcome outcome;
+  Py_BEGIN_ALLOW_THREADS
+  for (size_t k = 0; k < self->steps->size(); ++k) {
+    Step &step = (*self->steps)[k];
+    for (size_t p = 0; p < step.refs.size(); ++p) step.params[p] = bases[step.refs[p].first] + step.refs[p].second;
+    ExtraState *state = step.extra ? step.extra->state : nullptr;
+    void *extra_ptr = step.extra ? step.extra->extra : nullptr;
+    Guarded(&outcome, state, [&] {
+      rc = step.fn(static_cast<int>(step.params.size()), step.params.data(), step.ndims.data(), step.shapes.data(),
+                   step.dtypes.data(), nullptr, extra_ptr);
+    });
+    if (rc != 0 || outcome.kind != nullptr) {
+      failed = static_cast<Py_ssize_t>(k);
+      break;
+    }
+  }
+  Py_END_ALLOW_THREADS
+  if (failed < 0) Py_RETURN_NONE;
+  return Py_BuildValue("(niN)", failed, rc, OutcomeError(outcome));
+}
+
+PyMethodDef Program_methods[] = {
+    {"run", reinterpret_cast<PyCFunction>(Program_run), METH_VARARGS, "run(addresses) -> None or (step, rc, error)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef module_methods[] = {
     {"call_init", CallInit, METH_VARARGS, "call_init(fn, extra, shapes, dtypes) -> (rc, error)"},
     {"call_infer", CallInfer, METH_VARARGS, "call_infer(fn, extra, shapes, several) -> (shapes, error)"},
@@ -774,12 +912,24 @@ PyMODINIT_FUNC PyInit__native(void) {
   LauncherType.tp_methods = Launcher_methods;
   LauncherType.tp_getset = Launcher_getset;
 
-  if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0) return nullptr;
+  ProgramType.tp_name = "opforge._native.Program";
+  ProgramType.tp_basicsize = sizeof(ProgramObject);
+  ProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ProgramType.tp_doc = "Program(steps, n_buffers): a planned graph run in C";
+  ProgramType.tp_new = PyType_GenericNew;
+  ProgramType.tp_init = reinterpret_cast<initproc>(Program_init);
+  ProgramType.tp_dealloc = reinterpret_cast<destructor>(Program_dealloc);
+  ProgramType.tp_methods = Program_methods;
+
+  if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&ProgramType) < 0)
+    return nullptr;
   PyObject *module = PyModule_Create(&native_module);
   if (module == nullptr) return nullptr;
   Py_INCREF(&ExtraType);
   Py_INCREF(&LauncherType);
+  Py_INCREF(&ProgramType);
   if (PyModule_AddObject(module, "Extra", reinterpret_cast<PyObject *>(&ExtraType)) < 0 ||
+      PyModule_AddObject(module, "Program", reinterpret_cast<PyObject *>(&ProgramType)) < 0 ||
       PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0) {
     Py_DECREF(module);

@@ -19,6 +19,20 @@ from .cpu import isa_rank, isa_reject_reason
 
 _MAX_LAUNCHERS_PER_OP = 64
 
+#: Functions ``(op, attrs, args) -> result or NotImplemented`` consulted when a
+#: call's arguments are not all plain arrays; layers above the runtime (the
+#: graph tracer) register here, so every op call has one entry point.
+INTERCEPTORS = []
+
+
+class Completed:
+    """What ``CallPlanner.prepare`` returns when it finished the call itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
 
 def _attr_key(attrs):
     return tuple(sorted(attrs.items()))
@@ -117,6 +131,10 @@ class CallPlanner:
         return self.op.call(args, kwargs)
 
     def prepare(self, args):
+        for intercept in INTERCEPTORS:  # e.g. tracing: symbolic values instead of arrays
+            result = intercept(self.op, self.attrs, args)
+            if result is not NotImplemented:
+                return Completed(result)
         if "support_non_contiguous" in self.op.traits and all(k.priority < 2 for k in self.op.kernels):
             return tuple(a if a is None else np.asarray(a) for a in args)  # Python kernels take views
         return tuple(None if a is None else as_array(self.op, k, a) for k, a in enumerate(args))

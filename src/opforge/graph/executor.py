@@ -1,0 +1,198 @@
+"""Running a Graph on arrays.
+
+For each distinct input signature (shapes, dtypes) the executor makes a plan
+once: whole-graph inference with the concrete shapes, a kernel per node (the
+layout pass's choice, else dispatch), Init per node, and a memory plan that
+places every intermediate in one arena, reusing the space of values whose
+lifetimes are over, with one workspace region shared by all nodes.  When
+every node has a native CPU kernel the plan is a ``_native.Program`` that
+runs all kernels in C; otherwise nodes run one by one through their kernels.
+A new input shape makes a new plan; a known one reuses its plan.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from ..errors import ArityError, OpforgeError
+from ..runtime.aot import AotKernel, workspace_sizes
+from ..runtime.dispatch import kernel_error, select_kernel
+from ..spec import TensorSpec
+from .passes import infer_shapes, nbytes, plan_memory
+
+MAX_PLANS = 16
+
+
+def _as_array(graph, index, value):
+    array = np.asarray(value)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array if array.flags.c_contiguous and array.flags.aligned else array.copy(order="C")
+
+
+class Executor:
+    def __init__(self, graph):
+        self.graph = graph
+        self.plans = {}
+
+    def plan_for(self, arrays):
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.pop(next(iter(self.plans)))
+            plan = self.plans[key] = Plan(self.graph, arrays)
+        return plan
+
+    def run(self, arrays):
+        graph = self.graph
+        if len(arrays) != len(graph.inputs):
+            raise ArityError(f"graph '{graph.name}' takes {len(graph.inputs)} input(s), got {len(arrays)}")
+        arrays = [_as_array(graph, k, a) for k, a in enumerate(arrays)]
+        outputs = self.plan_for(arrays).execute(arrays)
+        return tuple(outputs) if graph.tuple_output else outputs[0]
+
+
+class Plan:
+    def __init__(self, graph, arrays):
+        self.graph = graph
+        specs = infer_shapes(graph, [TensorSpec.of(a) for a in arrays])
+        # Concrete shapes from inference, layouts from the graph (the layout pass's choice).
+        self.specs = {}
+        for value in graph.inputs:
+            self.specs[value.id] = specs[value.id]
+        self.steps = []  # (node, kernel, input specs, output specs)
+        for node in graph.nodes:
+            for value in node.outputs:
+                spec = specs[value.id]
+                self.specs[value.id] = TensorSpec(spec.shape, spec.dtype, value.spec.layout)
+            if node.is_constant:
+                continue
+            in_specs = [None if v is None else self.specs[v.id] for v in node.inputs]
+            out_specs = [self.specs[v.id] for v in node.outputs]
+            for spec in out_specs:
+                node.op.check_output_shape(spec)
+            kernel = node.kernel or select_kernel(node.op, in_specs)
+            self.steps.append((node, kernel, in_specs, out_specs))
+        self.program = self._compile() if all(self._native(step) for step in self.steps) else None
+
+    def _native(self, step):
+        node, kernel, in_specs, out_specs = step
+        if not (isinstance(kernel, AotKernel) and kernel.device == "cpu"):
+            return False
+        skips = "always_compute" not in node.op.traits and any(
+            s is not None and 0 in s.shape for s in in_specs)
+        return not skips and all(s is not None for s in in_specs)
+
+    # -- the native program ---------------------------------------------------
+    def _compile(self):
+        graph = self.graph
+        position = {}  # value id -> step index that produces it
+        last_use = {}
+        for index, (node, _, _, _) in enumerate(self.steps):
+            for value in node.outputs:
+                position[value.id] = index
+            for value in node.inputs:
+                last_use[value.id] = index
+        buffers = {}  # value id -> (buffer index, offset)
+        for k, value in enumerate(graph.inputs):
+            buffers[value.id] = (1 + k, 0)
+        self.output_slots = []
+        next_buffer = 1 + len(graph.inputs)
+        for value in graph.outputs:
+            if value.id not in buffers and value.id in position and value.id not in self.output_slots:
+                buffers[value.id] = (next_buffer, 0)
+                self.output_slots.append(value.id)
+                next_buffer += 1
+        self.constants = []
+        for node in graph.nodes:
+            if node.is_constant:
+                buffers[node.outputs[0].id] = (next_buffer, 0)
+                self.constants.append(np.ascontiguousarray(node.value))
+                next_buffer += 1
+        intermediates = [v for node, _, _, _ in self.steps for v in node.outputs if v.id not in buffers]
+        sizes = [nbytes(self.specs[v.id]) for v in intermediates]
+        lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
+        offsets, arena = plan_memory(sizes, lifetimes)
+        for value, offset in zip(intermediates, offsets):
+            buffers[value.id] = (0, offset)
+
+        steps, workspace_bytes = [], 0
+        prepared = []
+        for node, kernel, in_specs, out_specs in self.steps:
+            kernel.load()
+            extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
+            sizes_ws = workspace_sizes(requested, [_Sized(nbytes(s)) for s in in_specs])
+            workspace_bytes = max(workspace_bytes, sum(sizes_ws))
+            prepared.append((node, kernel, in_specs, out_specs, extra, sizes_ws))
+        workspace_at = -(-arena // 64) * 64
+        for node, kernel, in_specs, out_specs, extra, sizes_ws in prepared:
+            refs = [buffers[v.id] for v in node.inputs] + [buffers[v.id] for v in node.outputs]
+            cursor = workspace_at
+            for size in sizes_ws:
+                refs.append((0, cursor))
+                cursor += size
+            steps.append((kernel._function, tuple(refs), tuple(s.shape for s in in_specs + out_specs),
+                          tuple(s.dtype for s in in_specs + out_specs), extra))
+        self.arena_bytes = workspace_at + workspace_bytes
+        self.report = {"planned_bytes": self.arena_bytes, "intermediate_bytes": arena,
+                       "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
+                       "workspace_bytes": workspace_bytes, "nodes": len(prepared)}
+        self.arena = np.empty(max(self.arena_bytes, 1), np.uint8)
+        self.n_buffers = next_buffer
+        self.buffers = buffers
+        self.kernels = [(node, kernel) for node, kernel, *_ in prepared]
+        return _native.Program(steps, next_buffer)
+
+    def execute(self, arrays):
+        if self.program is None:
+            return self._interpret(arrays)
+        graph = self.graph
+        outputs = {vid: np.empty(self.specs[vid].shape, self.specs[vid].dtype) for vid in self.output_slots}
+        addresses = [self.arena.ctypes.data] + [a.ctypes.data for a in arrays] + \
+                    [outputs[vid].ctypes.data for vid in self.output_slots] + [c.ctypes.data for c in self.constants]
+        failure = self.program.run(tuple(addresses))
+        if failure is not None:
+            index, rc, error = failure
+            node, kernel = self.kernels[index]
+            raise kernel_error(node.op, kernel, rc, error)
+        results = []
+        inputs = {v.id: a for v, a in zip(graph.inputs, arrays)}
+        constants = {n.outputs[0].id: n.value for n in graph.nodes if n.is_constant}
+        for value in graph.outputs:
+            if value.id in outputs:
+                results.append(outputs[value.id])
+            else:
+                results.append(np.array(inputs.get(value.id, constants.get(value.id))))
+        return results
+
+    # -- one node at a time -----------------------------------------------------
+    def _interpret(self, arrays):
+        env = {v.id: a for v, a in zip(self.graph.inputs, arrays)}
+        for node in self.graph.nodes:
+            if node.is_constant:
+                env[node.outputs[0].id] = node.value
+        for node, kernel, in_specs, out_specs in self.steps:
+            inputs = [None if v is None else env[v.id] for v in node.inputs]
+            if "always_compute" not in node.op.traits and any(a is not None and a.size == 0 for a in inputs):
+                results = [np.zeros(s.shape, s.dtype) for s in out_specs]
+            else:
+                results = kernel.run(node.op, inputs, node.attrs, out_specs)
+            for value, array in zip(node.outputs, results):
+                env[value.id] = array
+        return [np.array(env[v.id]) if v.producer is None or v.producer.is_constant else env[v.id]
+                for v in self.graph.outputs]
+
+    def memory_report(self):
+        """Arena bytes with planning, and what one buffer per value would take."""
+        if self.program is None:
+            raise OpforgeError(f"graph '{self.graph.name}': memory is planned only when every node has a native "
+                               "CPU kernel")
+        return dict(self.report)
+
+
+class _Sized:
+    """Stands in for an array where only .nbytes is needed."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes

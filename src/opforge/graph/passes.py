@@ -1,0 +1,194 @@
+"""Graph passes: inference, dead-code elimination, constant folding, layout
+selection and memory planning.  Each takes a Graph and changes it in place
+(or, for inference and planning, returns what it found)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NoKernelError, ShapeError
+from ..runtime.dispatch import launcher_for, select_kernel
+from ..spec import TensorSpec
+from .ir import Node, constant_node
+
+
+def infer_shapes(graph, input_specs=None):
+    """Whole-graph inference.  With ``input_specs`` (e.g. concrete shapes for
+    inputs declared with -1 dims), returns {value id: spec} for every value
+    without changing the graph; otherwise re-infers the graph's own specs."""
+    specs = {}
+    given = input_specs or [v.spec for v in graph.inputs]
+    for value, spec in zip(graph.inputs, given):
+        if not value.spec.matches(spec.shape if spec.rank is not None else (), spec.dtype) and spec.rank is not None:
+            raise ShapeError(f"graph '{graph.name}': input %{value.name} is declared {value.spec}, got {spec}")
+        specs[value.id] = spec
+    for node in graph.nodes:
+        if node.is_constant:
+            specs[node.outputs[0].id] = node.outputs[0].spec
+            continue
+        out = node.op.infer_specs([None if v is None else specs[v.id] for v in node.inputs], node.attrs)
+        for value, spec in zip(node.outputs, out):
+            specs[value.id] = spec
+    if input_specs is None:
+        for node in graph.nodes:
+            for value in node.outputs:
+                value.spec = specs[value.id]
+    return specs
+
+
+def eliminate_dead_code(graph) -> int:
+    """Drop nodes whose outputs nothing uses (unless the op has side effects
+    declared, i.e. lacks ``no_side_effect`` and is not a pure built-in)."""
+    live = {v.id for v in graph.outputs}
+    kept = []
+    for node in reversed(graph.nodes):
+        needed = any(v.id in live for v in node.outputs)
+        if needed:
+            kept.append(node)
+            live.update(v.id for v in node.inputs if v is not None)
+    removed = len(graph.nodes) - len(kept)
+    graph.nodes = list(reversed(kept))
+    graph.invalidate()
+    return removed
+
+
+def fold_constants(graph) -> int:
+    """Evaluate nodes whose inputs are all constants; replace them by constants."""
+    folded = 0
+    replacement = {}
+    nodes = []
+    for node in graph.nodes:
+        node.inputs = [replacement.get(v.id, v) if v is not None else None for v in node.inputs]
+        if not node.is_constant and node.inputs and all(v is None or (v.producer is not None and
+                                                                       v.producer.is_constant)
+                                                        for v in node.inputs):
+            arrays = [None if v is None else v.producer.value for v in node.inputs]
+            result = launcher_for(node.op, node.attrs, len(arrays))(*arrays)
+            results = result if node.op.tuple_output else (result,)
+            for value, array in zip(node.outputs, results):
+                constant = constant_node(array)
+                constant.outputs[0].name = value.name
+                replacement[value.id] = constant.outputs[0]
+                nodes.append(constant)
+            folded += 1
+            continue
+        nodes.append(node)
+    graph.nodes = nodes
+    graph.outputs = [replacement.get(v.id, v) for v in graph.outputs]
+    eliminate_dead_code(graph)
+    return folded
+
+
+# -- layouts ------------------------------------------------------------------
+
+def _kernels_by_layout(node):
+    found = {}
+    for layout in sorted({k.layout for k in node.op.kernels}):
+        candidates = [k for k in node.op.kernels if k.layout == layout]
+        specs = [None if v is None else TensorSpec(v.spec.shape, v.spec.dtype, layout) for v in node.inputs]
+        try:
+            found[layout] = select_kernel(_OpView(node.op, candidates), specs)
+        except (NoKernelError, TypeError, ValueError):
+            continue
+    return found
+
+
+class _OpView:
+    """The op with only some of its kernels, for asking dispatch about one layout."""
+
+    def __init__(self, op, kernels):
+        self._op, self.kernels = op, kernels
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+
+def select_layouts(graph, reorder_op=None) -> int:
+    """Choose a data layout per node and insert reorder nodes where a producer
+    and its consumer disagree (PPLNN's approach).
+
+    A node runs in a blocked layout (``nchw16c``) when it has a kernel for it
+    and its tensor inputs already arrive blocked, or when blocked is its only
+    layout; otherwise it runs in ``ndarray``.  Graph inputs and outputs are
+    ``ndarray``.  Returns the number of reorders inserted."""
+    from .. import ops
+
+    reorder = reorder_op or ops.reorder.op
+    layout_of = {v.id: "ndarray" for v in graph.inputs}
+    nodes, inserted, converted = [], 0, {}
+
+    def convert(value, layout):
+        nonlocal inserted
+        key = (value.id, layout)
+        if key not in converted:
+            spec = TensorSpec(value.spec.shape, value.spec.dtype, layout)
+            node = Node(reorder, [value], reorder.resolve_attrs({"layout": layout}), [spec])
+            node.kernel = select_kernel(reorder, [value.spec])
+            nodes.append(node)
+            layout_of[node.outputs[0].id] = layout
+            converted[key] = node.outputs[0]
+            inserted += 1
+        return converted[key]
+
+    for node in graph.nodes:
+        if node.is_constant:
+            nodes.append(node)
+            layout_of[node.outputs[0].id] = "ndarray"
+            continue
+        kernels = _kernels_by_layout(node)
+        if not kernels:
+            nodes.append(node)
+            for v in node.outputs:
+                layout_of[v.id] = "ndarray"
+            continue
+        incoming = {layout_of[v.id] for v in node.inputs if v is not None}
+        blocked = [l for l in kernels if l != "ndarray"]
+        if blocked and ("ndarray" not in kernels or incoming == {blocked[0]}):
+            layout = blocked[0]
+        else:
+            layout = "ndarray"
+        node.inputs = [v if v is None or layout_of[v.id] == layout else convert(v, layout) for v in node.inputs]
+        node.kernel = kernels[layout]
+        for v in node.outputs:
+            layout_of[v.id] = layout
+            v.spec = TensorSpec(v.spec.shape, v.spec.dtype, layout)
+        nodes.append(node)
+    graph.nodes = nodes
+    graph.outputs = [v if layout_of[v.id] == "ndarray" else convert(v, "ndarray") for v in graph.outputs]
+    graph.invalidate()
+    return inserted
+
+
+# -- memory --------------------------------------------------------------------
+
+ALIGN = 64
+
+
+def plan_memory(sizes, lifetimes):
+    """Offsets for buffers in one arena, reusing space of buffers whose
+    lifetimes (first, last step) don't overlap.  Greedy by size, first fit.
+    Returns (offsets, arena bytes)."""
+    order = sorted(range(len(sizes)), key=lambda k: -sizes[k])
+    placed = []  # (offset, size, first, last)
+    offsets = [0] * len(sizes)
+    for k in order:
+        size = -(-sizes[k] // ALIGN) * ALIGN
+        first, last = lifetimes[k]
+        busy = sorted((o, s) for o, s, f, l in placed if not (l < first or f > last))
+        offset = 0
+        for o, s in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        offsets[k] = offset
+        placed.append((offset, size, first, last))
+    arena = max((o + s for o, s, _, _ in placed), default=0)
+    return offsets, arena
+
+
+def nbytes(spec):
+    """Bytes a tensor of this spec occupies in its layout (nchw16c pads C to 16)."""
+    shape = list(spec.shape)
+    if spec.layout == "nchw16c" and len(shape) >= 2:
+        shape[1] = -(-shape[1] // 16) * 16
+    count = int(np.prod(shape)) if shape else 1
+    return count * np.dtype(spec.dtype).itemsize

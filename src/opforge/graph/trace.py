@@ -1,0 +1,78 @@
+"""``trace(fn, *specs_or_arrays)``: run ``fn`` on symbolic values and record
+the op calls as a ``Graph``.
+
+Ops see tracing through their one entry point: when a call's arguments
+include a ``Value``, the runtime hands the call to ``_record`` (registered in
+``runtime.dispatch.INTERCEPTORS``), which infers the outputs' specs before
+any data exists and appends a node.  Arrays mixed into a traced call become
+constant nodes.  Like any tracer, it sees shapes, not values: Python control
+flow on tensor values is not recorded.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import OpforgeError
+from ..runtime import dispatch
+from ..spec import TensorSpec
+from .ir import Graph, Node, Value, constant_node
+
+_builders = []  # the traces in progress, innermost last
+
+
+class _Builder:
+    def __init__(self):
+        self.nodes = []
+        self.constants = {}
+
+    def constant(self, array):
+        key = id(array)
+        if key not in self.constants:
+            node = constant_node(np.array(array))
+            self.nodes.append(node)
+            self.constants[key] = (array, node.outputs[0])  # keep the array alive: ids stay unique
+        return self.constants[key][1]
+
+
+def _record(op, attrs, args):
+    if not any(isinstance(a, Value) for a in args):
+        return NotImplemented
+    if not _builders:
+        raise OpforgeError(f"op '{op.name}' was called on a traced value outside of opforge.trace")
+    builder = _builders[-1]
+    inputs = [a if isinstance(a, Value) or a is None else builder.constant(a) for a in args]
+    out_specs = op.infer_specs([None if v is None else v.spec for v in inputs], attrs)
+    node = Node(op, inputs, attrs, out_specs)
+    builder.nodes.append(node)
+    return tuple(node.outputs) if op.tuple_output else node.outputs[0]
+
+
+dispatch.INTERCEPTORS.append(_record)
+
+
+def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
+    """Trace ``fn`` into a Graph.  Each argument is a ``TensorSpec`` (shape with
+    -1 / None for unknown dims) or an example array (its spec is used)."""
+    inputs = []
+    for k, arg in enumerate(specs_or_arrays):
+        spec = arg if isinstance(arg, TensorSpec) else TensorSpec.of(np.asarray(arg))
+        inputs.append(Value(spec, name=f"x{k}"))
+    builder = _Builder()
+    _builders.append(builder)
+    try:
+        result = fn(*inputs)
+    finally:
+        _builders.pop()
+    several = isinstance(result, (tuple, list))
+    outputs = []
+    for item in (result if several else [result]):
+        if not isinstance(item, Value):
+            item = builder.constant(np.asarray(item))
+        outputs.append(item)
+    graph = Graph(inputs, builder.nodes, outputs, name=name or getattr(fn, "__name__", "graph"))
+    graph.tuple_output = several
+    if optimize:
+        from .passes import eliminate_dead_code
+
+        eliminate_dead_code(graph)
+    return graph
