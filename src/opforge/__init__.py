@@ -22,6 +22,7 @@ from .spec import TensorSpec
 
 from . import testing  # noqa: E402
 from .graph import Graph, trace  # noqa: E402
+from .graph.autodiff import backward, grad, value_and_grad, vjp  # noqa: E402
 from . import builtins  # noqa: E402,F401 - registers the built-in ops (kernels compile on first use)
 
 __version__ = "0.1.0"

@@ -48,6 +48,10 @@ class KernelError(OpforgeError, RuntimeError):
         self.code = code
 
 
+class GradientError(OpforgeError, TypeError):
+    """An op cannot be differentiated: it has trait no_grad or no gradient rule."""
+
+
 class NoKernelError(OpforgeError, RuntimeError):
     """No registered kernel matches the call (device, dtypes, ISA, layout)."""
 

@@ -119,6 +119,8 @@ class Op:
         self.kernels: list[Kernel] = []
         self.infer_fn = None
         self.check_fn = None
+        self.grad_rule = None
+        self.grad_saves = ()
         self._launchers = {}  # (frozen attribute values, n inputs) -> runtime Launcher
         self._fast_calls = {}  # raw attribute values -> Launcher, for the functional API
         self._default_launcher = None
@@ -221,6 +223,25 @@ class Op:
 
         self.def_infer(infer)
         return returned
+
+    def grad(self, fn=None, *, save=()):
+        """Attach the gradient rule (capture / apply).
+
+        ``save`` names the inputs and outputs the rule needs; the rule is
+        called as ``rule(saved, *output_grads, **attrs)`` with ``saved.<name>``
+        those values, and returns the input gradients (a tuple for several
+        inputs; None where an input has none).  Rules are written with ops,
+        so they are traced into backward graphs like any other code.
+        """
+        if fn is None:
+            return lambda f: self.grad(f, save=save)
+        names = {i.name for i in self.inputs} | set(self.outputs)
+        unknown = [n for n in save if n not in names]
+        if unknown:
+            raise SchemaError(f"op '{self.name}': the gradient rule saves {unknown}, which are not inputs or outputs")
+        self.grad_rule = fn
+        self.grad_saves = tuple(save)
+        return fn
 
     def check(self, fn):
         """Decorator (OneFlow's check_fn): ``fn(*input_specs, **attrs)`` raises, or returns

@@ -8,7 +8,7 @@ as every other op.
 """
 from __future__ import annotations
 
-import inspect
+import numpy as np
 
 from .. import dtypes as _dtypes
 from ..attrs import REQUIRED, AttrDef
@@ -159,6 +159,39 @@ class Custom(Op):
             self.kernel = PyKernel(func, dtypes=signatures)
         self.add_kernel(self.kernel)
         self.def_infer(self._infer)
+        if bprop is not None:
+            self._attach_bprop(bprop)
+
+    def _attach_bprop(self, bprop):
+        """MindSpore's ``bprop(*inputs, out, dout) -> input gradients`` as this op's
+        gradient rule: a backward op whose Python kernel calls ``bprop`` on arrays."""
+        n_out = len(self.outputs)
+        several = self.tuple_output
+
+        def run_bprop(*arrays):
+            inputs, outs, douts = arrays[:-2 * n_out], arrays[-2 * n_out:-n_out], arrays[-n_out:]
+            result = bprop(*inputs, outs if several else outs[0], douts if several else douts[0])
+            result = result if isinstance(result, (tuple, list)) else (result,)
+            return tuple(np.asarray(r) for r in result)
+
+        def infer_grads(*specs):
+            return [TensorSpec(s.shape, s.dtype) for s in specs[:-2 * n_out]]
+
+        backward_ops = {}  # one per input count: a variadic Custom may be called with any
+
+        def backward_op_for(n_in):
+            if n_in not in backward_ops:
+                op = Op(f"{self.name}_bprop", [InputDef("tensors", variadic=True)],
+                        [f"d{k}" for k in range(n_in)], tuple_output=True)
+                op.add_kernel(PyKernel(run_bprop, name=getattr(bprop, "__name__", "bprop")))
+                op.def_infer(infer_grads)
+                backward_ops[n_in] = op
+            return backward_ops[n_in]
+
+        def rule(saved, *douts):
+            return backward_op_for(len(saved.inputs))(*saved.inputs, *saved.outputs, *douts)
+
+        self.grad(rule, save=())
 
     def _infer(self, *specs, **attrs):
         shapes_in = [_shape_list(s.shape) for s in specs]

@@ -76,6 +76,11 @@ class Value:
     def __neg__(self):
         return self._op("neg", self)
 
+    def sum(self, axes=(), keep_dims=False):
+        from .. import ops
+
+        return ops.reduce_sum(self, axes=list(axes), keep_dims=keep_dims)
+
 
 class Node:
     """One op call: ``outputs = op(*inputs, **attrs)``.  ``kernel`` is chosen

@@ -1,0 +1,158 @@
+"""Reverse-mode differentiation from per-op gradient rules.
+
+``backward(graph)`` builds the backward graph of a traced graph: it replays
+the forward nodes and applies each node's rule (``op.grad``) in reverse
+order, summing gradients that meet, all under tracing, so the result is
+itself a Graph of ordinary ops (it can be planned, saved, differentiated
+again).  ``vjp`` and ``grad`` are the eager entry points: they trace the
+function on the given arrays' specs and run the two graphs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GradientError, ShapeError
+from ..spec import TensorSpec
+from .ir import Value
+from .trace import trace
+
+
+class Saved:
+    """What a gradient rule asked to keep: ``saved.x``, ``saved.y``...;
+    ``saved.inputs`` / ``saved.outputs`` hold all of them in order."""
+
+    def __init__(self, values, inputs, outputs):
+        self.__dict__.update(values)
+        self.inputs = inputs
+        self.outputs = outputs
+
+
+def _zeros(spec):
+    if not spec.is_static:
+        raise ShapeError(f"a zero gradient of dynamic shape {spec} is not supported; trace with static shapes")
+    return np.zeros(spec.shape, spec.dtype)
+
+
+def _rule(op):
+    if "no_grad" in op.traits:
+        raise GradientError(f"op '{op.name}' has trait no_grad and cannot be differentiated")
+    if op.grad_rule is None:
+        raise GradientError(f"op '{op.name}' has no gradient rule; attach one with @op.grad "
+                            "(or give Custom a bprop)")
+    return op.grad_rule
+
+
+def _replay_and_differentiate(graph, inputs, cotangents):
+    """Inside a trace: the forward graph replayed on ``inputs``, then its VJP."""
+    env = {v.id: x for v, x in zip(graph.inputs, inputs)}
+    for node in graph.nodes:
+        if node.is_constant:
+            env[node.outputs[0].id] = node.outputs[0]
+            continue
+        args = [None if v is None else env[v.id] for v in node.inputs]
+        from ..runtime.dispatch import launcher_for
+
+        result = launcher_for(node.op, node.attrs, len(args))(*args)
+        for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
+            env[value.id] = out
+
+    grads = {}
+
+    def accumulate(value, gradient):
+        if gradient is None:
+            return
+        grads[value.id] = gradient if value.id not in grads else grads[value.id] + gradient
+
+    for value, cotangent in zip(graph.outputs, cotangents):
+        accumulate(value, cotangent)
+    for node in reversed(graph.nodes):
+        if node.is_constant or not any(v.id in grads for v in node.outputs):
+            continue
+        rule = _rule(node.op)
+        douts = [grads.get(v.id) if v.id in grads else _zeros(v.spec) for v in node.outputs]
+        names = [i.name for i in node.op.inputs] + list(node.op.outputs)
+        ins = [None if v is None else env[v.id] for v in node.inputs]
+        outs = [env[v.id] for v in node.outputs]
+        saved = Saved({n: x for n, x in zip(names, ins + outs) if n in node.op.grad_saves}, ins, outs)
+        dins = rule(saved, *douts, **node.attrs)
+        dins = dins if isinstance(dins, (tuple, list)) else (dins,)
+        if len(dins) != len(node.inputs):
+            raise GradientError(f"op '{node.op.name}': the gradient rule returned {len(dins)} gradient(s) for "
+                                f"{len(node.inputs)} input(s)")
+        for value, gradient in zip(node.inputs, dins):
+            if value is not None and gradient is not None:
+                if isinstance(gradient, Value) and gradient.spec.shape != value.spec.shape and \
+                        value.spec.is_static and gradient.spec.is_static:
+                    raise GradientError(f"op '{node.op.name}': the gradient rule gave shape "
+                                        f"{list(gradient.spec.shape)} for input of shape {list(value.spec.shape)}")
+                accumulate(value, gradient)
+    return tuple(grads[v.id] if v.id in grads else _zeros(v.spec) for v in graph.inputs)
+
+
+def backward(graph, wrt=None):
+    """The backward graph: inputs (x..., dy...) -> gradients of the inputs
+    selected by ``wrt`` (indices; default all)."""
+    wrt = range(len(graph.inputs)) if wrt is None else wrt
+    n = len(graph.inputs)
+
+    def pullback(*args):
+        grads = _replay_and_differentiate(graph, args[:n], args[n:])
+        return tuple(grads[k] for k in wrt)
+
+    specs = [v.spec for v in graph.inputs] + [v.spec for v in graph.outputs]
+    result = trace(pullback, *specs, name=f"{graph.name}_backward")
+    result.tuple_output = True
+    return result
+
+
+def vjp(fn, *arrays):
+    """``(outputs, pullback)``: ``pullback(*cotangents)`` returns the gradient
+    of every argument of ``fn``."""
+    arrays = [np.asarray(a) for a in arrays]
+    forward = trace(fn, *arrays)
+    outputs = forward(*arrays)
+    backward_graph = None
+
+    def pullback(*cotangents):
+        nonlocal backward_graph
+        if backward_graph is None:
+            backward_graph = backward(forward)
+        if len(cotangents) != len(forward.outputs):
+            raise GradientError(f"pullback of '{forward.name}' takes {len(forward.outputs)} cotangent(s), "
+                                f"got {len(cotangents)}")
+        cotangents = [np.asarray(c, dtype=v.spec.dtype) for c, v in zip(cotangents, forward.outputs)]
+        return backward_graph(*arrays, *cotangents)
+
+    return outputs, pullback
+
+
+def value_and_grad(fn, argnums=0):
+    """Like ``grad``, also returning ``fn``'s value."""
+    single = isinstance(argnums, int)
+    indices = (argnums,) if single else tuple(argnums)
+    cache = {}
+
+    def wrapped(*arrays):
+        arrays = [np.asarray(a) for a in arrays]
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        if key not in cache:
+            forward = trace(fn, *arrays)
+            if forward.tuple_output or len(forward.outputs) != 1:
+                raise GradientError(f"grad needs '{forward.name}' to return one tensor")
+            spec = forward.outputs[0].spec
+            if spec.is_static and int(np.prod(spec.shape)) != 1:
+                raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
+            cache[key] = (forward, backward(forward, wrt=indices))
+        forward, backward_graph = cache[key]
+        value = forward(*arrays)
+        grads = backward_graph(*arrays, np.ones_like(value))
+        return value, (grads[0] if single else tuple(grads))
+
+    return wrapped
+
+
+def grad(fn, argnums=0):
+    """``grad(fn)(*arrays)``: gradient of scalar ``fn`` with respect to the
+    argument(s) ``argnums`` (an int, or a tuple giving a tuple of gradients)."""
+    both = value_and_grad(fn, argnums)
+    return lambda *arrays: both(*arrays)[1]
