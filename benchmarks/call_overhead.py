@@ -17,7 +17,7 @@ itself does almost nothing, so each figure is the cost of the call path:
 * ``opforge Launcher direct`` -- the op's native launcher called without
   ``Op.__call__`` in front of it (informational: the cost of that Python frame).
 * ``ctypes, output allocated per call`` -- a hand-written ctypes binding of the
-  same library (``op.kernel.library.path``) with argtypes set (POINTER types
+  same library (``op.aot_kernel.library.path``) with argtypes set (POINTER types
   for the 7-argument ABI) and every argument array precomputed; per call it
   allocates a fresh 4-float output, stores its address in ``params[2]``,
   calls, and checks the return code.  This is the baseline: it does the work
@@ -187,7 +187,7 @@ def main(argv=None):
 
     custom = make_custom_op()
     plain = make_plain_op()
-    library_path = custom.kernel.library.path
+    library_path = custom.aot_kernel.library.path
     binding = make_ctypes_binding(library_path, a, b)
 
     # Correctness first, which also makes each op build its launcher and plan.

@@ -91,3 +91,15 @@ def check_attr(op_name: str, attr: AttrDef, value):
 
         value = normalize(value)
     return value
+
+
+def _typed(value):
+    if isinstance(value, tuple):
+        return tuple(_typed(v) for v in value)
+    return (type(value).__name__, value)
+
+
+def attr_key(attrs: dict):
+    """A hashable key of attribute values that tells 1, 1.0 and True apart
+    (they compare equal in Python, but a kernel reads them differently)."""
+    return tuple((name, _typed(value)) for name, value in sorted(attrs.items()))

@@ -8,7 +8,7 @@ schemas, built-ins -- produces an ``Op``, and every call goes through
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .attrs import REQUIRED, AttrDef, check_attr
 from .dtypes import normalize as normalize_dtype
@@ -45,7 +45,7 @@ class Kernel:
     def reject_reason(self, op: "Op", specs) -> str | None:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
         for index, spec in enumerate(specs):
-            if spec is not None and spec.layout != self.layout:
+            if spec is not None and self.layout != "any" and spec.layout != self.layout:
                 return f"input '{op.input_name(index)}' is in layout {spec.layout}, the kernel takes {self.layout}"
         if self.dtypes is None:
             return None
@@ -109,7 +109,9 @@ class Op:
         self.name = name
         self.inputs = tuple(i if isinstance(i, InputDef) else InputDef(i) for i in inputs)
         self.outputs = tuple(outputs)
-        self.attrs = {a.name: a for a in attrs}
+        # Defaults are normalised once (lists -> tuples, NumPy scalars -> Python).
+        self.attrs = {a.name: a if a.default is REQUIRED else replace(a, default=check_attr(name, a, a.default))
+                      for a in attrs}
         self.traits = frozenset(traits)
         self.doc = doc
         self.tuple_output = len(self.outputs) > 1 if tuple_output is None else tuple_output

@@ -14,8 +14,8 @@ _functions = {}  # op name -> (op, function)
 
 def _call(op, tensors, attrs):
     """Call with the launcher for these raw attribute values, binding them only once."""
-    try:
-        key = (len(tensors), tuple(attrs.values()))
+    try:  # (types too: 1, 1.0 and True are equal keys in Python but different attributes)
+        key = (len(tensors), tuple(attrs.values()), tuple(map(type, attrs.values())))
         launcher = op._fast_calls.get(key)
     except TypeError:  # unhashable attribute values (lists): the general path
         key, launcher = None, None

@@ -19,7 +19,14 @@ def relu_reference(x):
     return np.maximum(x, 0).astype(x.dtype, copy=False)
 
 
-relu.kernel(function="Relu", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=r"""
+@relu.grad(save=["y"])
+def relu_grad(saved, dy):
+    return opforge.ops.relu_grad(dy, saved.y)
+
+
+# One source for both layouts: elementwise work only needs the element count,
+# which in nchw16c includes the channel padding.
+RELU = r"""
 #include "custom_aot_extra.h"
 
 extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -27,8 +34,48 @@ extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, con
   const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
   OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
   int64_t n = 1;
+#ifdef OPFORGE_LAYOUT_NCHW16C
+  if (ndims[0] != 4) return 3;
+  n = shapes[0][0] * ((shapes[0][1] + 15) / 16 * 16) * shapes[0][2] * shapes[0][3];
+#else
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+#endif
   for (int64_t i = 0; i < n; i++) y[i] = x[i] > OPFORGE_T(0) ? x[i] : OPFORGE_T(0);
+  return 0;
+}
+"""
+relu.kernel(function="Relu", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=RELU)
+relu.kernel(function="Relu", dtypes={"x": ["float32", "float64"]}, layout="nchw16c", code=RELU)
+
+
+# The gradient is an op too (OneFlow's relu / relu_grad pair): dx = dy where y > 0.
+relu_grad_op = opforge.op("relu_grad(Tensor dy, Tensor y) -> Tensor dx", traits=["no_side_effect"],
+                          doc="Gradient of relu: dy where y > 0, else 0.")
+relu_grad_op.def_infer(infer.same_as(0))
+
+
+@relu_grad_op.reference
+def relu_grad_reference(dy, y):
+    return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
+@relu_grad_op.grad(save=["y"])
+def _(saved, ddx):
+    return opforge.ops.relu_grad(ddx, saved.y), None
+
+
+relu_grad_op.kernel(function="ReluGrad", dtypes={"dy": ["float32", "float64"], "y": ["float32", "float64"]},
+                    code=r"""
+#include "custom_aot_extra.h"
+
+extern "C" int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  const OPFORGE_T *dy = static_cast<const OPFORGE_T *>(params[0]);
+  const OPFORGE_T *y = static_cast<const OPFORGE_T *>(params[1]);
+  OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[2]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) dx[i] = y[i] > OPFORGE_T(0) ? dy[i] : OPFORGE_T(0);
   return 0;
 }
 """)

@@ -138,7 +138,8 @@ class Custom(Op):
             len(out_shape) if several else 1)
         outputs = [o["name"] or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
             [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
-        super().__init__(name, inputs, outputs, _attr_defs(info), tuple_output=several,
+        # MindSpore always launches a Custom kernel, even on empty inputs.
+        super().__init__(name, inputs, outputs, _attr_defs(info), tuple_output=several, traits=["always_compute"],
                          doc=f"Custom op from {func!r}")
         self.func = func
         self.func_type = func_type
@@ -151,13 +152,13 @@ class Custom(Op):
         target = info.get("target")
         if func_type == "aot":
             device = "gpu" if target == "GPU" or (target is None and path.suffix == ".cu") else "cpu"
-            self.kernel = AotKernel(func, device=device, dtypes=signatures, name=function).load()
-            if out_shape is None and not self.kernel.has_infer_shape:
+            self.aot_kernel = AotKernel(func, device=device, dtypes=signatures, name=function).load()
+            if out_shape is None and not self.aot_kernel.has_infer_shape:
                 raise InferenceError(f"op '{name}': out_shape is None, so the library must export "
-                                     f"{function}InferShape, and {self.kernel.location} does not")
+                                     f"{function}InferShape, and {self.aot_kernel.location} does not")
+            self.add_kernel(self.aot_kernel)
         else:
-            self.kernel = PyKernel(func, dtypes=signatures)
-        self.add_kernel(self.kernel)
+            self.add_kernel(PyKernel(func, dtypes=signatures))
         self.def_infer(self._infer)
         if bprop is not None:
             self._attach_bprop(bprop)
@@ -196,7 +197,7 @@ class Custom(Op):
     def _infer(self, *specs, **attrs):
         shapes_in = [_shape_list(s.shape) for s in specs]
         if self.out_shape is None:
-            shapes = [s.shape for s in self.kernel.infer(self, specs, attrs)]
+            shapes = [s.shape for s in self.kernels[0].infer(self, specs, attrs)]
         else:
             shapes = self.out_shape(*shapes_in) if callable(self.out_shape) else self.out_shape
             shapes = list(shapes) if self.tuple_output else [shapes]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
+from ..attrs import attr_key
 from ..errors import InferenceError, SchemaError
 from ..operator import Kernel
 from ..spec import TensorSpec
@@ -59,6 +60,7 @@ class AotKernel(Kernel):
         self.cxx11_abi = cxx11_abi
         self.init_cache_size = init_cache_size
         self.library = None
+        self.code = None  # source text, for kernels declared with code=
         self._function = self._init = self._infer = None
         self._inits = OrderedDict()   # signature -> (Extra, workspace sizes)
         self._attr_extras = {}        # attribute values -> Extra used without Init
@@ -71,6 +73,8 @@ class AotKernel(Kernel):
         """Build (or fetch from the cache) and load the library; resolve entry points."""
         if self.library is not None:
             return self
+        if self.code is not None:
+            write_inline_source(self.path, self.code)
         if _build.is_source(self.path):
             built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
                                  **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
@@ -93,7 +97,7 @@ class AotKernel(Kernel):
 
     # -- attributes and Init ----------------------------------------------
     def _extra_for_attrs(self, op, attrs):
-        key = tuple(sorted(attrs.items()))
+        key = attr_key(attrs)
         extra = self._attr_extras.get(key)
         if extra is None:
             extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
@@ -105,7 +109,7 @@ class AotKernel(Kernel):
         self.load()
         if self._init is None:
             return self._extra_for_attrs(op, attrs), ()
-        key = (tuple((s.shape, s.dtype) for s in specs), tuple(sorted(attrs.items())))
+        key = (tuple((s.shape, s.dtype) for s in specs), attr_key(attrs))
         state = self._inits.get(key)
         if state is not None:
             self._inits.move_to_end(key)
@@ -182,19 +186,23 @@ C_TYPES = {"bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32
            "float16": "_Float16", "float32": "float", "float64": "double"}
 
 
-def inline_source(op_name, code, suffix):
-    """Write kernel source given as a string to a content-addressed file in the cache."""
+def write_inline_source(path: Path, code: str):
+    """(Re)write a kernel source given as a string; atomic, as concurrent writers write the same bytes."""
+    if path.exists() and path.read_text() == code:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(code)
+    os.replace(temporary, path)
+
+
+def inline_source_path(op_name, code, suffix) -> Path:
+    """Where a source given as a string lives: content-addressed, in the cache's
+    hidden ``.inline`` folder (not a cache entry)."""
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
-    folder = _build.cache_dir() / "inline"
-    folder.mkdir(parents=True, exist_ok=True)
     stem = "".join(c if c.isalnum() else "_" for c in op_name)
-    path = folder / f"{stem}-{digest}{suffix}"
-    if not path.exists() or path.read_text() != code:
-        fd, temporary = tempfile.mkstemp(dir=folder, suffix=suffix)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(code)
-        os.replace(temporary, path)  # atomic: concurrent writers write the same bytes
-    return path
+    return _build.cache_dir() / ".inline" / f"{stem}-{digest}{suffix}"
 
 
 def dtype_flags(op, signature):
@@ -216,7 +224,7 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
     if code is not None:
         if not function:
             raise SchemaError(f"op '{op.name}': a kernel given as code needs function='FunctionName'")
-        source = f"{inline_source(op.name, code, '.cu' if device == 'gpu' else '.cc')}:{function}"
+        source = f"{inline_source_path(op.name, code, '.cu' if device == 'gpu' else '.cc')}:{function}"
     elif function is not None:
         source = f"{source}:{function}"
     isa_flags = ISA_COMPILE_FLAGS[normalize_isa(isa)] if device == "cpu" else []
@@ -224,11 +232,17 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
     kernels = []
     for variant in variants:
         flags = list(cflags) + isa_flags + dtype_flags(op, variant)
+        if layout not in ("ndarray", "any"):
+            flags.append(f"-DOPFORGE_LAYOUT_{layout.upper()}=1")
         label = name or split_func(source)[1]
         if isa:
             label += f"[{normalize_isa(isa)}]"
         if variant is not None:
             label += "<" + ",".join(d for d in variant if d) + ">"
-        kernels.append(AotKernel(source, device=device, dtypes=[variant] if variant else signatures, isa=isa,
-                                 layout=layout, cflags=flags, include_dirs=include_dirs, name=label))
+        if layout not in ("ndarray", "any"):
+            label += f"@{layout}"
+        kernel = AotKernel(source, device=device, dtypes=[variant] if variant else signatures, isa=isa,
+                           layout=layout, cflags=flags, include_dirs=include_dirs, name=label)
+        kernel.code = code  # written to its path when the kernel is loaded
+        kernels.append(kernel)
     return kernels

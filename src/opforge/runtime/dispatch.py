@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from .. import _native
+from ..attrs import attr_key
 from ..errors import AttrError, DTypeError, KernelError, NoKernelError
 from ..spec import TensorSpec
 from .cpu import isa_rank, isa_reject_reason
@@ -34,12 +35,8 @@ class Completed:
         self.value = value
 
 
-def _attr_key(attrs):
-    return tuple(sorted(attrs.items()))
-
-
 def launcher_for(op, attrs, n_inputs):
-    key = (_attr_key(attrs), n_inputs)
+    key = (attr_key(attrs), n_inputs)
     launcher = op._launchers.get(key)
     if launcher is None:
         if len(op._launchers) >= _MAX_LAUNCHERS_PER_OP:

@@ -1,0 +1,182 @@
+"""leaky_relu: y = x if x > 0 else alpha * x.
+
+relu's template with an attribute and CPU-ISA variants: one C++ source,
+compiled per dtype (float32, float64) and per instruction set (sse41, avx2,
+avx512).  The ISA flags opforge passes (-msse4.1 / -mavx2 -mfma /
+-mavx512f ...) define the compiler's ``__SSE4_1__`` / ``__AVX2__`` /
+``__AVX512F__`` macros, which pick the intrinsics path inside the one
+source; ``OPFORGE_DTYPE_FLOAT32`` / ``OPFORGE_DTYPE_FLOAT64`` pick float or
+double.  Dispatch runs the best variant the CPU has and the ISA cap allows
+(``OPFORGE_ISA`` / ``opforge.set_isa_cap``).  Other dtypes (integers) fall
+through to the NumPy reference.
+
+alpha crosses the ABI as a 32-bit float, so in float64 the kernels multiply
+by ``float(alpha)`` rounded to single precision (relative difference from the
+reference <= 6e-8).
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+
+leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y", traits=["no_side_effect"],
+                        doc="Leaky rectified linear unit, elementwise: x where x > 0, else alpha * x.")
+leaky_relu.def_infer(infer.same_as(0))
+
+
+@leaky_relu.reference
+def leaky_relu_reference(x, alpha=0.01):
+    return np.where(x > 0, x, alpha * x).astype(x.dtype, copy=False)
+
+
+LEAKY_RELU_CC = r"""
+#include <cstddef>
+#include <cstdint>
+
+#include "custom_aot_extra.h"
+
+#if defined(__SSE4_1__) || defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(OPFORGE_DTYPE_FLOAT32)
+typedef float T;
+#elif defined(OPFORGE_DTYPE_FLOAT64)
+typedef double T;
+#else
+#error "leaky_relu: compile with OPFORGE_DTYPE_FLOAT32 or OPFORGE_DTYPE_FLOAT64"
+#endif
+
+// Outputs at least this large are written with non-temporal (streaming)
+// stores: they do not fit the caches, and streaming skips the read-for-
+// ownership of every output line.  Smaller ones stay in cache for the next op.
+#ifndef LEAKY_RELU_STREAM_BYTES
+#define LEAKY_RELU_STREAM_BYTES (8u << 20)
+#endif
+
+static inline T scalar(T v, T a) { return v > T(0) ? v : a * v; }
+
+// One vector type per ISA and dtype.  V: register; W: elements per register;
+// load (unaligned), op, store (unaligned), stream (aligned, non-temporal).
+#if defined(__AVX512F__)
+#define LR_ALIGN 64
+#if defined(OPFORGE_DTYPE_FLOAT32)
+typedef __m512 V;
+static inline V vset1(T a) { return _mm512_set1_ps(a); }
+static inline V vload(const T *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(T *p, V v) { _mm512_storeu_ps(p, v); }
+static inline void vstream(T *p, V v) { _mm512_stream_ps(p, v); }
+static inline V vop(V x, V a) {  // alpha * x where !(x > 0) (NaN included), x elsewhere
+  return _mm512_mask_mul_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NGT_UQ), x, a);
+}
+#else
+typedef __m512d V;
+static inline V vset1(T a) { return _mm512_set1_pd(a); }
+static inline V vload(const T *p) { return _mm512_loadu_pd(p); }
+static inline void vstore(T *p, V v) { _mm512_storeu_pd(p, v); }
+static inline void vstream(T *p, V v) { _mm512_stream_pd(p, v); }
+static inline V vop(V x, V a) {
+  return _mm512_mask_mul_pd(x, _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_NGT_UQ), x, a);
+}
+#endif
+#elif defined(__AVX2__)
+#define LR_ALIGN 32
+#if defined(OPFORGE_DTYPE_FLOAT32)
+typedef __m256 V;
+static inline V vset1(T a) { return _mm256_set1_ps(a); }
+static inline V vload(const T *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(T *p, V v) { _mm256_storeu_ps(p, v); }
+static inline void vstream(T *p, V v) { _mm256_stream_ps(p, v); }
+static inline V vop(V x, V a) {  // blend: x where x > 0, else alpha * x
+  return _mm256_blendv_ps(_mm256_mul_ps(x, a), x, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
+#else
+typedef __m256d V;
+static inline V vset1(T a) { return _mm256_set1_pd(a); }
+static inline V vload(const T *p) { return _mm256_loadu_pd(p); }
+static inline void vstore(T *p, V v) { _mm256_storeu_pd(p, v); }
+static inline void vstream(T *p, V v) { _mm256_stream_pd(p, v); }
+static inline V vop(V x, V a) {
+  return _mm256_blendv_pd(_mm256_mul_pd(x, a), x, _mm256_cmp_pd(x, _mm256_setzero_pd(), _CMP_GT_OQ));
+}
+#endif
+#elif defined(__SSE4_1__)
+#define LR_ALIGN 16
+#if defined(OPFORGE_DTYPE_FLOAT32)
+typedef __m128 V;
+static inline V vset1(T a) { return _mm_set1_ps(a); }
+static inline V vload(const T *p) { return _mm_loadu_ps(p); }
+static inline void vstore(T *p, V v) { _mm_storeu_ps(p, v); }
+static inline void vstream(T *p, V v) { _mm_stream_ps(p, v); }
+static inline V vop(V x, V a) {
+  return _mm_blendv_ps(_mm_mul_ps(x, a), x, _mm_cmpgt_ps(x, _mm_setzero_ps()));
+}
+#else
+typedef __m128d V;
+static inline V vset1(T a) { return _mm_set1_pd(a); }
+static inline V vload(const T *p) { return _mm_loadu_pd(p); }
+static inline void vstore(T *p, V v) { _mm_storeu_pd(p, v); }
+static inline void vstream(T *p, V v) { _mm_stream_pd(p, v); }
+static inline V vop(V x, V a) {
+  return _mm_blendv_pd(_mm_mul_pd(x, a), x, _mm_cmpgt_pd(x, _mm_setzero_pd()));
+}
+#endif
+#endif
+
+#if defined(LR_ALIGN)
+static const int64_t W = static_cast<int64_t>(sizeof(V) / sizeof(T));
+
+static void leaky_relu_simd(const T *x, T *y, int64_t n, T a) {
+  const V va = vset1(a);
+  int64_t i = 0;
+  const bool element_aligned = reinterpret_cast<uintptr_t>(y) % sizeof(T) == 0;
+  if (element_aligned && static_cast<uint64_t>(n) * sizeof(T) >= LEAKY_RELU_STREAM_BYTES) {
+    // Scalar head up to an aligned output address, then streaming stores
+    // (x stays unaligned: loads need no alignment).
+    while (i < n && reinterpret_cast<uintptr_t>(y + i) % LR_ALIGN != 0) {
+      y[i] = scalar(x[i], a);
+      ++i;
+    }
+    for (; i + 4 * W <= n; i += 4 * W) {
+      V v0 = vload(x + i), v1 = vload(x + i + W), v2 = vload(x + i + 2 * W), v3 = vload(x + i + 3 * W);
+      vstream(y + i, vop(v0, va));
+      vstream(y + i + W, vop(v1, va));
+      vstream(y + i + 2 * W, vop(v2, va));
+      vstream(y + i + 3 * W, vop(v3, va));
+    }
+    for (; i + W <= n; i += W) vstream(y + i, vop(vload(x + i), va));
+    _mm_sfence();  // order the streaming stores before whatever reads y next
+  } else {
+    for (; i + 4 * W <= n; i += 4 * W) {
+      V v0 = vload(x + i), v1 = vload(x + i + W), v2 = vload(x + i + 2 * W), v3 = vload(x + i + 3 * W);
+      vstore(y + i, vop(v0, va));
+      vstore(y + i + W, vop(v1, va));
+      vstore(y + i + 2 * W, vop(v2, va));
+      vstore(y + i + 3 * W, vop(v3, va));
+    }
+    for (; i + W <= n; i += W) vstore(y + i, vop(vload(x + i), va));
+  }
+  for (; i < n; ++i) y[i] = scalar(x[i], a);  // scalar tail
+}
+#endif
+
+extern "C" int LeakyRelu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *stream, void *extra) {
+  const T *x = static_cast<const T *>(params[0]);
+  T *y = static_cast<T *>(params[1]);
+  int64_t n = 1;  // a 0-d tensor (ndims 0) has one element
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  if (n <= 0) return 0;
+  const T a = static_cast<T>(static_cast<AotExtra *>(extra)->Attr<float>("alpha"));
+#if defined(LR_ALIGN)
+  leaky_relu_simd(x, y, n, a);
+#else
+  for (int64_t i = 0; i < n; i++) y[i] = scalar(x[i], a);
+#endif
+  return 0;
+}
+"""
+
+for _isa in ("sse41", "avx2", "avx512"):
+    leaky_relu.kernel(function="LeakyRelu", dtypes={"x": ["float32", "float64"]}, isa=_isa, code=LEAKY_RELU_CC)
+del _isa

@@ -1,0 +1,33 @@
+"""neg: y = -x."""
+import numpy as np
+
+import opforge
+from opforge import infer
+
+neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect"], doc="Elementwise negation.")
+neg.def_infer(infer.same_as(0))
+
+
+@neg.reference
+def neg_reference(x):
+    return np.negative(x)
+
+
+@neg.grad()
+def _(saved, dy):
+    return opforge.ops.neg(dy)
+
+
+neg.kernel(function="Neg", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=r"""
+#include "custom_aot_extra.h"
+
+extern "C" int Neg(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                   void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = -x[i];
+  return 0;
+}
+""")
