@@ -4,6 +4,7 @@ them can be copied as the template of a new op."""
 from . import relu  # noqa: F401
 from . import add  # noqa: F401
 from . import mul  # noqa: F401
+from . import sub  # noqa: F401
 from . import reduce_sum  # noqa: F401
 from . import softmax  # noqa: F401
 from . import exp  # noqa: F401

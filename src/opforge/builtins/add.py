@@ -19,14 +19,35 @@ def add_reference(a, b):
     return np.add(a, b).astype(a.dtype, copy=False)
 
 
+@add.grad(save=["a", "b"])
+def add_grad(saved, dy):
+    return sum_to(dy, saved.a), sum_to(dy, saved.b)
+
+
+def sum_to(dy, like):
+    """dy summed over the dims along which ``like`` was broadcast (for gradients)."""
+    if dy.shape == like.shape:
+        return dy
+    extra = len(dy.shape) - len(like.shape)
+    axes = list(range(extra)) + [extra + k for k, d in enumerate(like.shape) if d == 1 and dy.shape[extra + k] != 1]
+    summed = opforge.ops.reduce_sum(dy, axes=axes, keep_dims=True) if axes else dy
+    return opforge.ops.reshape(summed, shape=list(like.shape))
+
+
+# One broadcasting source for every binary elementwise op: OPFORGE_BINARY is
+# the operation (mul.py and sub.py compile this same source with their own).
 # Both inputs are typed, so each variant takes a and b of one dtype; mixed
 # dtypes match no native kernel and fall back to the reference.
 # Integer overflow is undefined in C++ (NumPy wraps): keep sums in range.
-add.kernel(function="Add", dtypes={"a": ["float32", "float64", "int32", "int64"],
-                                   "b": ["float32", "float64", "int32", "int64"]}, code=r"""
+BINARY_DTYPES = {"a": ["float32", "float64", "int32", "int64"], "b": ["float32", "float64", "int32", "int64"]}
+BINARY_BROADCAST = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+
+#ifndef OPFORGE_BINARY
+#define OPFORGE_BINARY(x, y) ((x) + (y))
+#endif
 
 typedef OPFORGE_T T;
 
@@ -52,7 +73,7 @@ static void BroadcastStrides(int ndim, const int64_t *shape, int rank, int64_t *
   }
 }
 
-extern "C" int Add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
   const T *a = static_cast<const T *>(params[0]);
   const T *b = static_cast<const T *>(params[1]);
@@ -66,17 +87,17 @@ extern "C" int Add(int nparam, void **params, int *ndims, int64_t **shapes, cons
   // Fast paths.  An input with as many elements as the output is laid out
   // like it (broadcasting only ever adds size-1 dims), so it is read linearly.
   if (na == n && nb == n) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], b[i]);
     return 0;
   }
   if (na == n && nb == 1) {
     const T s = b[0];
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + s;
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], s);
     return 0;
   }
   if (na == 1 && nb == n) {
     const T s = a[0];
-    for (int64_t i = 0; i < n; i++) y[i] = s + b[i];
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(s, b[i]);
     return 0;
   }
 
@@ -90,7 +111,7 @@ extern "C" int Add(int nparam, void **params, int *ndims, int64_t **shapes, cons
   const int64_t ia = sa[rank - 1], ib = sb[rank - 1];
   int64_t oa = 0, ob = 0;
   for (int64_t start = 0; start < n; start += inner) {
-    for (int64_t j = 0; j < inner; j++) y[start + j] = a[oa + j * ia] + b[ob + j * ib];
+    for (int64_t j = 0; j < inner; j++) y[start + j] = OPFORGE_BINARY(a[oa + j * ia], b[ob + j * ib]);
     for (int d = rank - 2; d >= 0; d--) {
       oa += sa[d];
       ob += sb[d];
@@ -102,4 +123,6 @@ extern "C" int Add(int nparam, void **params, int *ndims, int64_t **shapes, cons
   }
   return 0;
 }
-""")
+"""
+
+add.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Add")

@@ -49,6 +49,12 @@ def matmul_reference(a, b):
     return np.matmul(a, b).astype(a.dtype, copy=False)
 
 
+@matmul.grad(save=["a", "b"])
+def matmul_grad(saved, dy):
+    transpose = opforge.ops.transpose
+    return opforge.ops.matmul(dy, transpose(saved.b)), opforge.ops.matmul(transpose(saved.a), dy)
+
+
 # k == 0 gives an empty input and a non-empty y: opforge then skips the
 # kernel and returns zeros, which is the right (empty-sum) product.
 matmul.kernel(function="MatMul", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]}, code=r"""

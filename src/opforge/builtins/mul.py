@@ -1,13 +1,12 @@
 """mul: y = a * b, with NumPy broadcasting.
 
-The template for a binary elementwise op: the output shape is the broadcast
-of the inputs (inference), and the kernel, which sees every input's and the
-output's shape, works out the broadcast itself.
+Compiles add.py's broadcasting source with its own operation.
 """
 import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
 
 mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise product with NumPy broadcasting; y has the dtype of a.")
@@ -19,87 +18,11 @@ def mul_reference(a, b):
     return np.multiply(a, b).astype(a.dtype, copy=False)
 
 
-# Both inputs are typed, so each variant takes a and b of one dtype; mixed
-# dtypes match no native kernel and fall back to the reference.
+@mul.grad(save=["a", "b"])
+def mul_grad(saved, dy):
+    return sum_to(dy * saved.b, saved.a), sum_to(dy * saved.a, saved.b)
+
+
 # Integer overflow is undefined in C++ (NumPy wraps): keep products in range.
-mul.kernel(function="Mul", dtypes={"a": ["float32", "float64", "int32", "int64"],
-                                   "b": ["float32", "float64", "int32", "int64"]}, code=r"""
-#include <vector>
-
-#include "custom_aot_extra.h"
-
-typedef OPFORGE_T T;
-
-static int64_t Count(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= shape[d];
-  return n;
-}
-
-// Element strides of an input read at the output's rank: 0 along the dims it
-// is broadcast over (missing leading dims and size-1 dims), so one index walk
-// over the output addresses every input.
-static void BroadcastStrides(int ndim, const int64_t *shape, int rank, int64_t *strides) {
-  int64_t stride = 1;
-  for (int d = rank - 1; d >= 0; d--) {
-    int k = d - (rank - ndim);
-    if (k < 0) {
-      strides[d] = 0;
-      continue;
-    }
-    strides[d] = shape[k] == 1 ? 0 : stride;
-    stride *= shape[k];
-  }
-}
-
-extern "C" int Mul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                   void *stream, void *extra) {
-  const T *a = static_cast<const T *>(params[0]);
-  const T *b = static_cast<const T *>(params[1]);
-  T *y = static_cast<T *>(params[2]);
-  const int rank = ndims[2];
-  const int64_t *out = shapes[2];
-  const int64_t n = Count(rank, out);
-  const int64_t na = Count(ndims[0], shapes[0]), nb = Count(ndims[1], shapes[1]);
-  if (n == 0) return 0;
-
-  // Fast paths.  An input with as many elements as the output is laid out
-  // like it (broadcasting only ever adds size-1 dims), so it is read linearly.
-  if (na == n && nb == n) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
-    return 0;
-  }
-  if (na == n && nb == 1) {
-    const T s = b[0];
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] * s;
-    return 0;
-  }
-  if (na == 1 && nb == n) {
-    const T s = a[0];
-    for (int64_t i = 0; i < n; i++) y[i] = s * b[i];
-    return 0;
-  }
-
-  // General case: walk the output row by row (the innermost dim is a plain
-  // strided loop), carrying each input's offset with an odometer over the
-  // outer dims instead of recomputing it per element.
-  std::vector<int64_t> sa(rank), sb(rank), index(rank, 0);
-  BroadcastStrides(ndims[0], shapes[0], rank, sa.data());
-  BroadcastStrides(ndims[1], shapes[1], rank, sb.data());
-  const int64_t inner = out[rank - 1];  // rank >= 1 here: a 0-d output has n == 1
-  const int64_t ia = sa[rank - 1], ib = sb[rank - 1];
-  int64_t oa = 0, ob = 0;
-  for (int64_t start = 0; start < n; start += inner) {
-    for (int64_t j = 0; j < inner; j++) y[start + j] = a[oa + j * ia] * b[ob + j * ib];
-    for (int d = rank - 2; d >= 0; d--) {
-      oa += sa[d];
-      ob += sb[d];
-      if (++index[d] < out[d]) break;
-      oa -= sa[d] * out[d];
-      ob -= sb[d] * out[d];
-      index[d] = 0;
-    }
-  }
-  return 0;
-}
-""")
+mul.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Mul",
+           cflags=["-DOPFORGE_BINARY(x,y)=((x)*(y))"])

@@ -36,6 +36,15 @@ def reduce_sum_reference(x, *, axes, keep_dims):
     return np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims).astype(x.dtype, copy=False)
 
 
+@reduce_sum.grad(save=["x"])
+def reduce_sum_grad(saved, dy, *, axes, keep_dims):
+    # Every input element contributes once: spread dy back over the reduced dims.
+    x = saved.x
+    kept = infer.reduce_shape(x.shape, axes, True)
+    spread = opforge.ops.reshape(dy, shape=list(kept))
+    return opforge.ops.add(spread, np.zeros(x.shape, x.dtype))
+
+
 # An empty x never reaches the kernel: opforge returns zeros of the output
 # shape, which is exactly the sum of an empty reduction (and of nothing when
 # the output is empty too), so the op needs no always_compute trait.

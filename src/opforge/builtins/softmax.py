@@ -36,6 +36,13 @@ def softmax_reference(x, *, axis):
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
+@softmax.grad(save=["y"])
+def softmax_grad(saved, dy, *, axis):
+    y = saved.y
+    dot = opforge.ops.reduce_sum(dy * y, axes=[axis], keep_dims=True)
+    return y * (dy - dot)
+
+
 softmax.kernel(function="Softmax", dtypes={"x": ["float32", "float64"]}, code=r"""
 #include <cmath>
 #include <vector>

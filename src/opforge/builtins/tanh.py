@@ -26,6 +26,12 @@ def tanh_reference(x):
     return np.tanh(x).astype(x.dtype, copy=False)
 
 
+@tanh.grad(save=["y"])
+def tanh_grad(saved, dy):
+    y = saved.y
+    return dy * (np.ones((), y.dtype) - y * y)
+
+
 tanh.kernel(function="Tanh", dtypes={"x": ["float32", "float64"]}, code=r"""
 #include <cmath>
 

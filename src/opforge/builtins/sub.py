@@ -1,0 +1,27 @@
+"""sub: y = a - b, with NumPy broadcasting.
+
+Compiles add.py's broadcasting source with its own operation.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+
+sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+                 doc="Elementwise difference with NumPy broadcasting; y has the dtype of a.")
+sub.def_infer(infer.broadcast())
+
+
+@sub.reference
+def sub_reference(a, b):
+    return np.subtract(a, b).astype(a.dtype, copy=False)
+
+
+@sub.grad(save=["a", "b"])
+def sub_grad(saved, dy):
+    return sum_to(dy, saved.a), sum_to(opforge.ops.neg(dy), saved.b)
+
+
+sub.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Sub",
+           cflags=["-DOPFORGE_BINARY(x,y)=((x)-(y))"])
