@@ -84,7 +84,7 @@ class PyKernel(Kernel):
         super().__init__(name=kwargs.pop("name", None) or getattr(fn, "__name__", "python_kernel"), **kwargs)
         self.fn = fn
 
-    def run(self, op, arrays, attrs, out_specs):
+    def run(self, op, arrays, attrs, out_specs, in_specs=None):
         import numpy as np
 
         result = self.fn(*arrays, **attrs)

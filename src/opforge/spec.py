@@ -57,6 +57,26 @@ class TensorSpec:
     def is_static(self) -> bool:
         return self.rank is not None and all(d >= 0 for d in self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes a tensor of this (static) spec occupies in its layout; nchw16c pads C to 16."""
+        import numpy as np
+
+        shape = list(self.shape)
+        if self.layout == "nchw16c" and len(shape) >= 2:
+            shape[1] = -(-shape[1] // 16) * 16
+        count = int(np.prod(shape)) if shape else 1
+        return count * np.dtype(self.dtype).itemsize
+
+    def empty(self):
+        """An uninitialised buffer for this spec: the array itself for ndarray
+        layout, the flat physical buffer for blocked layouts."""
+        import numpy as np
+
+        if self.layout == "ndarray":
+            return np.empty(self.shape, self.dtype)
+        return np.empty(self.nbytes // np.dtype(self.dtype).itemsize, self.dtype)
+
     def matches(self, shape, dtype=None) -> bool:
         """Whether a concrete shape (and dtype) is an instance of this spec."""
         if dtype is not None and _dtypes.normalize(dtype) != self.dtype:

@@ -78,6 +78,15 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
   const T *a = static_cast<const T *>(params[0]);
   const T *b = static_cast<const T *>(params[1]);
   T *y = static_cast<T *>(params[2]);
+#ifdef OPFORGE_LAYOUT_NCHW16C
+  // Channel-blocked tensors of one shape: elementwise over the padded buffer.
+  if (ndims[0] != 4 || ndims[1] != 4) return 3;
+  for (int d = 0; d < 4; d++)
+    if (shapes[0][d] != shapes[1][d]) return 4;
+  const int64_t padded = shapes[0][0] * ((shapes[0][1] + 15) / 16 * 16) * shapes[0][2] * shapes[0][3];
+  for (int64_t i = 0; i < padded; i++) y[i] = OPFORGE_BINARY(a[i], b[i]);
+  return 0;
+#endif
   const int rank = ndims[2];
   const int64_t *out = shapes[2];
   const int64_t n = Count(rank, out);
@@ -126,3 +135,5 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
 """
 
 add.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Add")
+add.kernel(function="Binary", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
+           code=BINARY_BROADCAST, name="Add", layout="nchw16c")

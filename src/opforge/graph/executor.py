@@ -148,7 +148,7 @@ class Plan:
         if self.program is None:
             return self._interpret(arrays)
         graph = self.graph
-        outputs = {vid: np.empty(self.specs[vid].shape, self.specs[vid].dtype) for vid in self.output_slots}
+        outputs = {vid: self.specs[vid].empty() for vid in self.output_slots}
         addresses = [self.arena.ctypes.data] + [a.ctypes.data for a in arrays] + \
                     [outputs[vid].ctypes.data for vid in self.output_slots] + [c.ctypes.data for c in self.constants]
         failure = self.program.run(tuple(addresses))
@@ -177,7 +177,7 @@ class Plan:
             if "always_compute" not in node.op.traits and any(a is not None and a.size == 0 for a in inputs):
                 results = [np.zeros(s.shape, s.dtype) for s in out_specs]
             else:
-                results = kernel.run(node.op, inputs, node.attrs, out_specs)
+                results = kernel.run(node.op, inputs, node.attrs, out_specs, in_specs)
             for value, array in zip(node.outputs, results):
                 env[value.id] = array
         return [np.array(env[v.id]) if v.producer is None or v.producer.is_constant else env[v.id]

@@ -82,7 +82,7 @@ def fold_constants(graph) -> int:
 
 def _kernels_by_layout(node):
     found = {}
-    for layout in sorted({k.layout for k in node.op.kernels}):
+    for layout in sorted({k.layout for k in node.op.kernels} - {"any"}):
         candidates = [k for k in node.op.kernels if k.layout == layout]
         specs = [None if v is None else TensorSpec(v.spec.shape, v.spec.dtype, layout) for v in node.inputs]
         try:
@@ -102,14 +102,15 @@ class _OpView:
         return getattr(self._op, name)
 
 
-def select_layouts(graph, reorder_op=None) -> int:
+def select_layouts(graph, prefer=None, reorder_op=None) -> int:
     """Choose a data layout per node and insert reorder nodes where a producer
     and its consumer disagree (PPLNN's approach).
 
     A node runs in a blocked layout (``nchw16c``) when it has a kernel for it
     and its tensor inputs already arrive blocked, or when blocked is its only
-    layout; otherwise it runs in ``ndarray``.  Graph inputs and outputs are
-    ``ndarray``.  Returns the number of reorders inserted."""
+    layout, or ``prefer`` names it; otherwise it runs in ``ndarray``.  Graph
+    inputs and outputs are ``ndarray``.  Returns the number of reorders
+    inserted."""
     from .. import ops
 
     reorder = reorder_op or ops.reorder.op
@@ -130,22 +131,31 @@ def select_layouts(graph, reorder_op=None) -> int:
         return converted[key]
 
     for node in graph.nodes:
-        if node.is_constant:
+        if node.is_constant or node.op is reorder:
             nodes.append(node)
-            layout_of[node.outputs[0].id] = "ndarray"
+            for v in node.outputs:
+                layout_of[v.id] = v.spec.layout
             continue
         kernels = _kernels_by_layout(node)
-        if not kernels:
+        if "ndarray" in kernels and len(kernels) == 1 or not kernels:
+            node.inputs = [v if v is None or layout_of[v.id] == "ndarray" else convert(v, "ndarray")
+                           for v in node.inputs]
             nodes.append(node)
             for v in node.outputs:
                 layout_of[v.id] = "ndarray"
             continue
         incoming = {layout_of[v.id] for v in node.inputs if v is not None}
-        blocked = [l for l in kernels if l != "ndarray"]
-        if blocked and ("ndarray" not in kernels or incoming == {blocked[0]}):
+        # Blocked kernels are elementwise over the padded buffer: 4-d tensors of the output's shape.
+        blocked = [l for l in kernels if l != "ndarray" and all(
+            v is None or (len(v.spec.shape) == 4 and v.spec.shape == node.outputs[0].spec.shape)
+            for v in node.inputs)]
+        if blocked and ("ndarray" not in kernels or incoming == {blocked[0]} or prefer == blocked[0]):
             layout = blocked[0]
         else:
             layout = "ndarray"
+        if layout not in kernels:
+            raise NoKernelError(f"op '{node.op.name}' has kernels only for layouts {sorted(kernels)}, which its "
+                                f"inputs {[v.spec for v in node.inputs if v is not None]} do not fit")
         node.inputs = [v if v is None or layout_of[v.id] == layout else convert(v, layout) for v in node.inputs]
         node.kernel = kernels[layout]
         for v in node.outputs:
@@ -186,9 +196,4 @@ def plan_memory(sizes, lifetimes):
 
 
 def nbytes(spec):
-    """Bytes a tensor of this spec occupies in its layout (nchw16c pads C to 16)."""
-    shape = list(spec.shape)
-    if spec.layout == "nchw16c" and len(shape) >= 2:
-        shape[1] = -(-shape[1] // 16) * 16
-    count = int(np.prod(shape)) if shape else 1
-    return count * np.dtype(spec.dtype).itemsize
+    return spec.nbytes

@@ -159,10 +159,10 @@ class AotKernel(Kernel):
                 tuple(s.dtype for s in list(specs) + list(out_specs)),
                 extra)
 
-    def run(self, op, arrays, attrs, out_specs):
+    def run(self, op, arrays, attrs, out_specs, in_specs=None):
         from .dispatch import input_specs, kernel_error
 
-        specs = input_specs(op, arrays)
+        specs = list(in_specs) if in_specs is not None else input_specs(op, arrays)
         extra, requested = self.signature_state(op, specs + list(out_specs), attrs)
         sizes = workspace_sizes(requested, arrays)
         shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
@@ -171,7 +171,7 @@ class AotKernel(Kernel):
             from . import cuda
 
             return cuda.run_on_device(self, op, arrays, out_specs, sizes, shapes, names, extra)
-        outputs = [np.empty(s.shape, s.dtype) for s in out_specs]
+        outputs = [s.empty() for s in out_specs]
         workspaces = [np.empty(size, np.uint8) for size in sizes]
         pointers = [a.ctypes.data for a in list(arrays) + outputs + workspaces]
         rc, error = _native.call_kernel(self._function, pointers, shapes, names, None, extra)
