@@ -46,8 +46,8 @@ def _replay_and_differentiate(graph, inputs, cotangents):
     """Inside a trace: the forward graph replayed on ``inputs``, then its VJP."""
     env = {v.id: x for v, x in zip(graph.inputs, inputs)}
     for node in graph.nodes:
-        if node.is_constant:
-            env[node.outputs[0].id] = node.outputs[0]
+        if node.is_constant:  # the array itself: the new trace makes its own constant
+            env[node.outputs[0].id] = node.value
             continue
         args = [None if v is None else env[v.id] for v in node.inputs]
         from ..runtime.dispatch import launcher_for
