@@ -119,11 +119,15 @@ class Namespace:
     def __getattr__(self, name):
         op = registry.lookup(f"{self._prefix}{name}")
         if op is not None:
-            return function_for(op)
-        if not self._prefix:
-            if any(o.name.startswith(f"{name}::") for o in registry.registered_ops()):
-                return Namespace(f"{name}::")
-        raise AttributeError(f"no op '{self._prefix}{name}' is registered")
+            found = function_for(op)
+        elif not self._prefix and any(o.name.startswith(f"{name}::") for o in registry.registered_ops()):
+            found = Namespace(f"{name}::")
+        else:
+            raise AttributeError(f"no op '{self._prefix}{name}' is registered")
+        # Cached as a plain attribute, so later lookups cost a dict access;
+        # forget() drops it when the op is replaced.
+        (globals() if self is _root else self.__dict__)[name] = found
+        return found
 
     def __dir__(self):
         names = set()
@@ -134,6 +138,16 @@ class Namespace:
 
 
 _root = Namespace("")
+
+
+def forget(name):
+    """Drop the cached function of op ``name`` (it was replaced or removed)."""
+    _functions.pop(name, None)
+    prefix, _, short = name.rpartition("::")
+    if not prefix:
+        globals().pop(short, None)
+    elif isinstance(globals().get(prefix), Namespace):
+        globals()[prefix].__dict__.pop(short, None)
 
 
 def __getattr__(name):

@@ -19,11 +19,19 @@ def register(op: Op, *, replace=False) -> Op:
         raise SchemaError(f"op '{op.name}' is already registered; pass replace=True to replace it, "
                           "or give it a namespace ('mylib::name')")
     _ops[op.name] = op
+    _forget_function(op.name)
     return op
+
+
+def _forget_function(name):
+    from . import ops  # the functional API caches one function per op
+
+    ops.forget(name)
 
 
 def unregister(name: str) -> None:
     _ops.pop(name, None)
+    _forget_function(name)
 
 
 def lookup(name: str) -> Op | None:
