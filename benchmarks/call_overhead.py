@@ -4,7 +4,7 @@
 
 What is measured
 ----------------
-One compiled kernel, ``benchmarks/kernels/add.cc:Add`` (``y = a + b`` on four
+One compiled kernel, ``benchmarks/sources/add.cc:Add`` (``y = a + b`` on four
 float32 values, MindSpore's aot ABI), is called in several ways; the kernel
 itself does almost nothing, so each figure is the cost of the call path:
 
@@ -74,7 +74,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-KERNEL_SOURCE = HERE / "kernels" / "add.cc"
+KERNEL_SOURCE = HERE / "sources" / "add.cc"
 
 if not os.environ.get("OPFORGE_CACHE_DIR"):
     _cache = tempfile.mkdtemp(prefix="opforge-bench-cache-")

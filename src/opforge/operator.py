@@ -8,6 +8,7 @@ schemas, built-ins -- produces an ``Op``, and every call goes through
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 from .attrs import REQUIRED, AttrDef, check_attr
@@ -105,6 +106,14 @@ class PyKernel(Kernel):
 class Op:
     """An operator: schema, inference and kernels.  Call it on arrays."""
 
+    _instances = weakref.WeakSet()  # every live op, so a dispatch setting can reset them all
+
+    @classmethod
+    def forget_all_plans(cls):
+        """Drop every op's cached kernel choices (after the ISA cap changed)."""
+        for op in list(cls._instances):
+            op._forget_plans()
+
     def __init__(self, name, inputs, outputs, attrs=(), *, traits=(), doc=None, tuple_output=None):
         self.name = name
         self.inputs = tuple(i if isinstance(i, InputDef) else InputDef(i) for i in inputs)
@@ -125,6 +134,7 @@ class Op:
         self.grad_saves = ()
         self._launchers = {}  # (frozen attribute values, n inputs) -> runtime Launcher
         self._fast_calls = {}  # raw attribute values -> Launcher, for the functional API
+        Op._instances.add(self)
         self._default_launcher = None
 
     # -- declaration ------------------------------------------------------

@@ -40,6 +40,8 @@ def reduce_sum_reference(x, *, axes, keep_dims):
 def reduce_sum_grad(saved, dy, *, axes, keep_dims):
     # Every input element contributes once: spread dy back over the reduced dims.
     x = saved.x
+    if not x.spec.is_static:
+        raise opforge.ShapeError(f"op 'reduce_sum': its gradient needs a static input shape, got {x.spec}")
     kept = infer.reduce_shape(x.shape, axes, True)
     spread = opforge.ops.reshape(dy, shape=list(kept))
     return opforge.ops.add(spread, np.zeros(x.shape, x.dtype))

@@ -115,7 +115,7 @@ class Custom(Op):
         if isinstance(reg_info, CustomRegOp):
             reg_info = reg_info.get_op_info()
         info = reg_info or {}
-        several = isinstance(out_dtype, (tuple, list)) or (
+        several = isinstance(out_dtype, (tuple, list)) or len(info.get("outputs") or ()) > 1 or (
             isinstance(out_shape, tuple) and bool(out_shape) and isinstance(out_shape[0], (list, tuple)))
 
         if func_type == "aot":
@@ -135,7 +135,7 @@ class Custom(Op):
         else:
             inputs = [InputDef("x", variadic=True)]
         n_out = len(out_dtype) if isinstance(out_dtype, (tuple, list)) else (
-            len(out_shape) if several else 1)
+            len(info["outputs"]) if info.get("outputs") else len(out_shape) if several else 1)
         outputs = [o["name"] or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
             [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
         # MindSpore always launches a Custom kernel, even on empty inputs.
@@ -189,7 +189,7 @@ class Custom(Op):
                 backward_ops[n_in] = op
             return backward_ops[n_in]
 
-        def rule(saved, *douts):
+        def rule(saved, *douts, **attrs):  # bprop takes tensors only, as in MindSpore
             return backward_op_for(len(saved.inputs))(*saved.inputs, *saved.outputs, *douts)
 
         self.grad(rule, save=())

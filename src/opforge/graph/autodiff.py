@@ -42,8 +42,20 @@ def _rule(op):
     return op.grad_rule
 
 
-def _replay_and_differentiate(graph, inputs, cotangents):
-    """Inside a trace: the forward graph replayed on ``inputs``, then its VJP."""
+def _depends_on(graph, wrt):
+    """Ids of the values that depend on the inputs selected by ``wrt``."""
+    reached = {graph.inputs[k].id for k in wrt}
+    for node in graph.nodes:
+        if any(v is not None and v.id in reached for v in node.inputs):
+            reached.update(v.id for v in node.outputs)
+    return reached
+
+
+def _replay_and_differentiate(graph, inputs, cotangents, wrt):
+    """Inside a trace: the forward graph replayed on ``inputs``, then its VJP
+    with respect to the inputs selected by ``wrt`` (nodes off their paths are
+    not differentiated, so they need no rule)."""
+    active = _depends_on(graph, wrt)
     env = {v.id: x for v, x in zip(graph.inputs, inputs)}
     for node in graph.nodes:
         if node.is_constant:  # the array itself: the new trace makes its own constant
@@ -68,6 +80,8 @@ def _replay_and_differentiate(graph, inputs, cotangents):
     for node in reversed(graph.nodes):
         if node.is_constant or not any(v.id in grads for v in node.outputs):
             continue
+        if not any(v is not None and v.id in active for v in node.inputs):
+            continue
         rule = _rule(node.op)
         douts = [grads.get(v.id) if v.id in grads else _zeros(v.spec) for v in node.outputs]
         names = [i.name for i in node.op.inputs] + list(node.op.outputs)
@@ -80,13 +94,14 @@ def _replay_and_differentiate(graph, inputs, cotangents):
             raise GradientError(f"op '{node.op.name}': the gradient rule returned {len(dins)} gradient(s) for "
                                 f"{len(node.inputs)} input(s)")
         for value, gradient in zip(node.inputs, dins):
-            if value is not None and gradient is not None:
+            if value is not None and gradient is not None and value.id in active:
                 if isinstance(gradient, Value) and gradient.spec.shape != value.spec.shape and \
                         value.spec.is_static and gradient.spec.is_static:
                     raise GradientError(f"op '{node.op.name}': the gradient rule gave shape "
                                         f"{list(gradient.spec.shape)} for input of shape {list(value.spec.shape)}")
                 accumulate(value, gradient)
-    return tuple(grads[v.id] if v.id in grads else _zeros(v.spec) for v in graph.inputs)
+    return tuple(grads[graph.inputs[k].id] if graph.inputs[k].id in grads else _zeros(graph.inputs[k].spec)
+                 for k in wrt)
 
 
 def backward(graph, wrt=None):
@@ -95,9 +110,10 @@ def backward(graph, wrt=None):
     wrt = range(len(graph.inputs)) if wrt is None else wrt
     n = len(graph.inputs)
 
+    wrt = list(wrt)
+
     def pullback(*args):
-        grads = _replay_and_differentiate(graph, args[:n], args[n:])
-        return tuple(grads[k] for k in wrt)
+        return _replay_and_differentiate(graph, args[:n], args[n:], wrt)
 
     specs = [v.spec for v in graph.inputs] + [v.spec for v in graph.outputs]
     result = trace(pullback, *specs, name=f"{graph.name}_backward")

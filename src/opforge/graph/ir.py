@@ -171,14 +171,23 @@ class Graph:
             nodes.append(entry)
         return json.dumps({
             "name": self.name,
+            "tuple_output": self.tuple_output,
             "inputs": inputs,
             "nodes": nodes,
             "outputs": [ref(v) for v in self.outputs],
         }, indent=1)
 
     def save(self, path):
-        with open(path, "w") as handle:
-            handle.write(self.to_json())
+        """Write the graph as JSON; the file is replaced only once the text is complete."""
+        import os
+        import tempfile
+
+        text = self.to_json()
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, temporary = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
 
     @classmethod
     def from_json(cls, text: str) -> "Graph":
@@ -216,7 +225,9 @@ class Graph:
                 value.name = out["name"]
                 values[out["name"]] = value
             nodes.append(node)
-        return cls(inputs, nodes, [values[name] for name in data["outputs"]], name=data["name"])
+        graph = cls(inputs, nodes, [values[name] for name in data["outputs"]], name=data["name"])
+        graph.tuple_output = data.get("tuple_output", True)
+        return graph
 
     @classmethod
     def load(cls, path) -> "Graph":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NoKernelError, ShapeError
+from ..errors import DTypeError, NoKernelError, ShapeError
 from ..runtime.dispatch import launcher_for, select_kernel
 from ..spec import TensorSpec
 from .ir import Node, constant_node
@@ -18,7 +18,9 @@ def infer_shapes(graph, input_specs=None):
     specs = {}
     given = input_specs or [v.spec for v in graph.inputs]
     for value, spec in zip(graph.inputs, given):
-        if not value.spec.matches(spec.shape if spec.rank is not None else (), spec.dtype) and spec.rank is not None:
+        if spec.dtype != value.spec.dtype:
+            raise DTypeError(f"graph '{graph.name}': input %{value.name} is declared {value.spec}, got {spec}")
+        if spec.rank is not None and not value.spec.matches(spec.shape):
             raise ShapeError(f"graph '{graph.name}': input %{value.name} is declared {value.spec}, got {spec}")
         specs[value.id] = spec
     for node in graph.nodes:
@@ -27,7 +29,8 @@ def infer_shapes(graph, input_specs=None):
             continue
         out = node.op.infer_specs([None if v is None else specs[v.id] for v in node.inputs], node.attrs)
         for value, spec in zip(node.outputs, out):
-            specs[value.id] = spec
+            # Shapes and dtypes come from inference; layouts are the graph's (the layout pass decides them).
+            specs[value.id] = TensorSpec(spec.shape, spec.dtype, value.spec.layout)
     if input_specs is None:
         for node in graph.nodes:
             for value in node.outputs:
@@ -36,12 +39,13 @@ def infer_shapes(graph, input_specs=None):
 
 
 def eliminate_dead_code(graph) -> int:
-    """Drop nodes whose outputs nothing uses (unless the op has side effects
-    declared, i.e. lacks ``no_side_effect`` and is not a pure built-in)."""
+    """Drop nodes whose outputs nothing uses.  Ops without the trait
+    ``no_side_effect`` are kept: opforge cannot know they are pure."""
     live = {v.id for v in graph.outputs}
     kept = []
     for node in reversed(graph.nodes):
-        needed = any(v.id in live for v in node.outputs)
+        needed = any(v.id in live for v in node.outputs) or (
+            not node.is_constant and "no_side_effect" not in node.op.traits)
         if needed:
             kept.append(node)
             live.update(v.id for v in node.inputs if v is not None)

@@ -101,6 +101,8 @@ class AotKernel(Kernel):
         extra = self._attr_extras.get(key)
         if extra is None:
             extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
+            if len(self._attr_extras) >= self.init_cache_size:  # bounded: attributes may vary per call
+                self._attr_extras.pop(next(iter(self._attr_extras)))
             self._attr_extras[key] = extra
         return extra
 

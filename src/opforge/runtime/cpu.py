@@ -64,6 +64,9 @@ def set_isa_cap(isa) -> None:
     """Cap dispatch at ``isa`` (None removes the cap; OPFORGE_ISA still applies)."""
     global _cap
     _cap = None if isa is None else normalize_isa(isa)
+    from ..operator import Op
+
+    Op.forget_all_plans()  # kernels chosen under the old cap must be chosen again
 
 
 def isa_cap() -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _native
 from ..attrs import attr_key
-from ..errors import AttrError, DTypeError, KernelError, NoKernelError
+from ..errors import AttrError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
 from .cpu import isa_rank, isa_reject_reason
 
@@ -142,6 +142,9 @@ class CallPlanner:
         out_specs = self.op.infer_specs(specs, self.attrs, kernel)
         for spec in out_specs:
             self.op.check_output_shape(spec)
+            if spec.layout != "ndarray":
+                raise ShapeError(f"op '{self.op.name}': an eager call would produce layout {spec.layout}, which "
+                                 "exists only inside graphs (the layout pass inserts reorders there)")
         return specs, kernel, out_specs
 
     def _skips_kernel(self, arrays):
