@@ -1,5 +1,7 @@
 import pytest
 
+import opforge
+
 
 @pytest.fixture(scope="session", autouse=True)
 def opforge_cache_dir(tmp_path_factory):
@@ -9,3 +11,12 @@ def opforge_cache_dir(tmp_path_factory):
     patch.setenv("OPFORGE_CACHE_DIR", str(path))
     yield path
     patch.undo()
+
+
+@pytest.fixture
+def fresh():
+    """Names of ops a test declares (see helpers.declare); unregistered afterwards."""
+    names = []
+    yield names
+    for name in names:
+        opforge.registry.unregister(name)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import encode_probe
 
 from opforge import Custom, CustomRegOp
 from opforge.runtime.library import detect_cxx11_abi
@@ -31,26 +32,6 @@ VALUES = [
          ints=(-1, 0, 2**33), floats=(0.125, -8.0), grid=((5,), (6, 7)), table=((0.5,), (1.5, -2.5))),
     dict(flag=False, width=32, ratio=7, label="short", ints=(9,), floats=(), grid=(), table=((2, 3),)),
 ]
-
-
-def encode_probe(values):
-    """What attr_probe.cc writes for ``values`` (see the layout in its header comment)."""
-    f32 = lambda v: float(np.float32(v))  # noqa: E731 - the kernel narrows to float
-    row = [float(values["flag"]), float(values["width"]), f32(values["ratio"])]
-    label = values["label"].encode("utf-8")
-    row += [len(label), *label]
-    row += [len(values["ints"]), *values["ints"]]
-    row += [len(values["floats"]), *map(f32, values["floats"])]
-    row += [len(values["grid"])]
-    for r in values["grid"]:
-        row += [len(r), *r]
-    row += [len(values["table"])]
-    for r in values["table"]:
-        row += [len(r), *map(f32, r)]
-    row += [1.0, 0.0, f32(values["width"])]
-    assert len(row) <= values["width"]
-    row += [-1.0] * (values["width"] - len(row))
-    return np.array([row, row], dtype=np.float64)
 
 
 def reg(name, attrs):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import opforge
+from helpers import declare
 from opforge import Custom, CustomRegOp, TensorSpec
 from opforge.errors import GradientError, OpforgeError
 from opforge.graph import Graph
@@ -25,19 +26,6 @@ def away_from_zero(x, margin=0.1):
     return np.where(np.abs(x) < margin, np.sign(x + 1e-12) * (margin + np.abs(x)), x)
 
 
-@pytest.fixture
-def fresh():
-    """Unregister the ops a test declares."""
-    names = []
-    yield names
-    for name in names:
-        opforge.registry.unregister(name)
-
-
-def declare(fresh, schema, **kwargs):
-    op = opforge.op(schema, **kwargs)
-    fresh.append(op.name)
-    return op
 
 
 # -- gradcheck of every built-in rule ------------------------------------------------

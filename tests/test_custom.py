@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import encode_probe
 
 import opforge
 from opforge import Custom, CustomRegOp, DataType, TensorSpec
@@ -76,26 +77,6 @@ PROBE_VALUES = [
     dict(flag=False, width=40, ratio=-3, label="nul\x00inside", ints=(), floats=(1, 2),
          grid=((0,),), table=((1, 2), (3, 4))),
 ]
-
-
-def encode_probe(values):
-    """What attr_probe.cc writes for ``values`` (see the layout in its header comment)."""
-    f32 = lambda v: float(np.float32(v))  # noqa: E731 - the kernel narrows to float
-    row = [float(values["flag"]), float(values["width"]), f32(values["ratio"])]
-    label = values["label"].encode("utf-8")
-    row += [len(label), *label]
-    row += [len(values["ints"]), *values["ints"]]
-    row += [len(values["floats"]), *map(f32, values["floats"])]
-    row += [len(values["grid"])]
-    for r in values["grid"]:
-        row += [len(r), *r]
-    row += [len(values["table"])]
-    for r in values["table"]:
-        row += [len(r), *map(f32, r)]
-    row += [1.0, 0.0, f32(values["width"])]  # HasAttr("flag"), HasAttr("no_such_attr"), Attr<float>("width")
-    assert len(row) <= values["width"]
-    row += [-1.0] * (values["width"] - len(row))
-    return np.array([row, row], dtype=np.float64)
 
 
 def probe_op(variant, values, monkeypatch):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import opforge
+from helpers import declare
 from opforge import TensorSpec
 from opforge.errors import ArityError, NoKernelError, OpforgeError, ShapeError
 from opforge.graph import (Graph, Node, Value, eliminate_dead_code, fold_constants, plan_memory,
@@ -25,19 +26,6 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-@pytest.fixture
-def fresh():
-    """Unregister the ops a test declares."""
-    names = []
-    yield names
-    for name in names:
-        opforge.registry.unregister(name)
-
-
-def declare(fresh, schema, **kwargs):
-    op = opforge.op(schema, **kwargs)
-    fresh.append(op.name)
-    return op
 
 
 def op_names(graph):
@@ -642,3 +630,15 @@ def test_eager_reorder_to_nchw16c_is_refused_cleanly():
     # Blocked layouts exist only inside graphs; an eager call says so (in a subprocess: a heap overrun would abort).
     done = subprocess.run([sys.executable, "-c", EAGER_REORDER], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "OK", (done.returncode, done.stderr[-2000:])
+
+
+def test_train_step_example_lowers_the_loss():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "examples" / "train_step.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], done.stdout
+    assert done.stdout.strip().endswith("loss decreased")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import opforge
+from helpers import declare
 from opforge import TensorSpec
 from opforge.errors import (AttrError, CheckError, DTypeError, InferenceError, NoKernelError, SchemaError,
                             ShapeError)
@@ -54,19 +55,6 @@ extern "C" int WhichIsa(int nparam, void **params, int *ndims, int64_t **shapes,
 """
 
 
-@pytest.fixture
-def fresh(request):
-    """Unregister the ops a test declares."""
-    names = []
-    yield names
-    for name in names:
-        opforge.registry.unregister(name)
-
-
-def declare(fresh, schema, **kwargs):
-    op = opforge.op(schema, **kwargs)
-    fresh.append(op.name)
-    return op
 
 
 # -- schemas ------------------------------------------------------------------
