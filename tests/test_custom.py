@@ -659,3 +659,21 @@ def test_many_threads_many_calls(lin):
     for t in threads:
         t.join(timeout=120)
     assert not failures
+
+
+def test_custom_takes_build_options(tmp_path):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "factor.h").write_text("#define FACTOR_FROM_HEADER 3\n")
+    (tmp_path / "k.cc").write_text(
+        '#include "custom_aot_extra.h"\n#include "factor.h"\n#include <string>\n'
+        'extern "C" int K(int n, void **p, int *nd, int64_t **s, const char **d, void *st, void *e) {\n'
+        '  std::string mode = static_cast<AotExtra *>(e)->Attr<std::string>("mode");\n'
+        '  static_cast<float *>(p[1])[0] = FACTOR_FROM_HEADER * EXTRA_TERM + mode.size()\n'
+        '      + 100 * _GLIBCXX_USE_CXX11_ABI;\n  return 0;\n}\n')
+    info = (CustomRegOp("build_options").input(0, "x").output(0, "y")
+            .attr("mode", "required", "str", value="ab").target("CPU").get_op_info())
+    for abi in (False, True):
+        op = Custom(f"{tmp_path}/k.cc:K", [1], "float32", "aot", reg_info=info, cflags=["-DEXTRA_TERM=2"],
+                    include_dirs=[tmp_path / "inc"], cxx11_abi=abi)
+        assert op(np.zeros(1, np.float32))[0] == 3 * 2 + 2 + 100 * abi
+        assert op.aot_kernel.library.cxx11_abi is abi

@@ -109,7 +109,12 @@ def _shape_list(shape):
 class Custom(Op):
     """MindSpore-compatible custom op: ``Custom(func, out_shape, out_dtype, func_type, bprop, reg_info)``."""
 
-    def __init__(self, func, out_shape=None, out_dtype=None, func_type="aot", bprop=None, reg_info=None):
+    def __init__(self, func, out_shape=None, out_dtype=None, func_type="aot", bprop=None, reg_info=None, *,
+                 cflags=(), include_dirs=(), cxx11_abi=None):
+        """MindSpore's arguments, plus opforge's keyword-only build options for
+        sources: extra compiler flags, include folders, and the libstdc++ string
+        ABI (default: MindSpore's ``-D_GLIBCXX_USE_CXX11_ABI=0`` for sources, read
+        from the symbols for prebuilt libraries)."""
         if isinstance(reg_info, (list, tuple)):
             reg_info = reg_info[0] if reg_info else None
         if isinstance(reg_info, CustomRegOp):
@@ -152,7 +157,8 @@ class Custom(Op):
         target = info.get("target")
         if func_type == "aot":
             device = "gpu" if target == "GPU" or (target is None and path.suffix == ".cu") else "cpu"
-            self.aot_kernel = AotKernel(func, device=device, dtypes=signatures, name=function).load()
+            self.aot_kernel = AotKernel(func, device=device, dtypes=signatures, name=function, cflags=cflags,
+                                        include_dirs=include_dirs, cxx11_abi=cxx11_abi).load()
             if out_shape is None and not self.aot_kernel.has_infer_shape:
                 raise InferenceError(f"op '{name}': out_shape is None, so the library must export "
                                      f"{function}InferShape, and {self.aot_kernel.location} does not")
