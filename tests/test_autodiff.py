@@ -492,3 +492,18 @@ def test_multi_output_custom_with_callable_inference_and_bprop():
     np.testing.assert_allclose(p, x * y, rtol=1e-12)
     dx, dy = opforge.grad(lambda a, b: ops.reduce_sum(op(a, b)[1]), argnums=(0, 1))(x, y)
     np.testing.assert_allclose(dx, y, rtol=1e-12)
+
+
+def test_grad_sees_arrays_the_function_reads_from_outside():
+    weights = {"w": np.full((3, 2), 2.0)}
+
+    def loss(x):
+        return ops.reduce_sum(x @ weights["w"])
+
+    g = opforge.grad(loss)
+    x = np.ones((1, 3))
+    np.testing.assert_allclose(g(x), [[4.0, 4.0, 4.0]])
+    weights["w"] = np.full((3, 2), 5.0)
+    np.testing.assert_allclose(g(x), [[10.0, 10.0, 10.0]])
+    weights["w"][:] = 7.0
+    np.testing.assert_allclose(g(x), [[14.0, 14.0, 14.0]])

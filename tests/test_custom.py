@@ -677,3 +677,10 @@ def test_custom_takes_build_options(tmp_path):
                     include_dirs=[tmp_path / "inc"], cxx11_abi=abi)
         assert op(np.zeros(1, np.float32))[0] == 3 * 2 + 2 + 100 * abi
         assert op.aot_kernel.library.cxx11_abi is abi
+
+
+def test_registration_and_pyfunc_mistakes_are_typed_errors():
+    with pytest.raises(opforge.SchemaError, match="attribute needs a name"):
+        CustomRegOp("unnamed").attr(None, "required", "all", value=1)
+    with pytest.raises(opforge.InferenceError, match="pyfunc Custom needs out_shape"):
+        Custom(lambda x: x, None, "float32", "pyfunc")

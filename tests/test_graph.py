@@ -642,3 +642,90 @@ def test_train_step_example_lowers_the_loss():
     losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")]
     assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], done.stdout
     assert done.stdout.strip().endswith("loss decreased")
+
+
+def test_one_graph_run_from_several_threads_gives_every_caller_its_own_result():
+    import threading
+
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    xs = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(4)]
+    graph = opforge.trace(lambda x, w: ops.relu(x @ w) @ w, xs[0], w)
+    expected = [np.maximum(x @ w, 0) @ w for x in xs]
+    wrong = []
+
+    def worker(k):
+        for _ in range(50):
+            if not np.allclose(graph(xs[k], w), expected[k], rtol=1e-4, atol=1e-4):
+                wrong.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_tracing_from_several_threads_keeps_the_traces_apart():
+    import threading
+
+    results = {}
+
+    def worker(k):
+        depth = 5 + k
+        def chain(x):
+            for _ in range(depth):
+                x = ops.relu(x)
+            return x
+        results[k] = [len(opforge.trace(chain, np.ones(3)).nodes) for _ in range(20)]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {k: [5 + k] * 20 for k in range(4)}
+
+
+def test_a_pinned_kernel_follows_the_isa_cap():
+    if not opforge.cpu_features()["avx2"]:
+        pytest.skip("this CPU lacks AVX2")
+    graph = opforge.trace(lambda x: ops.leaky_relu(x, alpha=0.5), TensorSpec([2, 16, 2, 2], "float32"))
+    opforge.graph.select_layouts(graph, prefer="nchw16c")
+    x = np.random.default_rng(0).standard_normal((2, 16, 2, 2)).astype(np.float32)
+    expected = np.where(x > 0, x, 0.5 * x)
+    opforge.set_isa_cap("sse41")
+    try:
+        np.testing.assert_allclose(graph(x), expected)
+        plan = graph._executor.plan_for([x])
+        assert {k.isa for _, k, _, _ in plan.steps if k.isa} == {"sse41"}
+    finally:
+        opforge.set_isa_cap(None)
+    assert "sse41" not in {k.isa for _, k, _, _ in graph._executor.plan_for([x]).steps if k.isa}
+
+
+def test_python_scalars_keep_the_traced_dtype_and_the_native_program(fresh):
+    graph = opforge.trace(lambda x: 2.0 * x - 1.0, np.ones(4, np.float32))
+    assert graph.outputs[0].spec.dtype == "float32"
+    x = np.arange(4, dtype=np.float32)
+    out = graph(x)
+    assert out.dtype == np.float32 and np.array_equal(out, 2 * x - 1)
+    assert graph._executor.plan_for([x]).program is not None
+    eager = ops.mul(x, 2.0)  # the same rule eagerly
+    assert eager.dtype == np.float32 and np.array_equal(eager, 2 * x)
+
+
+def test_constant_folding_leaves_side_effects_and_blocked_layouts_alone(fresh):
+    calls = []
+    noisy = declare(fresh, "tgraph::noisy(Tensor x) -> Tensor y")
+    noisy.def_infer(opforge.infer.same_as(0))
+    noisy.kernel(lambda x: (calls.append(1), x + 1)[1])
+    from opforge.graph.ir import Graph, Node, Value, constant_node
+
+    const = constant_node(np.ones(3))
+    node = Node(noisy, [const.outputs[0]], {}, [TensorSpec([3], "float64")])
+    graph = Graph([Value(TensorSpec([3], "float64"))], [const, node], node.outputs)
+    assert opforge.graph.fold_constants(graph) == 0 and calls == []
+    np.testing.assert_array_equal(graph(np.zeros(3))[0], [2, 2, 2])
+    assert calls == [1]

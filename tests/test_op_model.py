@@ -378,3 +378,44 @@ def test_examples_define_op():
     out = subprocess.run([sys.executable, "examples/define_op.py"], capture_output=True, text=True, check=True,
                          cwd=__import__("pathlib").Path(__file__).resolve().parent.parent).stdout
     assert "selected kernel: LeakyRelu<float32>" in out and "matches reference: True" in out
+
+
+def test_the_default_call_does_not_inherit_an_equal_attribute_of_another_type(fresh):
+    op = declare(fresh, "t23::kind(Tensor x, *, int k=1) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x, k: x * 0 + (10 if type(k) is int else 20))
+    x = np.zeros(1)
+    with pytest.raises(AttrError):
+        op(x, k=1.5)
+    assert op(x)[0] == 10 and op(x, k=1)[0] == 10 and op(x)[0] == 10
+
+
+def test_launcher_forget_keeps_it_usable():
+    x = np.array([-1.0, 2.0])
+    relu = opforge.lookup("relu")
+    np.testing.assert_array_equal(relu(x), [0, 2])
+    relu._default_launcher.forget()
+    assert relu._default_launcher.stats["plans"] == 0
+    np.testing.assert_array_equal(relu(x), [0, 2])
+
+
+def test_native_kernel_with_an_absent_optional_input_falls_back_or_says_why(fresh):
+    op = declare(fresh, "t24::maybe(Tensor x, Tensor? b=None) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(code=SCALE.replace("Scale", "Maybe").replace('Attr<float>("factor")', "1"), function="Maybe",
+              dtypes={"x": ["float64"]})
+    with pytest.raises(NoKernelError, match="'b' is absent"):
+        opforge.ops.t24.maybe(np.ones(2))
+    op.reference(lambda x, b: x if b is None else x + b)
+    np.testing.assert_array_equal(opforge.ops.t24.maybe(np.ones(2)), [1, 1])
+
+
+def test_clear_errors_for_bad_names_ragged_inputs_and_missing_sources(tmp_path):
+    with pytest.raises(SchemaError, match="keyword"):
+        parse_schema("f(Tensor x, *, float lambda=1.0) -> Tensor")
+    with pytest.raises(SchemaError, match="starts with '_'"):
+        parse_schema("f(Tensor _op) -> Tensor")
+    with pytest.raises(DTypeError, match="relu.*rectangular"):
+        opforge.ops.relu([[1.0, 2.0], [3.0]])
+    with pytest.raises(opforge.KernelSourceError, match="missing.cc"):
+        opforge.Custom(f"{tmp_path}/missing.cc:F", [1], "float32")

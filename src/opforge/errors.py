@@ -65,6 +65,10 @@ class CompileError(OpforgeError, RuntimeError):
         self.output = output
 
 
+class KernelSourceError(OpforgeError, FileNotFoundError):
+    """A kernel's source or library file does not exist."""
+
+
 class CompilerNotFoundError(OpforgeError, RuntimeError):
     """No compiler for a source's language could be found."""
 

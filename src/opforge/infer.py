@@ -1,8 +1,8 @@
 """Inference helpers for the common rules; each returns an infer function.
 
-    op.def_infer(opforge.infer.same_as("x"))
-    op.def_infer(opforge.infer.broadcast("a", "b"))
-    op.def_infer(opforge.infer.reduce("x", axes="axes", keep_dims="keep_dims"))
+    op.def_infer(opforge.infer.same_as(0))           # shape, dtype and layout of input 0
+    op.def_infer(opforge.infer.broadcast())           # broadcast of all inputs, dtype of the first
+    op.def_infer(opforge.infer.reduce(axes_attr="axes", keep_dims_attr="keep_dims"))
 
 Unknown dims (-1) and unknown rank ([-2]) propagate.
 """
@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from .errors import ShapeError
 from .spec import UNKNOWN_RANK, TensorSpec
-
-
-def _index(names, name):
-    return names.index(name) if isinstance(name, str) else name
 
 
 def same_as(input_index=0, dtype=None):

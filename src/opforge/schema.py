@@ -11,6 +11,7 @@ A malformed schema raises ``SchemaError`` pointing at the column.
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 from dataclasses import dataclass
 
@@ -136,6 +137,8 @@ class _Parser:
                     self.fail(f"expected a parameter name after {type_name}", param_start)
                 if param in seen:
                     self.fail(f"parameter '{param}' is declared twice", param_start)
+                if keyword.iskeyword(param) or param.startswith("_"):
+                    self.fail(f"parameter name '{param}' is a Python keyword or starts with '_'", param_start)
                 seen.add(param)
                 default = REQUIRED
                 if self.at("="):

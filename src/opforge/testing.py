@@ -23,7 +23,7 @@ from .attrs import REQUIRED
 from .errors import AttrError, OpforgeError
 from .operator import Op
 from .runtime import cpu
-from .runtime.dispatch import as_array, input_specs, select_kernel
+from .runtime.dispatch import as_array, input_specs, select_kernel, skips_kernel
 from .spec import TensorSpec
 
 
@@ -82,7 +82,7 @@ def check_op(op, *inputs, **attrs):
     arrays = [None if t is None else as_array(op, k, t) for k, t in enumerate(tensors)]
     specs = input_specs(op, arrays)
     out_specs = op.infer_specs(specs, resolved)
-    skip_empty = "always_compute" not in op.traits and any(a is not None and a.size == 0 for a in arrays)
+    skip_empty = skips_kernel(op, arrays)
 
     reference = op.reference_kernel
     if reference is None:

@@ -32,11 +32,17 @@ struct NeutralAttr {
 
 enum ErrorKind : int { kNoError = 0, kAttrError = 1 };
 
+// The last attribute error of the calling thread.  Per thread, not per
+// AotExtra: one AotExtra serves calls on many threads at once.
+struct AttrErrorSlot {
+  int kind = kNoError;
+  char message[512] = {0};
+};
+AttrErrorSlot &ThreadAttrError();  // defined in native.cc
+
 struct ExtraState {
   std::vector<char> op_name;  // NUL-terminated
   std::vector<NeutralAttr> attrs;
-  int error_kind = kNoError;
-  char error[512] = {0};
 
   const NeutralAttr *Find(const char *name) const {
     for (const auto &a : attrs)

@@ -24,6 +24,11 @@
 
 static_assert(sizeof(npy_intp) == sizeof(int64_t), "opforge needs a 64-bit npy_intp");
 
+opforge_native::AttrErrorSlot &opforge_native::ThreadAttrError() {
+  thread_local AttrErrorSlot slot;
+  return slot;
+}
+
 namespace {
 
 using opforge_native::AttrKind;
@@ -172,9 +177,17 @@ void Extra_dealloc(ExtraObject *self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
-PyObject *Extra_address(ExtraObject *self, void *) { return PyLong_FromVoidPtr(self->extra); }
+PyObject *Extra_address(ExtraObject *self, void *) {
+  if (self->extra == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Extra was not initialised");
+    return nullptr;
+  } return PyLong_FromVoidPtr(self->extra); }
 
 PyObject *Extra_workspace(ExtraObject *self, void *) {
+  if (self->extra == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Extra was not initialised");
+    return nullptr;
+  }
   const std::vector<size_t> &sizes = self->extra->WorkSpace();
   PyObject *list = PyList_New(static_cast<Py_ssize_t>(sizes.size()));
   if (list == nullptr) return nullptr;
@@ -182,7 +195,11 @@ PyObject *Extra_workspace(ExtraObject *self, void *) {
   return list;
 }
 
-PyObject *Extra_has_kernel_data(ExtraObject *self, void *) { return PyBool_FromLong(self->extra->KernelData() != nullptr); }
+PyObject *Extra_has_kernel_data(ExtraObject *self, void *) {
+  if (self->extra == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Extra was not initialised");
+    return nullptr;
+  } return PyBool_FromLong(self->extra->KernelData() != nullptr); }
 
 PyObject *Extra_cxx11_abi(ExtraObject *self, void *) { return PyBool_FromLong(self->cxx11_abi); }
 
@@ -214,36 +231,38 @@ struct Outcome {
   char message[600] = {0};
 };
 
-void RecordException(Outcome *outcome, ExtraState *state, const char *what) {
-  if (state != nullptr && state->error_kind == opforge_native::kAttrError) {
+void RecordException(Outcome *outcome, const char *what) {
+  const opforge_native::AttrErrorSlot &slot = opforge_native::ThreadAttrError();
+  if (slot.kind == opforge_native::kAttrError) {
     outcome->kind = "attr";
-    std::snprintf(outcome->message, sizeof(outcome->message), "%s", state->error);
+    std::snprintf(outcome->message, sizeof(outcome->message), "%s", slot.message);
   } else {
     outcome->kind = "exception";
     std::snprintf(outcome->message, sizeof(outcome->message), "%s", what);
   }
 }
 
-// Attribute errors are recorded in the state as well as thrown, so a kernel
-// that swallows the exception still fails loudly.
-void CheckSwallowed(Outcome *outcome, ExtraState *state) {
-  if (outcome->kind == nullptr && state != nullptr && state->error_kind == opforge_native::kAttrError) {
+// Attribute errors are recorded as well as thrown, so a kernel that swallows
+// the exception still fails loudly.
+void CheckSwallowed(Outcome *outcome) {
+  const opforge_native::AttrErrorSlot &slot = opforge_native::ThreadAttrError();
+  if (outcome->kind == nullptr && slot.kind == opforge_native::kAttrError) {
     outcome->kind = "attr";
-    std::snprintf(outcome->message, sizeof(outcome->message), "%s", state->error);
+    std::snprintf(outcome->message, sizeof(outcome->message), "%s", slot.message);
   }
 }
 
 template <typename Call>
-void Guarded(Outcome *outcome, ExtraState *state, Call call) {
-  if (state != nullptr) state->error_kind = opforge_native::kNoError;
+void Guarded(Outcome *outcome, ExtraState *, Call call) {
+  opforge_native::ThreadAttrError().kind = opforge_native::kNoError;
   try {
     call();
   } catch (const std::exception &e) {
-    RecordException(outcome, state, e.what());
+    RecordException(outcome, e.what());
   } catch (...) {
-    RecordException(outcome, state, "unknown C++ exception");
+    RecordException(outcome, "unknown C++ exception");
   }
-  CheckSwallowed(outcome, state);
+  CheckSwallowed(outcome);
 }
 
 PyObject *OutcomeError(const Outcome &outcome) {
@@ -535,6 +554,10 @@ bool IsPlainArray(PyObject *obj) {
 }
 
 PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) {
+  if (self->planner == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Launcher was not initialised");
+    return nullptr;
+  }
   if ((kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) || PyTuple_GET_SIZE(args) != self->n_inputs) {
     PyObject *reject = PyObject_GetAttrString(self->planner, "reject");
     if (reject == nullptr) return nullptr;
@@ -729,8 +752,14 @@ void Launcher_dealloc(LauncherObject *self) {
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
 
+void DropPlans(LauncherObject *self) {
+  for (int p = 0; p < self->n_plans; ++p) ReleasePlan(self->plans[p]);
+  self->n_plans = 0;
+  self->next_victim = 0;
+}
+
 PyObject *Launcher_forget(LauncherObject *self, PyObject *) {
-  Launcher_clear(self);
+  DropPlans(self);
   Py_RETURN_NONE;
 }
 
@@ -771,7 +800,6 @@ struct Step {
   std::vector<std::vector<int64_t>> dims;
   std::vector<int64_t *> shapes;
   std::vector<const char *> dtypes;
-  std::vector<void *> params;
   ExtraObject *extra = nullptr;
 };
 
@@ -816,7 +844,6 @@ int Program_init(ProgramObject *self, PyObject *args, PyObject *) {
     }
     for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(names); ++t) step.dtypes.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, t)));
     step.extra = extra_obj == Py_None ? nullptr : AsExtra(extra_obj);
-    step.params.resize(step.refs.size());
     if (PyErr_Occurred() || step.fn == nullptr || (extra_obj != Py_None && step.extra == nullptr)) {
       delete steps;
       return -1;
@@ -850,14 +877,17 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
   Py_ssize_t failed = -1;
   int rc = 0;
   Outcome outcome;
+  std::vector<void *> params;
   Py_BEGIN_ALLOW_THREADS
   for (size_t k = 0; k < self->steps->size(); ++k) {
     Step &step = (*self->steps)[k];
-    for (size_t p = 0; p < step.refs.size(); ++p) step.params[p] = bases[step.refs[p].first] + step.refs[p].second;
+    // params live on this call's stack: several threads may run one Program.
+    params.resize(step.refs.size());
+    for (size_t p = 0; p < step.refs.size(); ++p) params[p] = bases[step.refs[p].first] + step.refs[p].second;
     ExtraState *state = step.extra ? step.extra->state : nullptr;
     void *extra_ptr = step.extra ? step.extra->extra : nullptr;
     Guarded(&outcome, state, [&] {
-      rc = step.fn(static_cast<int>(step.params.size()), step.params.data(), step.ndims.data(), step.shapes.data(),
+      rc = step.fn(static_cast<int>(params.size()), params.data(), step.ndims.data(), step.shapes.data(),
                    step.dtypes.data(), nullptr, extra_ptr);
     });
     if (rc != 0 || outcome.kind != nullptr) {

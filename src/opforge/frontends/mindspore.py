@@ -57,6 +57,9 @@ class CustomRegOp:
         return self
 
     def attr(self, name=None, param_type=None, value_type=None, default_value=None, **kwargs):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SchemaError(f"CustomRegOp '{self._info['op_name']}': an attribute needs a name that is an "
+                              f"identifier, got {name!r}")
         entry = {"name": name, "param_type": param_type, "type": value_type}
         if default_value is not None:
             entry["default_value"] = default_value
@@ -164,6 +167,9 @@ class Custom(Op):
                                      f"{function}InferShape, and {self.aot_kernel.location} does not")
             self.add_kernel(self.aot_kernel)
         else:
+            if out_shape is None:
+                raise InferenceError(f"op '{name}': a pyfunc Custom needs out_shape (a list, a tuple of lists, "
+                                     "or a function of the input shapes)")
             self.add_kernel(PyKernel(func, dtypes=signatures))
         self.def_infer(self._infer)
         if bprop is not None:

@@ -143,25 +143,25 @@ def vjp(fn, *arrays):
 
 
 def value_and_grad(fn, argnums=0):
-    """Like ``grad``, also returning ``fn``'s value."""
+    """Like ``grad``, also returning ``fn``'s value.
+
+    ``fn`` is traced on every call (as JAX's grad does): arrays it reads from
+    its closure become constants of that trace, so a later call sees their
+    new values.  To reuse the graphs, trace once yourself and call
+    ``backward(graph)``."""
     single = isinstance(argnums, int)
     indices = (argnums,) if single else tuple(argnums)
-    cache = {}
 
     def wrapped(*arrays):
         arrays = [np.asarray(a) for a in arrays]
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
-        if key not in cache:
-            forward = trace(fn, *arrays)
-            if forward.tuple_output or len(forward.outputs) != 1:
-                raise GradientError(f"grad needs '{forward.name}' to return one tensor")
-            spec = forward.outputs[0].spec
-            if spec.is_static and int(np.prod(spec.shape)) != 1:
-                raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
-            cache[key] = (forward, backward(forward, wrt=indices))
-        forward, backward_graph = cache[key]
+        forward = trace(fn, *arrays)
+        if forward.tuple_output or len(forward.outputs) != 1:
+            raise GradientError(f"grad needs '{forward.name}' to return one tensor")
+        spec = forward.outputs[0].spec
+        if spec.is_static and int(np.prod(spec.shape)) != 1:
+            raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
         value = forward(*arrays)
-        grads = backward_graph(*arrays, np.ones_like(value))
+        grads = backward(forward, wrt=indices)(*arrays, np.ones_like(value))
         return value, (grads[0] if single else tuple(grads))
 
     return wrapped

@@ -16,7 +16,8 @@ import numpy as np
 from .. import _native
 from ..errors import ArityError, OpforgeError
 from ..runtime.aot import AotKernel, workspace_sizes
-from ..runtime.dispatch import kernel_error, select_kernel
+from ..runtime import cpu
+from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
 from .passes import infer_shapes, nbytes, plan_memory
 
@@ -36,7 +37,7 @@ class Executor:
         self.plans = {}
 
     def plan_for(self, arrays):
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        key = (cpu.isa_cap(), tuple((a.shape, a.dtype.str) for a in arrays))  # a new cap re-chooses kernels
         plan = self.plans.get(key)
         if plan is None:
             if len(self.plans) >= MAX_PLANS:
@@ -72,16 +73,28 @@ class Plan:
             out_specs = [self.specs[v.id] for v in node.outputs]
             for spec in out_specs:
                 node.op.check_output_shape(spec)
-            kernel = node.kernel or select_kernel(node.op, in_specs)
+            kernel = self._kernel_for(node, in_specs)
             self.steps.append((node, kernel, in_specs, out_specs))
         self.program = self._compile() if all(self._native(step) for step in self.steps) else None
+
+    @staticmethod
+    def _kernel_for(node, in_specs):
+        """The node's pinned kernel (layout pass, a loaded graph) if it can run
+        here under the ISA cap; else the best kernel of the same layout."""
+        pinned = node.kernel
+        if pinned is None:
+            return select_kernel(node.op, in_specs)
+        if pinned.reject_reason(node.op, in_specs) is None and (
+                pinned.isa is None or cpu.isa_reject_reason(pinned.isa) is None):
+            return pinned
+        same_layout = [k for k in node.op.kernels if k.layout == pinned.layout]
+        return select_kernel(node.op, in_specs, kernels=same_layout)
 
     def _native(self, step):
         node, kernel, in_specs, out_specs = step
         if not (isinstance(kernel, AotKernel) and kernel.device == "cpu"):
             return False
-        skips = "always_compute" not in node.op.traits and any(
-            s is not None and 0 in s.shape for s in in_specs)
+        skips = "always_compute" not in node.op.traits and any(s is not None and 0 in s.shape for s in in_specs)
         return not skips and all(s is not None for s in in_specs)
 
     # -- the native program ---------------------------------------------------
@@ -149,9 +162,17 @@ class Plan:
             return self._interpret(arrays)
         graph = self.graph
         outputs = {vid: self.specs[vid].empty() for vid in self.output_slots}
-        addresses = [self.arena.ctypes.data] + [a.ctypes.data for a in arrays] + \
+        # The plan's arena, or a private one while another thread runs this plan.
+        arena, self.arena = self.arena, None
+        if arena is None:
+            arena_owned = np.empty(max(self.arena_bytes, 1), np.uint8)
+        addresses = [(arena if arena is not None else arena_owned).ctypes.data] + [a.ctypes.data for a in arrays] + \
                     [outputs[vid].ctypes.data for vid in self.output_slots] + [c.ctypes.data for c in self.constants]
-        failure = self.program.run(tuple(addresses))
+        try:
+            failure = self.program.run(tuple(addresses))
+        finally:
+            if arena is not None:
+                self.arena = arena
         if failure is not None:
             index, rc, error = failure
             node, kernel = self.kernels[index]
@@ -174,7 +195,7 @@ class Plan:
                 env[node.outputs[0].id] = node.value
         for node, kernel, in_specs, out_specs in self.steps:
             inputs = [None if v is None else env[v.id] for v in node.inputs]
-            if "always_compute" not in node.op.traits and any(a is not None and a.size == 0 for a in inputs):
+            if skips_kernel(node.op, inputs):
                 results = [np.zeros(s.shape, s.dtype) for s in out_specs]
             else:
                 results = kernel.run(node.op, inputs, node.attrs, out_specs, in_specs)

@@ -191,9 +191,17 @@ class Graph:
 
     @classmethod
     def from_json(cls, text: str) -> "Graph":
+        try:
+            return cls._from_json(json.loads(text))
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            if isinstance(error, OpforgeError):
+                raise
+            raise OpforgeError(f"malformed graph JSON: {type(error).__name__}: {error}") from None
+
+    @classmethod
+    def _from_json(cls, data) -> "Graph":
         from ..registry import lookup
 
-        data = json.loads(text)
         values = {}
 
         def spec(entry):

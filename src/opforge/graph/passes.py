@@ -56,15 +56,16 @@ def eliminate_dead_code(graph) -> int:
 
 
 def fold_constants(graph) -> int:
-    """Evaluate nodes whose inputs are all constants; replace them by constants."""
+    """Evaluate nodes whose inputs are all constants; replace them by constants.
+    Only ops declared ``no_side_effect``, and only in the plain layout."""
     folded = 0
     replacement = {}
     nodes = []
     for node in graph.nodes:
         node.inputs = [replacement.get(v.id, v) if v is not None else None for v in node.inputs]
-        if not node.is_constant and node.inputs and all(v is None or (v.producer is not None and
-                                                                       v.producer.is_constant)
-                                                        for v in node.inputs):
+        if (not node.is_constant and node.inputs and "no_side_effect" in node.op.traits
+                and all(v.spec.layout == "ndarray" for v in node.outputs)
+                and all(v is None or (v.producer is not None and v.producer.is_constant) for v in node.inputs)):
             arrays = [None if v is None else v.producer.value for v in node.inputs]
             result = launcher_for(node.op, node.attrs, len(arrays))(*arrays)
             results = result if node.op.tuple_output else (result,)
@@ -90,20 +91,10 @@ def _kernels_by_layout(node):
         candidates = [k for k in node.op.kernels if k.layout == layout]
         specs = [None if v is None else TensorSpec(v.spec.shape, v.spec.dtype, layout) for v in node.inputs]
         try:
-            found[layout] = select_kernel(_OpView(node.op, candidates), specs)
-        except (NoKernelError, TypeError, ValueError):
+            found[layout] = select_kernel(node.op, specs, kernels=candidates)
+        except (NoKernelError, DTypeError):
             continue
     return found
-
-
-class _OpView:
-    """The op with only some of its kernels, for asking dispatch about one layout."""
-
-    def __init__(self, op, kernels):
-        self._op, self.kernels = op, kernels
-
-    def __getattr__(self, name):
-        return getattr(self._op, name)
 
 
 def select_layouts(graph, prefer=None, reorder_op=None) -> int:

@@ -10,6 +10,8 @@ flow on tensor values is not recorded.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import OpforgeError
@@ -17,7 +19,13 @@ from ..runtime import dispatch
 from ..spec import TensorSpec
 from .ir import Graph, Node, Value, constant_node
 
-_builders = []  # the traces in progress, innermost last
+_local = threading.local()  # each thread's traces in progress, innermost last
+
+
+def _builders():
+    if not hasattr(_local, "builders"):
+        _local.builders = []
+    return _local.builders
 
 
 class _Builder:
@@ -37,10 +45,14 @@ class _Builder:
 def _record(op, attrs, args):
     if not any(isinstance(a, Value) for a in args):
         return NotImplemented
-    if not _builders:
+    builders = _builders()
+    if not builders:
         raise OpforgeError(f"op '{op.name}' was called on a traced value outside of opforge.trace")
-    builder = _builders[-1]
-    inputs = [a if isinstance(a, Value) or a is None else builder.constant(a) for a in args]
+    builder = builders[-1]
+    # Python scalars are weak, as in NumPy: they take the dtype of the traced operand.
+    dtype = next(a.spec.dtype for a in args if isinstance(a, Value))
+    inputs = [a if isinstance(a, Value) or a is None else
+              builder.constant(np.asarray(a, dtype) if type(a) in (int, float, bool) else a) for a in args]
     out_specs = op.infer_specs([None if v is None else v.spec for v in inputs], attrs)
     node = Node(op, inputs, attrs, out_specs)
     builder.nodes.append(node)
@@ -58,11 +70,11 @@ def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
         spec = arg if isinstance(arg, TensorSpec) else TensorSpec.of(np.asarray(arg))
         inputs.append(Value(spec, name=f"x{k}"))
     builder = _Builder()
-    _builders.append(builder)
+    _builders().append(builder)
     try:
         result = fn(*inputs)
     finally:
-        _builders.pop()
+        _builders().pop()
     several = isinstance(result, (tuple, list))
     outputs = []
     for item in (result if several else [result]):

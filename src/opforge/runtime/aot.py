@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _native
 from ..attrs import attr_key
-from ..errors import InferenceError, SchemaError
+from ..errors import InferenceError, KernelSourceError, SchemaError
 from ..operator import Kernel
 from ..spec import TensorSpec
 from . import build as _build
@@ -65,6 +65,12 @@ class AotKernel(Kernel):
         self._inits = OrderedDict()   # signature -> (Extra, workspace sizes)
         self._attr_extras = {}        # attribute values -> Extra used without Init
 
+    def reject_reason(self, op, specs):
+        for index, spec in enumerate(specs):
+            if spec is None:  # the C ABI has no way to say "absent"
+                return f"input '{op.input_name(index)}' is absent, and a native kernel needs every input"
+        return super().reject_reason(op, specs)
+
     @property
     def location(self):
         return str(self.path)
@@ -75,6 +81,9 @@ class AotKernel(Kernel):
             return self
         if self.code is not None:
             write_inline_source(self.path, self.code)
+        elif not self.path.exists():
+            raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
+                                    "(relative paths resolve from the working directory)")
         if _build.is_source(self.path):
             built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
                                  **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
@@ -146,7 +155,9 @@ class AotKernel(Kernel):
         if len(shapes) != len(op.outputs):
             raise InferenceError(f"op '{op.name}': {self.function_name}InferShape returned {len(shapes)} shape(s) "
                                  f"for {len(op.outputs)} output(s)")
-        return [TensorSpec(shape, specs[0].dtype if specs else "float32") for shape in shapes]
+        # InferShape gives shapes only; the dtype is the first input's (ops set dtypes with their inference).
+        dtype = next((s.dtype for s in specs if s is not None), "float32")
+        return [TensorSpec(shape, dtype) for shape in shapes]
 
     # -- running ------------------------------------------------------------
     def plan(self, op, arrays, specs, out_specs, attrs):

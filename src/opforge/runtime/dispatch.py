@@ -43,7 +43,7 @@ def launcher_for(op, attrs, n_inputs):
             op._launchers.pop(next(iter(op._launchers)))
         launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
         op._launchers[key] = launcher
-        if not any(a.required for a in op.attrs.values()) and attrs == op.resolve_attrs({}):
+        if not any(a.required for a in op.attrs.values()) and key[0] == attr_key(op.resolve_attrs({})):
             op._default_launcher = launcher  # what op(*arrays) with no attributes uses
     return launcher
 
@@ -53,7 +53,11 @@ def as_array(op, index, value):
     if isinstance(value, np.ndarray):
         array = value
     elif hasattr(value, "__array__") or isinstance(value, (list, tuple, numbers.Number, np.generic)):
-        array = np.asarray(value)
+        try:
+            array = np.asarray(value)
+        except ValueError as error:  # ragged nested lists
+            raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' is not a rectangular array: "
+                             f"{error}") from None
     elif hasattr(value, "__dlpack__"):
         array = np.from_dlpack(value)
     else:
@@ -62,6 +66,21 @@ def as_array(op, index, value):
         array = array.astype(array.dtype.newbyteorder("="))
     # (not np.ascontiguousarray: it turns 0-d arrays into 1-d ones)
     return array if array.flags.c_contiguous and array.flags.aligned else array.copy(order="C")
+
+
+def skips_kernel(op, arrays) -> bool:
+    """PPLNN's CanDoExecute: an empty input means empty work (the outputs are
+    zeros of their inferred shapes), unless the op has trait always_compute."""
+    return "always_compute" not in op.traits and any(a is not None and np.size(a) == 0 for a in arrays)
+
+
+def weak_scalars(args):
+    """Python scalars take the dtype of the first array argument, as in NumPy
+    (``x * 2.0`` stays float32), so the dtype-matched native kernels apply."""
+    like = next((a for a in args if isinstance(a, np.ndarray)), None)
+    if like is None or not any(type(a) in (int, float, bool) for a in args):
+        return args
+    return tuple(np.asarray(a, like.dtype) if type(a) in (int, float, bool) else a for a in args)
 
 
 def input_specs(op, arrays):
@@ -84,12 +103,14 @@ def _preference(kernel, device):
             -isa_rank(kernel.isa))
 
 
-def select_kernel(op, specs, device="cpu"):
-    """The preferred kernel that accepts the specs; errors list every candidate."""
-    if not op.kernels:
+def select_kernel(op, specs, device="cpu", kernels=None):
+    """The preferred kernel (of ``kernels``, default all the op's) that accepts
+    the specs; errors list every candidate."""
+    kernels = op.kernels if kernels is None else kernels
+    if not kernels:
         raise NoKernelError(f"op '{op.name}' has no kernels")
     reasons = []
-    for kernel in sorted(op.kernels, key=lambda k: _preference(k, device)):
+    for kernel in sorted(kernels, key=lambda k: _preference(k, device)):
         reason = kernel.reject_reason(op, specs)
         if reason is None and kernel.device == "cpu" and kernel.isa is not None:
             reason = isa_reject_reason(kernel.isa)
@@ -122,6 +143,7 @@ class CallPlanner:
         self.op = op
         self.attrs = attrs
         self._kernels_by_function = {}
+        self._resolved = {}
 
     def reject(self, *args, **kwargs):
         # Wrong arity or keywords for the fast path: bind properly (raises on bad input).
@@ -132,11 +154,18 @@ class CallPlanner:
             result = intercept(self.op, self.attrs, args)
             if result is not NotImplemented:
                 return Completed(result)
+        args = weak_scalars(args)
         if "support_non_contiguous" in self.op.traits and all(k.priority < 2 for k in self.op.kernels):
             return tuple(a if a is None else np.asarray(a) for a in args)  # Python kernels take views
         return tuple(None if a is None else as_array(self.op, k, a) for k, a in enumerate(args))
 
     def _resolve(self, arrays):
+        # Cached per signature: calls that the launcher hands back here every
+        # time (Python kernels, GPU kernels on host arrays) skip selection and inference.
+        signature = tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays)
+        found = self._resolved.get(signature)
+        if found is not None:
+            return found
         specs = input_specs(self.op, arrays)
         kernel = select_kernel(self.op, specs)
         out_specs = self.op.infer_specs(specs, self.attrs, kernel)
@@ -145,15 +174,14 @@ class CallPlanner:
             if spec.layout != "ndarray":
                 raise ShapeError(f"op '{self.op.name}': an eager call would produce layout {spec.layout}, which "
                                  "exists only inside graphs (the layout pass inserts reorders there)")
-        return specs, kernel, out_specs
-
-    def _skips_kernel(self, arrays):
-        # PPLNN's CanDoExecute: an empty input means empty work, unless the op says otherwise.
-        return "always_compute" not in self.op.traits and any(a is not None and a.size == 0 for a in arrays)
+        if len(self._resolved) >= 64:
+            self._resolved.pop(next(iter(self._resolved)))
+        self._resolved[signature] = found = (specs, kernel, out_specs)
+        return found
 
     def plan(self, arrays):
         specs, kernel, out_specs = self._resolve(arrays)
-        if self._skips_kernel(arrays):
+        if skips_kernel(self.op, arrays):
             return None
         plan = kernel.plan(self.op, arrays, specs, out_specs, self.attrs) if hasattr(kernel, "plan") else None
         if plan is not None:
@@ -162,7 +190,7 @@ class CallPlanner:
 
     def run(self, arrays):
         specs, kernel, out_specs = self._resolve(arrays)
-        if self._skips_kernel(arrays):
+        if skips_kernel(self.op, arrays):
             outputs = [np.zeros(s.shape, s.dtype) for s in out_specs]
         else:
             outputs = kernel.run(self.op, arrays, self.attrs, out_specs)

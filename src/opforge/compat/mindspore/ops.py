@@ -2,18 +2,14 @@
 import numpy as np
 
 from ...frontends.mindspore import Custom, CustomRegOp, DataType
+from ...infer import broadcast_shapes
 from ...operator import Op, PyKernel
 from ...spec import TensorSpec
 
 
 def _elementwise(name, fn):
     def infer(a, b):
-        if a.rank is None or b.rank is None:
-            return [TensorSpec(None, a.dtype)]
-        shape = np.broadcast_shapes(tuple(max(d, 1) for d in a.shape), tuple(max(d, 1) for d in b.shape))
-        dynamic = {i for spec in (a, b) for i, d in enumerate(reversed(spec.shape)) if d == -1}
-        shape = tuple(-1 if i in dynamic else d for i, d in enumerate(reversed(shape)))[::-1]
-        return [TensorSpec(shape, a.dtype)]
+        return [TensorSpec(broadcast_shapes(a.shape, b.shape), a.dtype)]
 
     class Elementwise(Op):
         def __init__(self):
