@@ -17,6 +17,18 @@ from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaErr
 from .spec import TensorSpec
 
 
+class _Runtime:
+    """What the core needs from the runtime above it, filled in by the runtime
+    when it is imported (so imports point down): ``launcher_for(op, attrs, n)``
+    and ``source_kernels(op, **options)``."""
+
+    launcher_for = None
+    source_kernels = None
+
+
+RUNTIME = _Runtime()
+
+
 @dataclass(frozen=True)
 class InputDef:
     name: str
@@ -171,9 +183,7 @@ class Op:
             kernel.reference = reference
             self.add_kernel(kernel)
             return fn
-        from .runtime.aot import source_kernels  # the runtime sits above the core; needed only here
-
-        kernels = source_kernels(self, source=source, code=code, function=function, device=device,
+        kernels = RUNTIME.source_kernels(self, source=source, code=code, function=function, device=device,
                                  signatures=signatures, dtypes=dtypes, isa=isa, layout=layout, cflags=cflags,
                                  include_dirs=include_dirs, name=name)
         for kernel in kernels:
@@ -360,10 +370,8 @@ class Op:
 
     def call(self, args, kwargs):
         """The general call path: bind, then run through the attributes' launcher."""
-        from .runtime.dispatch import launcher_for  # runtime sits above the core
-
         tensors, attr_values = self.bind(args, kwargs)
-        return launcher_for(self, attr_values, len(tensors))(*tensors)
+        return RUNTIME.launcher_for(self, attr_values, len(tensors))(*tensors)
 
     def input_name(self, index: int) -> str:
         return f"{self.inputs[0].name}[{index}]" if self.variadic else self.inputs[index].name

@@ -158,3 +158,6 @@ def __getattr__(name):
 
 def __dir__():
     return dir(_root)
+
+
+registry.LISTENERS.append(forget)

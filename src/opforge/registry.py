@@ -23,10 +23,14 @@ def register(op: Op, *, replace=False) -> Op:
     return op
 
 
-def _forget_function(name):
-    from . import ops  # the functional API caches one function per op
+#: Called with an op's name when it is registered again or removed (the
+#: functional API drops the function it cached for it).
+LISTENERS = []
 
-    ops.forget(name)
+
+def _forget_function(name):
+    for listener in LISTENERS:
+        listener(name)
 
 
 def unregister(name: str) -> None:

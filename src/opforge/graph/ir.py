@@ -45,9 +45,9 @@ class Value:
 
     # Arithmetic traces the built-in ops, so model code reads naturally.
     def _op(self, name, *args):
-        from .. import ops
+        from ..registry import lookup
 
-        return getattr(ops, name)(*args)
+        return lookup(name)(*args)
 
     def __add__(self, other):
         return self._op("add", self, other)
@@ -77,9 +77,9 @@ class Value:
         return self._op("neg", self)
 
     def sum(self, axes=(), keep_dims=False):
-        from .. import ops
+        from ..registry import lookup
 
-        return ops.reduce_sum(self, axes=list(axes), keep_dims=keep_dims)
+        return lookup("reduce_sum")(self, axes=list(axes), keep_dims=keep_dims)
 
 
 class Node:

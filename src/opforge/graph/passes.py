@@ -106,9 +106,9 @@ def select_layouts(graph, prefer=None, reorder_op=None) -> int:
     layout, or ``prefer`` names it; otherwise it runs in ``ndarray``.  Graph
     inputs and outputs are ``ndarray``.  Returns the number of reorders
     inserted."""
-    from .. import ops
+    from ..registry import lookup
 
-    reorder = reorder_op or ops.reorder.op
+    reorder = reorder_op or lookup("reorder")
     layout_of = {v.id: "ndarray" for v in graph.inputs}
     nodes, inserted, converted = [], 0, {}
 

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _native
 from ..attrs import attr_key
 from ..errors import InferenceError, KernelSourceError, SchemaError
-from ..operator import Kernel
+from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
 from . import build as _build
 from .cpu import ISA_COMPILE_FLAGS, normalize_isa
@@ -259,3 +259,6 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
         kernel.code = code  # written to its path when the kernel is loaded
         kernels.append(kernel)
     return kernels
+
+
+RUNTIME.source_kernels = source_kernels

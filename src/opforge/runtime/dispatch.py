@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _native
 from ..attrs import attr_key
+from ..operator import RUNTIME
 from ..errors import AttrError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
 from .cpu import isa_rank, isa_reject_reason
@@ -199,3 +200,6 @@ class CallPlanner:
     def failed(self, rc, error, function_address):
         kernel = self._kernels_by_function.get(function_address)
         raise kernel_error(self.op, kernel, rc, error)
+
+
+RUNTIME.launcher_for = launcher_for
