@@ -11,6 +11,26 @@ def declare(fresh, schema, **kwargs):
     return op
 
 
+# Reports which ISA the variant was compiled for, so dispatch can be observed.
+WHICH_ISA = r"""
+#include "custom_aot_extra.h"
+extern "C" int WhichIsa(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  float *y = static_cast<float *>(params[1]);
+#if defined(__AVX512F__)
+  y[0] = 512;
+#elif defined(__AVX2__)
+  y[0] = 2;
+#elif defined(__SSE4_1__)
+  y[0] = 41;
+#else
+  y[0] = 0;
+#endif
+  return 0;
+}
+"""
+
+
 def encode_probe(values):
     """What attr_probe.cc writes for ``values`` (see the layout in its header comment)."""
     f32 = lambda v: float(np.float32(v))  # noqa: E731 - the kernel narrows to float

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import opforge
+from helpers import WHICH_ISA
 from opforge import TensorSpec, _native
 from opforge.runtime.dispatch import select_kernel
 
@@ -200,23 +201,6 @@ def test_below_every_variant_the_reference_runs(isa_cap):
     assert select_kernel(leaky_relu, [TensorSpec([4], "float32")]).reference
     x = random_input((4, 97), "float32", 17)
     check_against_reference(opforge.ops.leaky_relu(x, alpha=0.2), x, 0.2)
-
-
-WHICH_ISA = r"""
-#include "custom_aot_extra.h"
-extern "C" int WhichIsa(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  float *y = static_cast<float *>(params[1]);
-#if defined(__AVX512F__)
-  y[0] = 512;
-#elif defined(__AVX2__)
-  y[0] = 2;
-#else
-  y[0] = 41;
-#endif
-  return 0;
-}
-"""
 
 
 def test_the_cap_applies_to_signatures_already_called(isa_cap):

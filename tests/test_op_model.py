@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import opforge
-from helpers import declare
+from helpers import WHICH_ISA, declare
 from opforge import TensorSpec
 from opforge.errors import (AttrError, CheckError, DTypeError, InferenceError, NoKernelError, SchemaError,
                             ShapeError)
@@ -34,28 +34,6 @@ extern "C" int Scale(int nparam, void **params, int *ndims, int64_t **shapes, co
 #endif
 }
 """
-
-# Reports which ISA the variant was compiled for, so dispatch can be observed.
-WHICH_ISA = r"""
-#include "custom_aot_extra.h"
-extern "C" int WhichIsa(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  float *y = static_cast<float *>(params[1]);
-#if defined(__AVX512F__)
-  y[0] = 512;
-#elif defined(__AVX2__)
-  y[0] = 2;
-#elif defined(__SSE4_1__)
-  y[0] = 41;
-#else
-  y[0] = 0;
-#endif
-  return 0;
-}
-"""
-
-
-
 
 # -- schemas ------------------------------------------------------------------
 
