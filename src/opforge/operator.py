@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, replace
 
+from ._native import OpBase  # the C side of a call; imports nothing of opforge
 from .attrs import REQUIRED, AttrDef, check_attr
 from .dtypes import normalize as normalize_dtype
 from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
@@ -115,8 +116,13 @@ class PyKernel(Kernel):
         return checked
 
 
-class Op:
-    """An operator: schema, inference and kernels.  Call it on arrays."""
+class Op(OpBase):
+    """An operator: schema, inference and kernels.  Call it on arrays.
+
+    Calling goes through the C base ``OpBase``: with no keyword arguments, a
+    call goes straight to ``_default_launcher`` (the native fast path);
+    otherwise to ``call(args, kwargs)``.
+    """
 
     _instances = weakref.WeakSet()  # every live op, so a dispatch setting can reset them all
 
@@ -362,12 +368,6 @@ class Op:
         return tuple(out) if self.tuple_output else out[0]
 
     # -- calling ----------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        launcher = self._default_launcher
-        if launcher is None or kwargs:
-            return self.call(args, kwargs)
-        return launcher(*args)
-
     def call(self, args, kwargs):
         """The general call path: bind, then run through the attributes' launcher."""
         tensors, attr_values = self.bind(args, kwargs)

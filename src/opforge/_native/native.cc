@@ -13,6 +13,7 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <structmember.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -906,6 +907,59 @@ PyMethodDef Program_methods[] = {
 
 PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+
+// --------------------------------------------------------------- OpBase ----
+//
+// The C base of opforge.Op: a call with no keyword arguments goes straight to
+// the op's default Launcher (a C call, no Python frame in between); anything
+// else goes to the Python method ``call(args, kwargs)``.
+
+struct OpBaseObject {
+  PyObject_HEAD
+  PyObject *default_launcher;
+};
+
+PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
+  PyObject *launcher = self->default_launcher;
+  if (launcher != nullptr && launcher != Py_None && (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0)) {
+    Py_INCREF(launcher);  // the call may replace it
+    PyObject *result = PyObject_Call(launcher, args, kwargs);
+    Py_DECREF(launcher);
+    return result;
+  }
+  PyObject *method = PyObject_GetAttrString(reinterpret_cast<PyObject *>(self), "call");
+  if (method == nullptr) return nullptr;
+  PyObject *empty = nullptr;
+  if (kwargs == nullptr) kwargs = empty = PyDict_New();
+  PyObject *result = kwargs == nullptr ? nullptr : PyObject_CallFunctionObjArgs(method, args, kwargs, nullptr);
+  Py_XDECREF(empty);
+  Py_DECREF(method);
+  return result;
+}
+
+int OpBase_traverse(OpBaseObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->default_launcher);
+  return 0;
+}
+
+int OpBase_clear(OpBaseObject *self) {
+  Py_CLEAR(self->default_launcher);
+  return 0;
+}
+
+void OpBase_dealloc(OpBaseObject *self) {
+  PyObject_GC_UnTrack(self);
+  OpBase_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));  // a subclass's dealloc releases its type
+}
+
+PyMemberDef OpBase_members[] = {
+    {const_cast<char *>("_default_launcher"), T_OBJECT, offsetof(OpBaseObject, default_launcher), 0,
+     const_cast<char *>("the Launcher used by calls without attributes, or None")},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyTypeObject OpBaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef module_methods[] = {
     {"call_init", CallInit, METH_VARARGS, "call_init(fn, extra, shapes, dtypes) -> (rc, error)"},
     {"call_infer", CallInfer, METH_VARARGS, "call_infer(fn, extra, shapes, several) -> (shapes, error)"},
@@ -951,15 +1005,29 @@ PyMODINIT_FUNC PyInit__native(void) {
   ProgramType.tp_dealloc = reinterpret_cast<destructor>(Program_dealloc);
   ProgramType.tp_methods = Program_methods;
 
-  if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&ProgramType) < 0)
+  OpBaseType.tp_name = "opforge._native.OpBase";
+  OpBaseType.tp_basicsize = sizeof(OpBaseObject);
+  OpBaseType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  OpBaseType.tp_doc = "C base of opforge.Op: the call path";
+  OpBaseType.tp_new = PyType_GenericNew;
+  OpBaseType.tp_call = reinterpret_cast<ternaryfunc>(OpBase_call);
+  OpBaseType.tp_traverse = reinterpret_cast<traverseproc>(OpBase_traverse);
+  OpBaseType.tp_clear = reinterpret_cast<inquiry>(OpBase_clear);
+  OpBaseType.tp_dealloc = reinterpret_cast<destructor>(OpBase_dealloc);
+  OpBaseType.tp_members = OpBase_members;
+
+  if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&ProgramType) < 0 ||
+      PyType_Ready(&OpBaseType) < 0)
     return nullptr;
   PyObject *module = PyModule_Create(&native_module);
   if (module == nullptr) return nullptr;
   Py_INCREF(&ExtraType);
   Py_INCREF(&LauncherType);
   Py_INCREF(&ProgramType);
+  Py_INCREF(&OpBaseType);
   if (PyModule_AddObject(module, "Extra", reinterpret_cast<PyObject *>(&ExtraType)) < 0 ||
       PyModule_AddObject(module, "Program", reinterpret_cast<PyObject *>(&ProgramType)) < 0 ||
+      PyModule_AddObject(module, "OpBase", reinterpret_cast<PyObject *>(&OpBaseType)) < 0 ||
       PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0) {
     Py_DECREF(module);
