@@ -5,9 +5,9 @@ from setuptools import Extension, setup
 native = Extension(
     "opforge._native",
     sources=[
-        "src/opforge/_native/native.cc",
-        "src/opforge/_native/extra_abi0.cc",
-        "src/opforge/_native/extra_abi1.cc",
+        "src/opforge/csrc/native.cc",
+        "src/opforge/csrc/extra_abi0.cc",
+        "src/opforge/csrc/extra_abi1.cc",
     ],
     include_dirs=[numpy.get_include()],
     extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],

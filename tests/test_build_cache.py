@@ -31,7 +31,6 @@ from opforge.runtime.build import (
 )
 from opforge.runtime.library import load_library
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 ANSWER_CC = 'extern "C" int answer() { return 42; }\n'
 
@@ -100,8 +99,7 @@ def runs(counter: Path) -> int:
 
 
 def child_env(**extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = dict(os.environ)  # children import the installed opforge, like this process
     env.update(extra)
     return env
 

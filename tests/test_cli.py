@@ -13,7 +13,6 @@ import pytest
 
 from opforge import cli
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 
@@ -24,8 +23,6 @@ def env(tmp_path):
     for var in ("OPFORGE_CXX", "CXX", "OPFORGE_CXXFLAGS", "OPFORGE_INCLUDE_DIRS", "OPFORGE_VERBOSE"):
         environment.pop(var, None)
     environment["OPFORGE_CACHE_DIR"] = str(tmp_path / "cache")
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(SRC), environment.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return environment
 
 
