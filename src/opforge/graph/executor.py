@@ -19,12 +19,12 @@ from ..runtime.aot import AotKernel, workspace_sizes
 from ..runtime import cpu
 from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
-from .passes import infer_shapes, nbytes, plan_memory
+from .passes import infer_shapes, plan_memory
 
 MAX_PLANS = 16
 
 
-def _as_array(graph, index, value):
+def _as_array(value):
     array = np.asarray(value)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
@@ -49,7 +49,7 @@ class Executor:
         graph = self.graph
         if len(arrays) != len(graph.inputs):
             raise ArityError(f"graph '{graph.name}' takes {len(graph.inputs)} input(s), got {len(arrays)}")
-        arrays = [_as_array(graph, k, a) for k, a in enumerate(arrays)]
+        arrays = [_as_array(a) for a in arrays]
         outputs = self.plan_for(arrays).execute(arrays)
         return tuple(outputs) if graph.tuple_output else outputs[0]
 
@@ -124,7 +124,7 @@ class Plan:
                 self.constants.append(np.ascontiguousarray(node.value))
                 next_buffer += 1
         intermediates = [v for node, _, _, _ in self.steps for v in node.outputs if v.id not in buffers]
-        sizes = [nbytes(self.specs[v.id]) for v in intermediates]
+        sizes = [self.specs[v.id].nbytes for v in intermediates]
         lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
         offsets, arena = plan_memory(sizes, lifetimes)
         for value, offset in zip(intermediates, offsets):
@@ -135,7 +135,7 @@ class Plan:
         for node, kernel, in_specs, out_specs in self.steps:
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
-            sizes_ws = workspace_sizes(requested, [_Sized(nbytes(s)) for s in in_specs])
+            sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0))
             workspace_bytes = max(workspace_bytes, sum(sizes_ws))
             prepared.append((node, kernel, in_specs, out_specs, extra, sizes_ws))
         workspace_at = -(-arena // 64) * 64
@@ -210,10 +210,3 @@ class Plan:
             raise OpforgeError(f"graph '{self.graph.name}': memory is planned only when every node has a native "
                                "CPU kernel")
         return dict(self.report)
-
-
-class _Sized:
-    """Stands in for an array where only .nbytes is needed."""
-
-    def __init__(self, nbytes):
-        self.nbytes = nbytes

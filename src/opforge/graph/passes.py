@@ -188,7 +188,3 @@ def plan_memory(sizes, lifetimes):
         placed.append((offset, size, first, last))
     arena = max((o + s for o, s, _, _ in placed), default=0)
     return offsets, arena
-
-
-def nbytes(spec):
-    return spec.nbytes

@@ -37,12 +37,15 @@ def split_func(func: str):
     return Path(os.path.expanduser(path)), name
 
 
-def workspace_sizes(requested, arrays):
-    """Byte sizes to allocate.  Rounded up to 64 and to the largest input:
-    some kernels written for MindSpore pass element counts, not bytes, and
-    rely on such generous rounding."""
-    floor = max((a.nbytes for a in arrays), default=0)
-    return tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor) for s in requested)
+def workspace_sizes(requested, floor_bytes):
+    """Byte sizes to allocate.  Rounded up to 64 and to ``floor_bytes`` (the
+    largest input's size): some kernels written for MindSpore pass element
+    counts, not bytes, and rely on such generous rounding."""
+    return tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor_bytes) for s in requested)
+
+
+def largest_nbytes(arrays):
+    return max((a.nbytes for a in arrays if a is not None), default=0)
 
 
 class AotKernel(Kernel):
@@ -168,7 +171,7 @@ class AotKernel(Kernel):
         return (self._function,
                 tuple(s.shape for s in out_specs),
                 tuple(np.dtype(s.dtype) for s in out_specs),
-                workspace_sizes(requested, arrays),
+                workspace_sizes(requested, largest_nbytes(arrays)),
                 tuple(s.dtype for s in list(specs) + list(out_specs)),
                 extra)
 
@@ -177,7 +180,7 @@ class AotKernel(Kernel):
 
         specs = list(in_specs) if in_specs is not None else input_specs(op, arrays)
         extra, requested = self.signature_state(op, specs + list(out_specs), attrs)
-        sizes = workspace_sizes(requested, arrays)
+        sizes = workspace_sizes(requested, largest_nbytes(arrays))
         shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
         names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
         if self.device == "gpu":
