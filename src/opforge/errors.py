@@ -85,3 +85,15 @@ class SymbolNotFoundError(OpforgeError, AttributeError):
 
 class CudaError(OpforgeError, RuntimeError):
     """The CUDA runtime is missing or reported an error."""
+
+
+class GraphError(OpforgeError, ValueError):
+    """A graph (or its JSON) is malformed: names the node, the field and what was expected."""
+
+
+class TracingError(OpforgeError, TypeError):
+    """Tracing met something it cannot record (a data-dependent bool, an unknown dim used as an int)."""
+
+
+class CacheError(OpforgeError, OSError):
+    """The build cache folder cannot be used (names the folder and OPFORGE_CACHE_DIR)."""
