@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from ._native import OpBase  # the C side of a call; imports nothing of opforge
 from .attrs import REQUIRED, AttrDef, check_attr
+from .bounded_cache import BoundedCache
 from .dtypes import normalize as normalize_dtype
 from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
 from .spec import TensorSpec
@@ -150,8 +151,8 @@ class Op(OpBase):
         self.check_fn = None
         self.grad_rule = None
         self.grad_saves = ()
-        self._launchers = {}  # (frozen attribute values, n inputs) -> runtime Launcher
-        self._fast_calls = {}  # raw attribute values -> Launcher, for the functional API
+        self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
+        self._fast_calls = BoundedCache(64)  # raw attribute values -> Launcher, for the functional API
         Op._instances.add(self)
         self._default_launcher = None
 

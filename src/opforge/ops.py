@@ -26,9 +26,7 @@ def _call(op, tensors, attrs):
 
         launcher = launcher_for(op, op.resolve_attrs(attrs), len(tensors))
         if key is not None:
-            if len(op._fast_calls) >= 64:  # bounded, like the launchers themselves
-                op._fast_calls.pop(next(iter(op._fast_calls)))
-            op._fast_calls[key] = launcher
+            op._fast_calls.put(key, launcher)
     return launcher(*tensors)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
+from ..bounded_cache import BoundedCache
 from ..errors import ArityError, OpforgeError
 from ..runtime.aot import AotKernel, workspace_sizes
 from ..runtime import cpu
@@ -34,16 +35,11 @@ def _as_array(value):
 class Executor:
     def __init__(self, graph):
         self.graph = graph
-        self.plans = {}
+        self.plans = BoundedCache(MAX_PLANS)
 
     def plan_for(self, arrays):
         key = (cpu.isa_cap(), tuple((a.shape, a.dtype.str) for a in arrays))  # a new cap re-chooses kernels
-        plan = self.plans.get(key)
-        if plan is None:
-            if len(self.plans) >= MAX_PLANS:
-                self.plans.pop(next(iter(self.plans)))
-            plan = self.plans[key] = Plan(self.graph, arrays)
-        return plan
+        return self.plans.get_or_create(key, lambda: Plan(self.graph, arrays))
 
     def run(self, arrays):
         graph = self.graph

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from .. import _native
 from ..attrs import attr_key
+from ..bounded_cache import BoundedCache
 from ..errors import InferenceError, KernelSourceError, SchemaError
 from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
@@ -61,12 +61,13 @@ class AotKernel(Kernel):
         self.cflags = tuple(cflags)
         self.include_dirs = tuple(include_dirs)
         self.cxx11_abi = cxx11_abi
-        self.init_cache_size = init_cache_size
         self.library = None
         self.code = None  # source text, for kernels declared with code=
         self._function = self._init = self._infer = None
-        self._inits = OrderedDict()   # signature -> (Extra, workspace sizes)
-        self._attr_extras = {}        # attribute values -> Extra used without Init
+        # Bounded: shapes and attribute values may vary per call.  An evicted
+        # Extra deletes its kernel data when the last call using it ends.
+        self._inits = BoundedCache(init_cache_size, lru=True)  # signature -> (Extra, workspace sizes)
+        self._attr_extras = BoundedCache(init_cache_size)  # attribute values -> Extra used without Init
 
     def reject_reason(self, op, specs):
         for index, spec in enumerate(specs):
@@ -109,14 +110,8 @@ class AotKernel(Kernel):
 
     # -- attributes and Init ----------------------------------------------
     def _extra_for_attrs(self, op, attrs):
-        key = attr_key(attrs)
-        extra = self._attr_extras.get(key)
-        if extra is None:
-            extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
-            if len(self._attr_extras) >= self.init_cache_size:  # bounded: attributes may vary per call
-                self._attr_extras.pop(next(iter(self._attr_extras)))
-            self._attr_extras[key] = extra
-        return extra
+        return self._attr_extras.get_or_create(
+            attr_key(attrs), lambda: _native.Extra(op.name, dict(attrs), self.library.cxx11_abi))
 
     def signature_state(self, op, specs, attrs):
         """(Extra, workspace sizes) for inputs+outputs ``specs``; runs Init once per signature."""
@@ -124,25 +119,28 @@ class AotKernel(Kernel):
         if self._init is None:
             return self._extra_for_attrs(op, attrs), ()
         key = (tuple((s.shape, s.dtype) for s in specs), attr_key(attrs))
-        state = self._inits.get(key)
-        if state is not None:
-            self._inits.move_to_end(key)
-            return state
+        return self._inits.get_or_create(key, lambda: self._run_init(op, specs, attrs))
+
+    def _run_init(self, op, specs, attrs):
         from .dispatch import kernel_error
 
         extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
         rc, error = _native.call_init(self._init, extra, [s.shape for s in specs], [s.dtype for s in specs])
         if rc != 0 or error is not None:
             raise kernel_error(op, self, rc, error, function=self.function_name + "Init")
-        state = (extra, tuple(extra.workspace))
-        self._inits[key] = state
-        while len(self._inits) > self.init_cache_size:
-            self._inits.popitem(last=False)  # the Extra's kernel data goes with it
-        return state
+        return extra, tuple(extra.workspace)
 
     @property
     def init_cache_entries(self):
         return len(self._inits)
+
+    @property
+    def init_cache_size(self):
+        return self._inits.capacity
+
+    @init_cache_size.setter
+    def init_cache_size(self, size):
+        self._inits.capacity = self._attr_extras.capacity = size
 
     # -- inference --------------------------------------------------------
     def infer(self, op, specs, attrs):

@@ -14,12 +14,11 @@ import numpy as np
 
 from .. import _native
 from ..attrs import attr_key
+from ..bounded_cache import BoundedCache
 from ..operator import RUNTIME
 from ..errors import AttrError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
 from .cpu import isa_rank, isa_reject_reason
-
-_MAX_LAUNCHERS_PER_OP = 64
 
 #: Functions ``(op, attrs, args) -> result or NotImplemented`` consulted when a
 #: call's arguments are not all plain arrays; layers above the runtime (the
@@ -40,12 +39,13 @@ def launcher_for(op, attrs, n_inputs):
     key = (attr_key(attrs), n_inputs)
     launcher = op._launchers.get(key)
     if launcher is None:
-        if len(op._launchers) >= _MAX_LAUNCHERS_PER_OP:
-            op._launchers.pop(next(iter(op._launchers)))
-        launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
-        op._launchers[key] = launcher
-        if not any(a.required for a in op.attrs.values()) and key[0] == attr_key(op.resolve_attrs({})):
-            op._default_launcher = launcher  # what op(*arrays) with no attributes uses
+        def make():
+            made = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
+            if not any(a.required for a in op.attrs.values()) and key[0] == attr_key(op.resolve_attrs({})):
+                op._default_launcher = made  # what op(*arrays) with no attributes uses
+            return made
+
+        launcher = op._launchers.get_or_create(key, make)
     return launcher
 
 
@@ -144,7 +144,7 @@ class CallPlanner:
         self.op = op
         self.attrs = attrs
         self._kernels_by_function = {}
-        self._resolved = {}
+        self._resolved = BoundedCache(64)
 
     def reject(self, *args, **kwargs):
         # Wrong arity or keywords for the fast path: bind properly (raises on bad input).
@@ -175,9 +175,8 @@ class CallPlanner:
             if spec.layout != "ndarray":
                 raise ShapeError(f"op '{self.op.name}': an eager call would produce layout {spec.layout}, which "
                                  "exists only inside graphs (the layout pass inserts reorders there)")
-        if len(self._resolved) >= 64:
-            self._resolved.pop(next(iter(self._resolved)))
-        self._resolved[signature] = found = (specs, kernel, out_specs)
+        found = (specs, kernel, out_specs)
+        self._resolved.put(signature, found)
         return found
 
     def plan(self, arrays):
