@@ -1,6 +1,7 @@
 """Custom / CustomRegOp and the aot runtime, end to end through real C++ kernels.
 
-The kernels live in tests/kernels/ (ops.cc, attr_probe.cc, prebuilt.cc).  Each
+The kernels live in tests/kernels/ (ops.cc, attr_probe.cc, prebuilt.cc,
+mindspore_compat.cc).  Each
 source is compiled once per session into the session's cache; ops built from
 the same source share the loaded library.
 """
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not fou
 KERNELS = Path(__file__).resolve().parent / "kernels"
 OPS = KERNELS / "ops.cc"
 PROBE = KERNELS / "attr_probe.cc"
+COMPAT = KERNELS / "mindspore_compat.cc"
 ABI1 = "-D_GLIBCXX_USE_CXX11_ABI=1"
 
 
@@ -684,3 +686,116 @@ def test_registration_and_pyfunc_mistakes_are_typed_errors():
         CustomRegOp("unnamed").attr(None, "required", "all", value=1)
     with pytest.raises(opforge.InferenceError, match="pyfunc Custom needs out_shape"):
         Custom(lambda x: x, None, "float32", "pyfunc")
+
+
+# --------------------------------------------------------------------------
+# outputs follow the registration; the input count is fixed; values keep their type
+
+
+def rowmax(out_dtype):
+    """Row maximum (float64) and its column (int64), registered for float64 input only."""
+    info = reg("rowmax", outputs=("top", "where"),
+               dtype_format=(DataType.F64_Default, DataType.F64_Default, DataType.I64_Default))
+    return Custom(f"{COMPAT}:RowMaxArg", lambda x: ([x[0]], [x[0]]), out_dtype, "aot", reg_info=info)
+
+
+ROWS = np.array([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]])
+
+
+def test_out_dtype_none_takes_each_output_dtype_from_the_registration():
+    top, where = rowmax(None)(ROWS)
+    assert top.dtype == np.float64 and where.dtype == np.int64  # not the input's float64 for both
+    np.testing.assert_array_equal(top, [5.0, 7.0])
+    np.testing.assert_array_equal(where, [1, 0])
+    specs = rowmax(None).infer(TensorSpec([None, 3], "float64"))
+    assert [s.dtype for s in specs] == ["float64", "int64"]
+
+
+@pytest.mark.parametrize("out_dtype", [["float32", "int64"], ("float64", "int32"), "float64"])
+def test_out_dtype_contradicting_the_registration_is_a_dtype_error(out_dtype):
+    op = rowmax(out_dtype)  # the kernel would write float64/int64 into buffers sized for out_dtype
+    with pytest.raises(opforge.DTypeError) as info:
+        op(ROWS)
+    message = str(info.value)
+    wrong = "top" if "float32" in out_dtype else "where"
+    assert f"output '{wrong}'" in message and "rowmax" in message
+    assert "x=float64, top=float64, where=int64" in message  # the row
+    with pytest.raises(opforge.DTypeError):
+        op.infer(TensorSpec([2, 3], "float64"))
+
+
+def test_out_dtype_agreeing_with_the_registration_runs():
+    top, where = rowmax(["float64", "int64"])(ROWS)
+    np.testing.assert_array_equal(where, [1, 0])
+    assert top.dtype == np.float64
+
+
+def test_out_dtype_function_is_checked_against_the_registration():
+    with pytest.raises(opforge.DTypeError, match="output 'where'"):
+        rowmax(lambda x: (x, x))(ROWS)
+
+
+def test_dtype_format_row_of_the_wrong_length_is_a_schema_error():
+    with pytest.raises(opforge.SchemaError, match="2 entries for 1 input"):
+        Custom(f"{COMPAT}:RowMaxArg", lambda x: ([x[0]], [x[0]]), None, "aot",
+               reg_info=reg("short_row", outputs=("top", "where"),
+                            dtype_format=(DataType.F64_Default, DataType.F64_Default)))
+
+
+def test_input_count_without_registration_is_fixed_by_the_first_call():
+    op = Custom(f"{COMPAT}:Square", [3], "float32", "aot")
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(op(x), x * x)
+    for args in [(x, x), (), (x, x, x)]:  # the kernel would read an output (or nothing) as its input
+        with pytest.raises(opforge.ArityError) as info:
+            op(*args)
+        assert "'Square' takes 1 tensor input(s)" in str(info.value) and f"got {len(args)}" in str(info.value)
+    np.testing.assert_array_equal(op(x + 1), (x + 1) ** 2)  # still works
+
+
+def test_input_count_without_registration_is_fixed_by_out_shape_parameters():
+    op = Custom(f"{COMPAT}:Square", lambda x: x, "float32", "aot")
+    with pytest.raises(opforge.ArityError, match="takes 1 tensor input.*out_shape's parameters.*got 2"):
+        op(np.ones(2, np.float32), np.ones(2, np.float32))  # even as the first call
+    with pytest.raises(opforge.ArityError):
+        op.infer(TensorSpec([2]), TensorSpec([2]))
+    np.testing.assert_array_equal(op(np.full(2, 3, np.float32)), [9, 9])
+
+
+def test_zero_inputs_on_a_first_call_is_an_arity_error():
+    op = Custom(f"{COMPAT}:Square", [3], "float32", "aot")
+    with pytest.raises(opforge.ArityError, match="at least one"):
+        op()
+
+
+def axis_op(kind, value, scale=2.5):
+    info = (CustomRegOp("axis_attr").input(0, "x").output(0, "y")
+            .attr("reduce_axis", "required", kind, value=value)
+            .attr("scale", "required", "float", value=scale).target("CPU").get_op_info())
+    return Custom(f"{COMPAT}:Axis", [2], "float64", "aot", reg_info=info)
+
+
+@pytest.mark.parametrize("kind", ["float", "int", "all"])
+def test_attribute_values_keep_their_own_type(kind):
+    # MindSpore hands the kernel value=1 as an int64 whatever the declared type says.
+    out = axis_op(kind, 1)(np.zeros(1, np.float32))
+    np.testing.assert_array_equal(out, [1.0, 2.5])
+    assert axis_op(kind, 1).attrs["reduce_axis"].default == 1
+    assert type(axis_op(kind, 1).attrs["reduce_axis"].default) is int
+
+
+def test_trailing_attribute_values_keep_their_own_type():
+    info = (CustomRegOp("axis_trailing").input(0, "x").output(0, "y")
+            .attr("reduce_axis", "required", "float").attr("scale", "required", "float", value=0.5)
+            .target("CPU").get_op_info())
+    op = Custom(f"{COMPAT}:Axis", [2], "float64", "aot", reg_info=info)
+    np.testing.assert_array_equal(op(np.zeros(1, np.float32), 3), [3.0, 0.5])
+    with pytest.raises(opforge.AttrError, match="'reduce_axis' expects float"):
+        op(np.zeros(1, np.float32), "three")  # not a number at all
+
+
+@pytest.mark.parametrize("kind, value", [("float", "1"), ("int", 2.5), ("float", [1.0]), ("listInt", 3),
+                                         ("bool", 1), ("str", 1)])
+def test_attribute_value_that_cannot_be_of_its_declared_kind_is_an_attr_error(kind, value):
+    with pytest.raises(opforge.AttrError, match="'reduce_axis'"):
+        axis_op(kind, value)

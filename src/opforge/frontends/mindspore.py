@@ -8,11 +8,14 @@ as every other op.
 """
 from __future__ import annotations
 
+import inspect
+import threading
+
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..attrs import REQUIRED, AttrDef
-from ..errors import InferenceError, SchemaError
+from ..attrs import REQUIRED, AttrDef, check_attr
+from ..errors import ArityError, DTypeError, InferenceError, SchemaError
 from ..operator import InputDef, Op, PyKernel
 from ..runtime import build as _build
 from ..runtime.aot import AotKernel, split_func
@@ -84,7 +87,13 @@ _VALUE_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str", "l
 
 
 def _attr_defs(info):
-    attrs = []
+    """The registration's attributes, and the kind each declares (for known value types).
+
+    MindSpore hands an aot kernel each value as given: ``value=1`` declared
+    "float" is still read with ``Attr<int64_t>``.  So every attribute keeps its
+    value's own type (AttrDef type "any"); the declared kind only rejects
+    values that cannot be of that kind at all."""
+    attrs, kinds = [], {}
     for entry in info.get("attr", []):
         if "value" in entry:
             default = entry["value"]
@@ -92,10 +101,13 @@ def _attr_defs(info):
             default = entry["default_value"]
         else:
             default = REQUIRED
-        # Declared value types are advisory in MindSpore's aot Custom; we check only known ones.
-        attrs.append(AttrDef(entry["name"], _VALUE_TYPES.get(entry.get("type"), "any"), default,
-                             positional="value" not in entry))
-    return attrs
+        kind = _VALUE_TYPES.get(entry.get("type"))
+        if kind is not None:
+            kinds[entry["name"]] = kind
+            if default is not REQUIRED:
+                check_attr(info.get("op_name") or "Custom", AttrDef(entry["name"], kind), default)
+        attrs.append(AttrDef(entry["name"], "any", default, positional="value" not in entry))
+    return attrs, kinds
 
 
 def _signatures(info):
@@ -146,9 +158,19 @@ class Custom(Op):
             len(info["outputs"]) if info.get("outputs") else len(out_shape) if several else 1)
         outputs = [o["name"] or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
             [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
+        for row in info.get("dtype_format") or ():
+            if info.get("inputs") and len(row) != len(inputs) + len(outputs):
+                raise SchemaError(f"op '{name}': a dtype_format row has {len(row)} entries for {len(inputs)} "
+                                  f"input(s) and {len(outputs)} output(s)")
+        attrs, self._attr_kinds = _attr_defs(info)
         # MindSpore always launches a Custom kernel, even on empty inputs.
-        super().__init__(name, inputs, outputs, _attr_defs(info), tuple_output=several, traits=["always_compute"],
+        super().__init__(name, inputs, outputs, attrs, tuple_output=several, traits=["always_compute"],
                          doc=f"Custom op from {func!r}")
+        # Without a registration the kernel's input count is unknown until out_shape's
+        # parameters or the first call tell it; calls that disagree would hand the
+        # kernel outputs as inputs.
+        self._input_count = _parameter_count(out_shape) if self.variadic else None
+        self._input_count_lock = threading.Lock()
         self.func = func
         self.func_type = func_type
         self.out_shape = out_shape
@@ -157,6 +179,7 @@ class Custom(Op):
         self.reg_info = reg_info
 
         signatures = _signatures(info)
+        self._rows = signatures or ()
         target = info.get("target")
         if func_type == "aot":
             device = "gpu" if target == "GPU" or (target is None and path.suffix == ".cu") else "cpu"
@@ -206,6 +229,26 @@ class Custom(Op):
 
         self.grad(rule, save=())
 
+    def bind(self, args, kwargs):
+        if self.variadic:
+            with self._input_count_lock:
+                if self._input_count is None and args:
+                    self._input_count = len(args)
+            if self._input_count is None or len(args) != self._input_count:
+                expected = "at least one" if self._input_count is None else self._input_count
+                raise ArityError(f"op '{self.name}' takes {expected} tensor input(s) (fixed by "
+                                 f"{self._count_source()}), got {len(args)}")
+        return super().bind(args, kwargs)
+
+    def _count_source(self):
+        return "out_shape's parameters" if _parameter_count(self.out_shape) is not None else "its first call"
+
+    def resolve_attrs(self, values):
+        for name, value in values.items():  # values keep their own type (see _attr_defs)
+            if name in self._attr_kinds:
+                check_attr(self.name, AttrDef(name, self._attr_kinds[name]), value)
+        return super().resolve_attrs(values)
+
     def _infer(self, *specs, **attrs):
         shapes_in = [_shape_list(s.shape) for s in specs]
         if self.out_shape is None:
@@ -215,12 +258,52 @@ class Custom(Op):
             shapes = list(shapes) if self.tuple_output else [shapes]
         if callable(self.out_dtype):
             out_dtypes = self.out_dtype(*[_dtypes.to_numpy(s.dtype) for s in specs])
-        elif self.out_dtype is None:
-            out_dtypes = specs[0].dtype if specs else "float32"
         else:
             out_dtypes = self.out_dtype
-        out_dtypes = list(out_dtypes) if isinstance(out_dtypes, (tuple, list)) else [out_dtypes] * len(shapes)
-        if len(shapes) != len(self.outputs) or len(out_dtypes) != len(self.outputs):
+        if out_dtypes is not None:
+            out_dtypes = list(out_dtypes) if isinstance(out_dtypes, (tuple, list)) else [out_dtypes] * len(shapes)
+        n_dtypes = len(self.outputs) if out_dtypes is None else len(out_dtypes)
+        if len(shapes) != len(self.outputs) or n_dtypes != len(self.outputs):
             raise InferenceError(f"op '{self.name}': out_shape gives {len(shapes)} shape(s) and out_dtype "
-                                 f"{len(out_dtypes)} dtype(s) for {len(self.outputs)} output(s)")
+                                 f"{n_dtypes} dtype(s) for {len(self.outputs)} output(s)")
+        out_dtypes = self._output_dtypes(specs, out_dtypes)
         return [TensorSpec(shape, dtype) for shape, dtype in zip(shapes, out_dtypes)]
+
+    def _output_dtypes(self, specs, wanted):
+        """Each output's dtype, from the dtype_format row the input dtypes select:
+        the kernel writes what that row says, so out_dtype must agree with it
+        (None takes the row's).  Without a row, out_dtype, else the first input's."""
+        n_in, n_out = len(specs), len(self.outputs)
+        given = [None if s is None else s.dtype for s in specs]
+        rows = [row for row in self._rows if all(w is None or g is None or w == g for w, g in zip(row, given))]
+        fallback = next((d for d in given if d is not None), "float32")
+        if wanted is not None:
+            wanted = [_dtypes.normalize(d) for d in wanted]
+        if not rows:
+            return wanted or [fallback] * n_out
+        row_outputs = [(list(row[n_in:]) + [None] * n_out)[:n_out] for row in rows]
+        if wanted is None:
+            return [d or fallback for d in row_outputs[0]]
+        for outputs in row_outputs:
+            if all(r is None or r == w for r, w in zip(outputs, wanted)):
+                return wanted
+        index = next(k for k, (r, w) in enumerate(zip(row_outputs[0], wanted)) if r is not None and r != w)
+        names = [self.input_name(k) for k in range(n_in)] + list(self.outputs)
+        described = ", ".join(f"{n}={d or 'any'}" for n, d in zip(names, rows[0]))
+        raise DTypeError(f"op '{self.name}': output '{self.outputs[index]}' is {wanted[index]} by out_dtype, but the "
+                         f"dtype_format row ({described}) selected by the input dtypes gives "
+                         f"{row_outputs[0][index]}; the kernel writes what the row says")
+
+
+def _parameter_count(fn):
+    """How many tensors a callable ``out_shape`` takes, when its signature fixes it."""
+    if not callable(fn):
+        return None
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind not in positional or p.default is not p.empty for p in parameters):
+        return None
+    return len(parameters)
