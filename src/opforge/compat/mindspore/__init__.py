@@ -9,28 +9,14 @@ A MindSpore program runs on opforge by changing its imports only:
     import opforge.compat.mindspore.ops as ops
     from opforge.compat.mindspore.ops import DataType, CustomRegOp
 
-Tensors are NumPy arrays underneath; ``Cell`` runs ``construct`` eagerly.
+Tensors are NumPy arrays underneath; ``Cell`` runs ``construct`` eagerly;
+``ops.GradOperation`` differentiates it with opforge's gradient rules.
 """
-from . import common, nn, ops
+from . import common, context, nn, ops
 from .common import dtype
+from .common.dtype import *  # noqa: F401,F403 - ms.float32 and friends, as in MindSpore
+from .context import GRAPH_MODE, PYNATIVE_MODE, get_context, set_context, set_device
 from .tensor import Tensor
 
-_context = {"device_target": "CPU", "mode": 1}
-
-GRAPH_MODE = 0
-PYNATIVE_MODE = 1
-
-
-def set_context(**kwargs):
-    """Accepts MindSpore's context options; only ``device_target`` and ``mode`` are kept."""
-    target = kwargs.get("device_target")
-    if target is not None and target not in ("CPU", "GPU"):
-        raise ValueError(f"device_target must be 'CPU' or 'GPU' on opforge, got {target!r}")
-    _context.update(kwargs)
-
-
-def get_context(key):
-    return _context.get(key)
-
-
-__all__ = ["Tensor", "dtype", "nn", "ops", "common", "set_context", "get_context", "GRAPH_MODE", "PYNATIVE_MODE"]
+__all__ = ["Tensor", "dtype", "nn", "ops", "common", "context", "set_context", "get_context", "set_device",
+           "GRAPH_MODE", "PYNATIVE_MODE", *common.dtype.__all__]

@@ -1,23 +1,10 @@
 """``Cell``: a module whose ``construct`` runs eagerly on NumPy arrays."""
 import numpy as np
 
-from ...errors import ArityError, ShapeError
+from ... import dtypes as _dtypes
+from ...errors import ArityError, DTypeError, ShapeError
 from ...spec import TensorSpec
-from .tensor import Tensor
-
-
-def _unwrap(value):
-    return value.asnumpy() if isinstance(value, Tensor) else value
-
-
-def _wrap(value):
-    if isinstance(value, np.ndarray):
-        return Tensor(value)
-    if isinstance(value, tuple):
-        return tuple(_wrap(v) for v in value)
-    if isinstance(value, list):
-        return [_wrap(v) for v in value]
-    return value
+from .tensor import Tensor, unwrap, wrap
 
 
 class Cell:
@@ -37,15 +24,23 @@ class Cell:
     def construct(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 
+    def _check_inputs(self, inputs):
+        if len(inputs) != len(self._input_specs):
+            raise ArityError(f"{type(self).__name__}: set_inputs declared {len(self._input_specs)} inputs, "
+                             f"got {len(inputs)}")
+        for index, (value, spec) in enumerate(zip(inputs, self._input_specs)):
+            # Arrays, and the symbolic values of a trace (GradOperation), both carry shape and dtype.
+            given = value if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
+            dtype = _dtypes.normalize(given.dtype)
+            if dtype != spec.dtype:
+                raise DTypeError(f"{type(self).__name__}: input {index} is {dtype}, but set_inputs declared "
+                                 f"{spec.dtype} ({spec})")
+            if not spec.matches(given.shape):
+                raise ShapeError(f"{type(self).__name__}: input {index} has shape {list(given.shape)}, but "
+                                 f"set_inputs declared {spec}")
+
     def __call__(self, *inputs):
-        arrays = [_unwrap(x) for x in inputs]
+        inputs = [unwrap(x) for x in inputs]
         if self._input_specs is not None:
-            if len(arrays) != len(self._input_specs):
-                raise ArityError(f"{type(self).__name__}: set_inputs declared {len(self._input_specs)} inputs, "
-                                 f"got {len(arrays)}")
-            for index, (array, spec) in enumerate(zip(arrays, self._input_specs)):
-                array = np.asarray(array)
-                if not spec.matches(array.shape, array.dtype):
-                    raise ShapeError(f"{type(self).__name__}: input {index} is {TensorSpec.of(array)}, "
-                                     f"but set_inputs declared {spec}")
-        return _wrap(self.construct(*arrays))
+            self._check_inputs(inputs)
+        return wrap(self.construct(*inputs))

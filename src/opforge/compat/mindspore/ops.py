@@ -1,29 +1,119 @@
-"""``mindspore.ops`` as far as custom-op programs need it."""
+"""``mindspore.ops`` as far as custom-op programs need it.
+
+The arithmetic primitives are opforge's built-in ops, so they have kernels
+and gradient rules; ``GradOperation`` differentiates a Cell (or function)
+with ``opforge.vjp``, through those rules and a Custom op's ``bprop``.
+"""
 import numpy as np
 
+from ...errors import GradientError, NoKernelError, TracingError
 from ...frontends.mindspore import Custom, CustomRegOp, DataType
-from ...infer import broadcast_shapes
-from ...operator import Op, PyKernel
-from ...spec import TensorSpec
+from ...graph.autodiff import vjp
+from ...registry import lookup
+from .tensor import Tensor, unwrap, wrap
 
 
-def _elementwise(name, fn):
-    def infer(a, b):
-        return [TensorSpec(broadcast_shapes(a.shape, b.shape), a.dtype)]
+class _BuiltinPrimitive:
+    """A MindSpore primitive backed by the opforge built-in op ``builtin``:
+    Tensors in give Tensors out, arrays give arrays, traced values trace."""
 
-    class Elementwise(Op):
-        def __init__(self):
-            super().__init__(name, ["x", "y"], ["output"])
-            self.add_kernel(PyKernel(fn, name=f"numpy_{name.lower()}"))
-            self.def_infer(infer)
+    builtin = None
 
-    Elementwise.__name__ = Elementwise.__qualname__ = name
-    return Elementwise
+    def __call__(self, x, y):
+        op = lookup(self.builtin)
+        if op is None:
+            raise NoKernelError(f"ops.{type(self).__name__} needs opforge's built-in op '{self.builtin}', "
+                                "which is not registered")
+        result = op(unwrap(x), unwrap(y))
+        return wrap(result) if isinstance(x, Tensor) or isinstance(y, Tensor) else result
 
 
-Add = _elementwise("Add", np.add)
-Mul = _elementwise("Mul", np.multiply)
-Sub = _elementwise("Sub", np.subtract)
-Div = _elementwise("Div", np.divide)
+class Add(_BuiltinPrimitive):
+    builtin = "add"
 
-__all__ = ["Custom", "CustomRegOp", "DataType", "Add", "Mul", "Sub", "Div"]
+
+class Sub(_BuiltinPrimitive):
+    builtin = "sub"
+
+
+class Mul(_BuiltinPrimitive):
+    builtin = "mul"
+
+
+class Div(_BuiltinPrimitive):
+    builtin = "div"
+
+
+class GradOperation:
+    """``GradOperation(get_all=False, sens_param=False)(net)(*inputs[, sens])``:
+    the gradient of the first input (every input with ``get_all``).  Without
+    ``sens_param`` the output's gradient is ones, as in MindSpore; with it, the
+    last argument is the output's gradient (a tuple for several outputs)."""
+
+    def __init__(self, get_all=False, get_by_list=False, sens_param=False):
+        if get_by_list:
+            raise GradientError("GradOperation(get_by_list=True) differentiates Parameters, which opforge's Cells "
+                                "do not have: pass the weights as inputs and use get_all=True")
+        self.get_all = get_all
+        self.sens_param = sens_param
+
+    def __call__(self, fn, weights=None):
+        if weights is not None:
+            raise GradientError("GradOperation takes no weights (get_by_list is not supported): pass the weights "
+                                "as inputs and use get_all=True")
+
+        def forward(*values):
+            return unwrap(fn(*values))
+
+        def gradient(*args):
+            if self.sens_param:
+                if not args:
+                    raise GradientError("GradOperation(sens_param=True): the last argument must be the output's "
+                                        "gradient (sens), and none was given")
+                args, sens = args[:-1], unwrap(args[-1])
+            outputs, pullback = vjp(forward, *[unwrap(a) for a in args])
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            if not self.sens_param:
+                sens = tuple(np.ones_like(o) for o in outputs)
+            sens = tuple(sens) if isinstance(sens, (tuple, list)) else (sens,)
+            if len(sens) != len(outputs):
+                raise GradientError(f"GradOperation(sens_param=True): {getattr(fn, '__name__', type(fn).__name__)} "
+                                    f"returns {len(outputs)} output(s), and sens gives {len(sens)} gradient(s)")
+            grads = pullback(*sens)
+            return wrap(tuple(grads) if self.get_all else grads[0])
+
+        return gradient
+
+
+def shape(input_x):
+    """The shape as a tuple of ints (MindSpore's ``ops.shape``); -1 for a dynamic dim of a placeholder."""
+    return tuple(np.shape(input_x) if isinstance(input_x, (list, tuple, int, float)) else input_x.shape)
+
+
+def dyn_shape(input_x):
+    """The shape as an int64 Tensor (MindSpore's ``ops.dyn_shape``)."""
+    dims = shape(input_x)
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        raise TracingError(f"dyn_shape of a traced value with unknown dims {list(dims)}: a Tensor of the shape "
+                           "would bake them in; use ops.shape(x) (or x.shape) for arithmetic on dims")
+    return Tensor(np.array(dims, np.int64))
+
+
+class Shape:
+    """``ops.Shape()(x)``: the shape as a tuple of ints."""
+
+    def __call__(self, input_x):
+        return shape(input_x)
+
+
+class TensorShape:
+    """``ops.TensorShape()(x)``: the shape as an int64 Tensor."""
+
+    def __call__(self, input_x):
+        return dyn_shape(input_x)
+
+
+DynamicShape = TensorShape  # MindSpore's deprecated name for it
+
+__all__ = ["Custom", "CustomRegOp", "DataType", "Add", "Mul", "Sub", "Div", "GradOperation", "Shape", "shape",
+           "TensorShape", "DynamicShape", "dyn_shape"]

@@ -2,17 +2,18 @@
 import numpy as np
 
 from ... import dtypes as _dtypes
+from ...errors import ShapeError
 from ...spec import TensorSpec
 
 
 class Tensor:
     """``Tensor(array)`` holds data; ``Tensor(shape=[4, None], dtype=...)`` is a
-    placeholder for ``Cell.set_inputs`` (None marks a dynamic dim)."""
+    placeholder for ``Cell.set_inputs`` (None or -1 marks a dynamic dim)."""
 
     def __init__(self, input_data=None, dtype=None, shape=None):
         if input_data is None:
             if shape is None or dtype is None:
-                raise ValueError("Tensor without data needs both shape and dtype")
+                raise ShapeError("Tensor without data needs both shape and dtype")
             self._array = None
             self.spec = TensorSpec(shape, _dtypes.to_numpy(dtype))
             return
@@ -28,7 +29,7 @@ class Tensor:
 
     def asnumpy(self):
         if self._array is None:
-            raise ValueError(f"{self.spec} is a shape-only placeholder and holds no data")
+            raise ShapeError(f"{self.spec} is a shape-only placeholder and holds no data")
         return self._array
 
     def __array__(self, dtype=None, copy=None):
@@ -54,3 +55,21 @@ class Tensor:
 
     def __repr__(self):
         return repr(self.spec) if self._array is None else f"Tensor({self._array!r})"
+
+
+def unwrap(value):
+    """Tensors (also inside tuples and lists) as their arrays; anything else as it is."""
+    if isinstance(value, Tensor):
+        return value.asnumpy()
+    if isinstance(value, (tuple, list)):
+        return type(value)(unwrap(v) for v in value)
+    return value
+
+
+def wrap(value):
+    """Arrays (also inside tuples and lists) as Tensors; traced values stay as they are."""
+    if isinstance(value, np.ndarray):
+        return Tensor(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(wrap(v) for v in value)
+    return value

@@ -33,3 +33,6 @@ uint = uint32
 float_ = float32
 double = float64
 half = float16
+
+__all__ = ["bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+           "float64", "int_", "uint", "float_", "double", "half"]
