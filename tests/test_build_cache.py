@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from opforge.errors import CompileError, CompilerNotFoundError
-from opforge.runtime import build as build_mod
+import opforge
+from opforge.errors import CacheError, CompileError, CompilerNotFoundError, KernelSourceError
 from opforge.runtime.build import (
     ABI_VERSION,
     BuiltLibrary,
@@ -29,6 +29,8 @@ from opforge.runtime.build import (
     include_dir,
     is_source,
 )
+from opforge.runtime.cache import file_lock
+from opforge.runtime.cuda_arch import normalize_arch
 from opforge.runtime.library import load_library
 
 
@@ -389,7 +391,7 @@ def test_cuda_arch_override_and_normalisation(monkeypatch):
     monkeypatch.delenv("OPFORGE_CUDA_ARCH")
     assert detect_cuda_arch().startswith("sm_")
     with pytest.raises(ValueError):
-        build_mod._normalize_arch("hopper")
+        normalize_arch("hopper")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -433,7 +435,7 @@ def test_clear_cache_skips_entry_being_built(cache, tmp_path):
     src = write(tmp_path / "busy.cc", ANSWER_CC)
     built = build(src, optimization="-O0")
     lock = built.path.parent.with_name(built.path.parent.name + ".lock")
-    with build_mod._file_lock(lock) as held:  # as a concurrent builder would
+    with file_lock(lock) as held:  # as a concurrent builder would
         assert held
         assert clear_cache() == 0
         assert built.path.is_file()
@@ -442,3 +444,162 @@ def test_clear_cache_skips_entry_being_built(cache, tmp_path):
 
 def test_abi_version_is_exposed():
     assert ABI_VERSION == 1
+
+
+
+# --------------------------------------------------------------------------
+# an unusable cache folder, long names, missing sources
+
+
+def build_in_unusable_cache(monkeypatch, tmp_path, folder) -> str:
+    """Build with the cache at ``folder``; returns the CacheError's message."""
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(folder))
+    with pytest.raises(CacheError) as caught:
+        build(write(tmp_path / "src" / "k.cc", ANSWER_CC))
+    assert isinstance(caught.value, OSError)
+    message = str(caught.value)
+    assert f"cache folder {folder}" in message and "OPFORGE_CACHE_DIR" in message
+    return message
+
+
+@needs_gxx
+def test_cache_folder_that_is_a_file(cache, tmp_path, monkeypatch):
+    blocker = write(tmp_path / "blocker", "not a folder\n")
+    assert f"{blocker} is a file, not a folder" in build_in_unusable_cache(monkeypatch, tmp_path, blocker)
+    under = blocker / "cache"  # a path under a regular file: no one, root included, can make it
+    assert f"{blocker} is a file, so no folder" in build_in_unusable_cache(monkeypatch, tmp_path, under)
+
+
+@needs_gxx
+@pytest.mark.skipif(not os.path.isdir("/sys") or os.access("/sys", os.W_OK) and os.geteuid() != 0,
+                    reason="needs Linux's /sys, a folder no one may add files to")
+def test_cache_folder_that_refuses_new_files(cache, tmp_path, monkeypatch):
+    probe = Path("/sys/opforge-probe.lock")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_RDWR))
+    except OSError:
+        pass
+    else:
+        probe.unlink()
+        pytest.skip("/sys accepts new files here")
+    assert "no permission to write" in build_in_unusable_cache(monkeypatch, tmp_path, Path("/sys"))
+
+
+@needs_gxx
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
+                    reason="root ignores folder permissions, so mode 000 does not stop it")
+@pytest.mark.parametrize("mode", [0o000, 0o555])
+def test_cache_folder_without_permissions(cache, tmp_path, monkeypatch, mode):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=mode)
+    try:
+        assert "no permission to write" in build_in_unusable_cache(monkeypatch, tmp_path, locked)
+    finally:
+        locked.chmod(0o755)
+
+
+@needs_gxx
+def test_long_source_stems_give_short_unique_entries(cache, tmp_path):
+    stem = "k" * 250  # with ".cc", a name at the file system's limit
+    one = build(write(tmp_path / "a" / f"{stem}.cc", 'extern "C" int answer() { return 1; }\n'),
+                optimization="-O0")
+    two = build(write(tmp_path / "b" / f"{stem[:-1]}j.cc", 'extern "C" int answer() { return 2; }\n'),
+                optimization="-O0")
+    assert one.path.parent != two.path.parent
+    for built, value in ((one, 1), (two, 2)):
+        assert len(built.path.parent.name) < 100 and len(built.path.name) < 100
+        assert built.path.name.endswith(".cc.so")
+        assert call_int(built.path, "answer") == value
+    assert build(tmp_path / "a" / f"{stem}.cc", optimization="-O0").from_cache
+    # Multi-byte characters are cut whole.
+    wide = build(write(tmp_path / "c" / ("é" * 120 + ".cc"), ANSWER_CC), optimization="-O0")
+    assert wide.path.parent.name.startswith("é") and len(os.fsencode(wide.path.parent.name)) < 100
+    assert call_int(wide.path, "answer") == 42
+
+
+def test_missing_source_is_a_kernel_source_error(cache, tmp_path):
+    missing = tmp_path / "missing.cc"
+    with pytest.raises(KernelSourceError, match=str(missing)) as caught:
+        opforge.build(missing)
+    assert isinstance(caught.value, FileNotFoundError)
+
+
+# --------------------------------------------------------------------------
+# a killed build leaves no compiler behind
+
+
+def make_slow_compiler(folder: Path) -> Path:
+    """A compiler that records its pid; with OPFORGE_TEST_STALL it sleeps, then writes
+    its output as a real compiler would (late); otherwise it runs g++."""
+    script = folder / "slow-cxx"
+    script.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, sys, time
+        with open({str(folder / "compiler.pid")!r}, "w") as handle:
+            handle.write(str(os.getpid()))
+        if os.environ.get("OPFORGE_TEST_STALL"):
+            time.sleep(float(os.environ["OPFORGE_TEST_STALL"]))
+            with open(sys.argv[sys.argv.index("-o") + 1], "w") as out:
+                out.write("a late compiler's output")
+            sys.exit(0)
+        os.execv({shutil.which("g++")!r}, ["g++", *sys.argv[1:]])
+        """))
+    script.chmod(0o755)
+    return script
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@needs_gxx
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="compilers die with their parent on Linux")
+def test_killed_build_leaves_no_compiler_and_no_stray_file(cache, tmp_path, monkeypatch):
+    compiler = make_slow_compiler(tmp_path)
+    src = write(tmp_path / "slow.cc", ANSWER_CC)
+    stall = 2.0
+    env = child_env(OPFORGE_CXX=str(compiler), OPFORGE_TEST_STALL=str(stall))
+    builder = subprocess.Popen([sys.executable, "-c", BUILD_IN_CHILD, str(src)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = tmp_path / "compiler.pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert builder.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    compiler_pid = int(pid_file.read_text())
+    started = time.monotonic()
+    builder.kill()
+    builder.wait(timeout=10)
+    while alive(compiler_pid) and time.monotonic() < started + 1.0:
+        time.sleep(0.02)
+    try:
+        assert not alive(compiler_pid), "the compiler outlived the build that started it"
+    finally:
+        if alive(compiler_pid):
+            os.kill(compiler_pid, signal.SIGKILL)
+    time.sleep(max(0.0, started + stall + 0.5 - time.monotonic()))  # past the compiler's late write
+    (entry,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert not any(p.name.startswith(".tmp-") for p in entry.iterdir())
+
+    monkeypatch.setenv("OPFORGE_CXX", str(compiler))  # the same entry, now with a compiler that finishes
+    later = build(src)
+    assert not later.from_cache and later.path.parent == entry
+    assert call_int(later.path, "answer") == 42
+
+
+@needs_gxx
+def test_stray_temporaries_are_removed_when_the_entry_is_loaded(cache, tmp_path):
+    src = write(tmp_path / "tidy.cc", ANSWER_CC)
+    built = build(src, optimization="-O0")
+    stray = built.path.parent / ".tmp-abc123.so"
+    stray.write_bytes(b"left by a build that died")
+    again = build(src, optimization="-O0")
+    assert again.from_cache and not stray.exists()
+    with file_lock(built.path.parent.with_name(built.path.parent.name + ".lock")):  # a build in progress
+        stray.write_bytes(b"maybe that build's own file")
+        assert build(src, optimization="-O0").from_cache and stray.exists()

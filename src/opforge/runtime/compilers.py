@@ -1,0 +1,299 @@
+"""Compilers and their command lines: which compiler a source needs, with which flags.
+
+``plan(source, ...)`` decides everything about one build before the cache is
+consulted: the compiler (``OPFORGE_CC``/``OPFORGE_CXX``/``OPFORGE_NVCC``, then
+``CC``/``CXX``, then PATH), the flags (opforge's, the caller's, then
+``OPFORGE_CFLAGS``/``OPFORGE_CXXFLAGS``/``OPFORGE_NVCC_FLAGS``) and the
+include folders.  ``run_compiler`` runs it so that it dies with its parent:
+a builder killed half-way leaves no compiler behind to write into the cache.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import CompilerNotFoundError
+from .cuda_arch import detect_cuda_arch, normalize_arch
+
+__all__ = ["SOURCE_SUFFIXES", "Plan", "describe", "find_compiler", "include_dir", "is_source", "plan", "run_compiler"]
+
+_LANGUAGE_BY_SUFFIX = {
+    ".c": "c",
+    ".cc": "c++",
+    ".cpp": "c++",
+    ".cxx": "c++",
+    ".cu": "cuda",
+}
+SOURCE_SUFFIXES = tuple(_LANGUAGE_BY_SUFFIX)
+_LANGUAGE_ALIASES = {
+    "c": "c",
+    "c++": "c++",
+    "cxx": "c++",
+    "cpp": "c++",
+    "cuda": "cuda",
+    "cu": "cuda",
+}
+# (opforge's own variable, generic variable or None, names searched on PATH)
+_COMPILER_SEARCH = {
+    "c": ("OPFORGE_CC", "CC", ("gcc", "cc")),
+    "c++": ("OPFORGE_CXX", "CXX", ("g++", "c++")),
+    "cuda": ("OPFORGE_NVCC", None, ("nvcc",)),
+}
+_FLAGS_ENV = {"c": "OPFORGE_CFLAGS", "c++": "OPFORGE_CXXFLAGS", "cuda": "OPFORGE_NVCC_FLAGS"}
+
+_ABI_MACRO = "_GLIBCXX_USE_CXX11_ABI"
+
+
+@functools.lru_cache(maxsize=None)
+def include_dir() -> Path:
+    """The folder holding opforge's ``custom_aot_extra.h``."""
+    return Path(__file__).resolve().parent.parent / "include"
+
+
+def is_source(path) -> bool:
+    """True for a path whose suffix names a kernel source opforge compiles."""
+    return Path(path).suffix.lower() in _LANGUAGE_BY_SUFFIX
+
+
+def language_of(source: Path) -> str:
+    return _LANGUAGE_BY_SUFFIX[source.suffix.lower()]
+
+
+# --------------------------------------------------------------------------
+# compilers
+
+
+def _which(name: str) -> str | None:
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else None
+
+
+def _compiler_argv(language: str) -> list[str]:
+    """The command prefix that runs the compiler (usually one word).
+
+    An environment value may hold a launcher and a compiler ("ccache g++");
+    its first word is resolved on PATH.
+    """
+    own_var, generic_var, names = _COMPILER_SEARCH[language]
+    searched: list[str] = []
+    for var in (own_var, generic_var):
+        if not var:
+            continue
+        value = os.environ.get(var, "").strip()
+        if not value:
+            continue
+        words = [value] if os.path.isfile(value) else shlex.split(value)
+        resolved = _which(words[0]) if words else None
+        if resolved:
+            return [resolved, *words[1:]]
+        if var == own_var:
+            # An explicit opforge setting that is wrong is an error, not a hint.
+            raise CompilerNotFoundError(
+                f"{describe(language)} compiler {value!r} from ${var} was not found or is not "
+                f"executable; set {var} to the compiler's path"
+            )
+        searched.append(f"${var}={value!r}")
+    for name in names:
+        resolved = _which(name)
+        if resolved:
+            return [resolved]
+        searched.append(f"{name!r} on PATH")
+    if language == "cuda":
+        roots = []
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            if os.environ.get(var):
+                roots.append((f"${var}/bin", os.environ[var]))
+        roots.append(("/usr/local/cuda/bin", "/usr/local/cuda"))
+        for label, root in roots:
+            candidate = os.path.join(root, "bin", "nvcc")
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return [os.path.abspath(candidate)]
+            searched.append(label)
+    raise CompilerNotFoundError(
+        f"no {describe(language)} compiler found (searched {', '.join(searched)}); "
+        f"install one or set {own_var} to its path"
+    )
+
+
+def describe(language: str) -> str:
+    return {"c": "C", "c++": "C++", "cuda": "CUDA"}[language]
+
+
+def find_compiler(language: str) -> str:
+    """Path of the compiler opforge uses for ``language`` ("c", "c++" or "cuda").
+
+    Looks at ``OPFORGE_CC``/``OPFORGE_CXX``/``OPFORGE_NVCC``, then ``CC``/``CXX``,
+    then gcc/g++/nvcc on PATH (and ``$CUDA_HOME/bin`` for nvcc).  Raises
+    :class:`CompilerNotFoundError` naming what was searched and the variable to set.
+    """
+    key = _LANGUAGE_ALIASES.get(str(language).lower())
+    if key is None:
+        raise ValueError(f"unknown language {language!r}; expected 'c', 'c++' or 'cuda'")
+    return _compiler_argv(key)[0]
+
+
+def compiler_identity(argv: Sequence[str]) -> list[str]:
+    """Identify the compiler from its file alone: a warm hit must not run it."""
+    real = os.path.realpath(argv[0])
+    try:
+        st = os.stat(real)
+        stamp = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        stamp = "?"
+    return [real, stamp, *argv[1:]]
+
+
+# --------------------------------------------------------------------------
+# flags
+
+
+def _env_words(var: str) -> list[str]:
+    value = os.environ.get(var, "")
+    return shlex.split(value) if value.strip() else []
+
+
+def _env_include_dirs() -> list[str]:
+    value = os.environ.get("OPFORGE_INCLUDE_DIRS", "")
+    return [part for part in value.split(os.pathsep) if part.strip()]
+
+
+def _user_abi_setting(flags: Sequence[str]) -> bool | None:
+    """The last ``-D_GLIBCXX_USE_CXX11_ABI[=N]`` among ``flags``, if any."""
+    setting = None
+    for i, flag in enumerate(flags):
+        if flag == "-D" and i + 1 < len(flags):
+            macro = flags[i + 1]
+        elif flag.startswith("-D"):
+            macro = flag[2:]
+        else:
+            continue
+        name, _, value = macro.partition("=")
+        if name == _ABI_MACRO:
+            setting = value.strip() not in ("0",) if value else True
+    return setting
+
+
+def _include_dirs_in(flags: Sequence[str]) -> list[str]:
+    """Directories named by ``-I``/``-iquote`` in user flags, for the header scan."""
+    dirs = []
+    for i, flag in enumerate(flags):
+        for opt in ("-I", "-iquote"):
+            if flag == opt and i + 1 < len(flags):
+                dirs.append(flags[i + 1])
+            elif flag.startswith(opt) and len(flag) > len(opt):
+                dirs.append(flag[len(opt):])
+    return dirs
+
+
+@dataclass
+class Plan:
+    """Everything about one build that is decided before looking at the cache."""
+
+    source: Path
+    language: str
+    compiler: list[str]  # argv prefix
+    flags: list[str]  # everything between the compiler and the source
+    search_dirs: list[Path]  # the -I folders, in order, for the header scan
+    cxx11_abi: bool
+
+    def command(self, output: str | os.PathLike) -> list[str]:
+        return [*self.compiler, *self.flags, str(self.source), "-o", str(output)]
+
+
+def plan(source: Path, *, extra_cflags, include_dirs, compiler, cuda_arch,
+          cxx11_abi, optimization) -> Plan:
+    language = language_of(source)
+    if compiler:
+        compiler = os.fspath(compiler)
+        words = [compiler] if os.path.isfile(compiler) else shlex.split(compiler)
+        resolved = _which(words[0]) if words else None
+        if not resolved:
+            raise CompilerNotFoundError(f"compiler {compiler!r} was not found or is not executable")
+        argv = [resolved, *words[1:]]
+    else:
+        argv = _compiler_argv(language)
+
+    if isinstance(extra_cflags, (str, bytes)):
+        extra_cflags = shlex.split(os.fsdecode(extra_cflags))
+    if isinstance(include_dirs, (str, bytes, os.PathLike)):
+        include_dirs = [include_dirs]
+    user_flags = [str(f) for f in extra_cflags] + _env_words(_FLAGS_ENV[language])
+    user_abi = _user_abi_setting(user_flags)
+    abi = bool(cxx11_abi) if user_abi is None else user_abi
+
+    dirs = [source.parent, include_dir()]
+    dirs += [Path(os.fsdecode(d)).expanduser().resolve() for d in include_dirs]
+    dirs += [Path(d).expanduser().resolve() for d in _env_include_dirs()]
+    includes = []
+    for d in dirs:
+        includes += ["-I", str(d)]
+
+    abi_flag = [] if user_abi is not None else [f"-D{_ABI_MACRO}={int(abi)}"]
+    if language == "c":
+        base = ["-std=c11", "-shared", "-fPIC", optimization]
+    elif language == "c++":
+        base = ["-std=c++17", "-shared", "-fPIC", optimization, *abi_flag]
+    else:
+        arch = normalize_arch(cuda_arch) if cuda_arch else detect_cuda_arch()
+        number = arch[len("sm_"):]
+        base = ["--shared", "-Xcompiler", "-fPIC", optimization, "--use_fast_math",
+                "--expt-relaxed-constexpr", *abi_flag,
+                "-gencode", f"arch=compute_{number},code=sm_{number}"]
+    flags = [f for f in base if f] + includes + user_flags
+    search = dirs + [Path(d).expanduser().resolve() for d in _include_dirs_in(user_flags)]
+    return Plan(source, language, argv, flags, search, abi)
+
+
+
+
+# --------------------------------------------------------------------------
+# running
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _death_signal_setter():
+    """A preexec function asking Linux to SIGKILL the child when its parent dies, or None.
+
+    Without it, a builder killed with SIGKILL leaves its compiler running, and
+    the compiler later drops a stray library into the cache entry.  libc is
+    looked up here, in the parent: the child must not load anything before exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent():
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_parent
+
+
+def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess:
+    """Run a compiler command, its output and errors together in ``stdout``.
+
+    The compiler dies with this process (SIGKILL included) on Linux; on any
+    exception here (KeyboardInterrupt too) ``subprocess.run`` kills it.
+    """
+    try:
+        return subprocess.run(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True, errors="replace",
+                              preexec_fn=_death_signal_setter())
+    except OSError as exc:
+        raise CompilerNotFoundError(f"could not run the compiler {command[0]!r}: {exc}") from exc
