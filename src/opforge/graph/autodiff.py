@@ -56,17 +56,7 @@ def _replay_and_differentiate(graph, inputs, cotangents, wrt):
     with respect to the inputs selected by ``wrt`` (nodes off their paths are
     not differentiated, so they need no rule)."""
     active = _depends_on(graph, wrt)
-    env = {v.id: x for v, x in zip(graph.inputs, inputs)}
-    for node in graph.nodes:
-        if node.is_constant:  # the array itself: the new trace makes its own constant
-            env[node.outputs[0].id] = node.value
-            continue
-        args = [None if v is None else env[v.id] for v in node.inputs]
-        from ..runtime.dispatch import launcher_for
-
-        result = launcher_for(node.op, node.attrs, len(args))(*args)
-        for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
-            env[value.id] = out
+    env = graph.replay(inputs)
 
     grads = {}
 

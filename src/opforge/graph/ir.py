@@ -4,7 +4,6 @@ topological order, outputs).  Constants are nodes of the op ``constant``.
 """
 from __future__ import annotations
 
-import json
 from itertools import count
 
 import numpy as np
@@ -99,13 +98,20 @@ class Node:
     def is_constant(self):
         return self.op is None
 
-    def __repr__(self):
-        outs = ", ".join(repr(v) for v in self.outputs)
+    def text(self, names=None):
+        """One line; ``names`` maps value ids to the names to print (a graph's ``value_names``)."""
+        def name(value):
+            return "None" if value is None else "%" + (names or {}).get(value.id, value.name)
+
+        outs = ", ".join(f"{name(v)}: {v.spec}" for v in self.outputs)
         if self.is_constant:
             return f"{outs} = constant({np.array2string(self.value, threshold=6)})"
-        args = [f"%{v.name}" for v in self.inputs] + [f"{k}={v!r}" for k, v in self.attrs.items()]
+        args = [name(v) for v in self.inputs] + [f"{k}={v!r}" for k, v in self.attrs.items()]
         layout = f"  [{self.kernel.name}]" if self.kernel is not None else ""
         return f"{outs} = {self.op.name}({', '.join(args)}){layout}"
+
+    def __repr__(self):
+        return self.text()
 
 
 def constant_node(array) -> Node:
@@ -113,6 +119,17 @@ def constant_node(array) -> Node:
     node = Node(None, [], {}, [TensorSpec.of(array)])
     node.value = array
     return node
+
+
+def compatible(declared: TensorSpec, given: TensorSpec) -> bool:
+    """Whether two specs can describe the same tensor: equal dtypes, and
+    shapes that agree wherever both are known."""
+    if declared.dtype != given.dtype:
+        return False
+    if declared.rank is None or given.rank is None:
+        return True
+    return declared.rank == given.rank and all(
+        a == b or -1 in (a, b) for a, b in zip(declared.shape, given.shape))
 
 
 class Graph:
@@ -127,117 +144,97 @@ class Graph:
         self._executor = None
 
     def __call__(self, *arrays):
+        if any(isinstance(a, Value) for a in arrays):  # inside a trace (grad of a graph): record its ops
+            return self._inline(arrays)
         from .executor import Executor
 
         if self._executor is None:
             self._executor = Executor(self)
         return self._executor.run(arrays)
 
+    def _inline(self, args):
+        from ..errors import ArityError, ShapeError
+
+        if len(args) != len(self.inputs):
+            raise ArityError(f"graph '{self.name}' takes {len(self.inputs)} input(s), got {len(args)}")
+        for value, arg in zip(self.inputs, args):
+            spec = arg.spec if isinstance(arg, Value) else TensorSpec.of(np.asarray(arg))
+            if not compatible(value.spec, spec):
+                raise ShapeError(f"graph '{self.name}': input %{value.name} is declared {value.spec}, got {spec}")
+        env = self.replay(args)
+        outputs = tuple(env[v.id] for v in self.outputs)
+        return outputs if self.tuple_output else outputs[0]
+
+    def replay(self, args) -> dict:
+        """Run the nodes one op call at a time on ``args`` (arrays, or traced
+        values: then the calls are recorded into the current trace).  Returns
+        {value id: array or value} for every value of the graph."""
+        from ..runtime.dispatch import launcher_for
+
+        env = {v.id: x for v, x in zip(self.inputs, args)}
+        for node in self.nodes:
+            if node.is_constant:  # the array itself: a trace makes its own constant
+                env[node.outputs[0].id] = node.value
+                continue
+            result = launcher_for(node.op, node.attrs, len(node.inputs))(
+                *[None if v is None else env[v.id] for v in node.inputs])
+            for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
+                env[value.id] = out
+        return env
+
     def invalidate(self):
         """Call after changing the graph: drops compiled plans."""
         self._executor = None
 
+    def value_names(self) -> dict:
+        """{value id: name}, the names both printing and JSON use: inputs keep
+        their own names, every other value is v0, v1, ... in order of definition."""
+        names, taken = {}, set()
+
+        def give(value, name):
+            names[value.id] = name
+            taken.add(name)
+
+        for k, value in enumerate(self.inputs):
+            give(value, value.name if isinstance(value.name, str) and value.name and value.name not in taken
+                 else f"x{k}")
+        number = 0
+        for node in self.nodes:
+            for value in node.outputs:
+                while f"v{number}" in taken:
+                    number += 1
+                give(value, f"v{number}")
+        return names
+
     def __repr__(self):
-        lines = [f"graph {self.name}(" + ", ".join(repr(v) for v in self.inputs) + ") {"]
-        lines += [f"  {node!r}" for node in self.nodes]
-        lines.append("  return " + ", ".join(f"%{v.name}" for v in self.outputs))
+        names = self.value_names()
+        lines = [f"graph {self.name}(" + ", ".join(f"%{names[v.id]}: {v.spec}" for v in self.inputs) + ") {"]
+        lines += [f"  {node.text(names)}" for node in self.nodes]
+        lines.append("  return " + ", ".join(f"%{names.get(v.id, v.name)}" for v in self.outputs))
         lines.append("}")
         return "\n".join(lines)
 
-    # -- JSON ---------------------------------------------------------------
+    # -- JSON (graph.serialize): a loaded graph is validated against the registered ops
     def to_json(self) -> str:
-        names = {}
+        from .serialize import to_json
 
-        def ref(value):
-            return names.setdefault(value.id, f"v{len(names)}")
-
-        def spec(value):
-            return {"shape": list(value.spec.shape), "dtype": value.spec.dtype, "layout": value.spec.layout}
-
-        inputs = [dict(name=ref(v), **spec(v)) for v in self.inputs]
-        nodes = []
-        for node in self.nodes:
-            entry = {"outputs": [dict(name=ref(v), **spec(v)) for v in node.outputs]}
-            if node.is_constant:
-                entry.update(op="constant", value=node.value.tolist(), dtype=str(node.value.dtype))
-            else:
-                if getattr(node.op, "schema", None) is None:
-                    raise OpforgeError(f"graph '{self.name}': op '{node.op.name}' is not registered with a schema, "
-                                       "so it cannot be saved (declare it with opforge.op)")
-                entry.update(op=node.op.name, inputs=[None if v is None else ref(v) for v in node.inputs],
-                             attrs={k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()})
-                if node.kernel is not None:
-                    entry["kernel"] = node.kernel.name
-            nodes.append(entry)
-        return json.dumps({
-            "name": self.name,
-            "tuple_output": self.tuple_output,
-            "inputs": inputs,
-            "nodes": nodes,
-            "outputs": [ref(v) for v in self.outputs],
-        }, indent=1)
+        return to_json(self)
 
     def save(self, path):
         """Write the graph as JSON; the file is replaced only once the text is complete."""
-        import os
-        import tempfile
+        from .serialize import save
 
-        text = self.to_json()
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, temporary = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
+        save(self, path)
 
     @classmethod
-    def from_json(cls, text: str) -> "Graph":
-        try:
-            return cls._from_json(json.loads(text))
-        except (KeyError, TypeError, ValueError, IndexError) as error:
-            if isinstance(error, OpforgeError):
-                raise
-            raise OpforgeError(f"malformed graph JSON: {type(error).__name__}: {error}") from None
+    def from_json(cls, text) -> "Graph":
+        """The graph in ``text`` (str or UTF-8 bytes); any problem is a GraphError."""
+        from .serialize import from_json
 
-    @classmethod
-    def _from_json(cls, data) -> "Graph":
-        from ..registry import lookup
-
-        values = {}
-
-        def spec(entry):
-            return TensorSpec(entry["shape"], entry["dtype"], entry.get("layout", "ndarray"))
-
-        inputs = []
-        for entry in data["inputs"]:
-            value = Value(spec(entry), name=entry["name"])
-            values[entry["name"]] = value
-            inputs.append(value)
-        nodes = []
-        for entry in data["nodes"]:
-            if entry["op"] == "constant":
-                node = constant_node(np.array(entry["value"], dtype=entry["dtype"]))
-            else:
-                op = lookup(entry["op"])
-                if op is None:
-                    raise OpforgeError(f"graph '{data['name']}' uses op '{entry['op']}', which is not registered")
-                try:
-                    args = [None if name is None else values[name] for name in entry["inputs"]]
-                except KeyError as missing:
-                    raise OpforgeError(f"graph '{data['name']}': node {entry['op']} reads {missing}, "
-                                       "which no earlier node defines") from None
-                node = Node(op, args, op.resolve_attrs(entry.get("attrs", {})),
-                            [spec(o) for o in entry["outputs"]])
-                if "kernel" in entry:
-                    node.kernel = next((k for k in op.kernels if k.name == entry["kernel"]), None)
-            for value, out in zip(node.outputs, entry["outputs"]):
-                value.name = out["name"]
-                values[out["name"]] = value
-            nodes.append(node)
-        graph = cls(inputs, nodes, [values[name] for name in data["outputs"]], name=data["name"])
-        graph.tuple_output = data.get("tuple_output", True)
-        return graph
+        return from_json(text)
 
     @classmethod
     def load(cls, path) -> "Graph":
-        with open(path) as handle:
-            return cls.from_json(handle.read())
+        from .serialize import load
+
+        return load(path)

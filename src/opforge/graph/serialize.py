@@ -1,0 +1,321 @@
+"""Graphs as JSON: ``to_json`` / ``save`` write, ``from_json`` / ``load`` read.
+
+A graph file is untrusted input: it reaches kernels that write wherever
+their output buffers are.  So reading checks every field against the
+registered ops before the graph exists -- the op, its input and output
+counts, attribute names and types (the op's own checking), dtypes, layouts,
+shapes, that every value is defined before use, that constants hold what
+they declare, and that each node's declared outputs agree with its op's
+inference.  Every problem is a ``GraphError`` naming the node, the field and
+what was expected.
+"""
+from __future__ import annotations
+
+import json
+import os
+import reprlib
+import tempfile
+
+import numpy as np
+
+from ..dtypes import ABI_DTYPES, to_numpy
+from ..errors import GraphError
+from ..registry import lookup, registered_ops
+from ..spec import TensorSpec
+from .ir import Graph, Node, Value, compatible, constant_node
+
+FORMAT = 1  # written as "format"; files without it are read as format 1
+MAX_RANK = 32  # NumPy 1's limit on dims, and far beyond any kernel's
+INT64_MAX = 2 ** 63 - 1
+
+_show = reprlib.Repr()
+_show.maxlevel, _show.maxstring, _show.maxother = 3, 60, 60
+
+
+# -- writing -------------------------------------------------------------------
+
+def to_json(graph: Graph) -> str:
+    names = graph.value_names()
+
+    def value(v):
+        return {"name": names[v.id], "shape": list(v.spec.shape), "dtype": v.spec.dtype, "layout": v.spec.layout}
+
+    nodes = []
+    for node in graph.nodes:
+        entry = {"outputs": [value(v) for v in node.outputs]}
+        if node.is_constant:
+            entry.update(op="constant", value=node.value.tolist(), dtype=str(node.value.dtype))
+        else:
+            if getattr(node.op, "schema", None) is None:
+                raise GraphError(f"graph '{graph.name}': op '{node.op.name}' is not registered with a schema, "
+                                 "so it cannot be saved (declare it with opforge.op)")
+            entry.update(op=node.op.name, inputs=[None if v is None else names[v.id] for v in node.inputs],
+                         attrs={k: list(v) if isinstance(v, tuple) else v for k, v in node.attrs.items()})
+            if node.kernel is not None:
+                entry["kernel"] = node.kernel.name
+        nodes.append(entry)
+    return json.dumps({"format": FORMAT, "name": graph.name, "tuple_output": graph.tuple_output,
+                       "inputs": [value(v) for v in graph.inputs], "nodes": nodes,
+                       "outputs": [names[v.id] for v in graph.outputs]}, indent=1)
+
+
+def save(graph: Graph, path) -> None:
+    """Write ``graph`` to ``path``; the file is replaced only once the text is complete."""
+    text = to_json(graph)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
+# -- reading -------------------------------------------------------------------
+
+def load(path) -> Graph:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise GraphError(f"cannot read graph file '{path}': {error.strerror or error}") from None
+    try:
+        return from_json(data)
+    except GraphError as error:
+        raise GraphError(f"graph file '{path}': {error}") from None
+
+
+def from_json(source) -> Graph:
+    """The graph in ``source`` (str, or bytes holding UTF-8 text), validated."""
+    if isinstance(source, (bytes, bytearray)):
+        try:
+            source = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise GraphError(f"graph JSON is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if not isinstance(source, str):
+        raise GraphError(f"graph JSON must be str or bytes, got {type(source).__name__}")
+    try:
+        data = json.loads(source)
+    except RecursionError:
+        raise GraphError("graph JSON is nested too deeply") from None
+    except ValueError as error:  # bad syntax, or an integer with too many digits
+        raise GraphError(f"graph JSON does not parse: {error}") from None
+    return _Reader(data).graph()
+
+
+_VALUE_KEYS = ({"name", "shape", "dtype"}, {"layout"})
+_GRAPH_KEYS = ({"name", "inputs", "nodes", "outputs"}, {"format", "tuple_output"})
+_CONSTANT_KEYS = ({"op", "outputs", "value", "dtype"}, set())
+_NODE_KEYS = ({"op", "inputs", "outputs"}, {"attrs", "kernel"})
+
+
+class _Reader:
+    """Reads one graph object; ``where`` is the part being read, for messages."""
+
+    def __init__(self, data):
+        self.data = data
+        self.where = "graph"
+        self.values = {}  # name -> Value, as defined so far
+        self.layouts = {"ndarray"} | {k.layout for op in registered_ops() for k in op.kernels} - {"any"}
+
+    def fail(self, field, expected, got):
+        raise GraphError(f"{self.where}: '{field}' must be {expected}, got {_show.repr(got)}")
+
+    def keys(self, entry, allowed, what):
+        required, optional = allowed
+        if not isinstance(entry, dict):
+            raise GraphError(f"{self.where}: {what} must be an object with keys {sorted(required)}, "
+                             f"got {_show.repr(entry)}")
+        missing = sorted(required - entry.keys())
+        if missing:
+            raise GraphError(f"{self.where}: {what} lacks the key(s) {missing}")
+        unknown = sorted(entry.keys() - required - optional)
+        if unknown:
+            raise GraphError(f"{self.where}: {what} has unknown key(s) {unknown}; "
+                             f"expected {sorted(required | optional)}")
+
+    def field(self, entry, key, kind, expected):
+        value = entry[key]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            self.fail(key, expected, value)
+        return value
+
+    # -- the graph
+    def graph(self) -> Graph:
+        data = self.data
+        self.keys(data, _GRAPH_KEYS, "a graph")
+        if data.get("format", FORMAT) != FORMAT or isinstance(data.get("format"), bool):
+            self.fail("format", f"{FORMAT} (the only graph format this opforge reads)", data["format"])
+        name = self.field(data, "name", str, "a string")
+        self.where = f"graph '{name}'"
+        tuple_output = data.get("tuple_output", True)
+        if not isinstance(tuple_output, bool):
+            self.fail("tuple_output", "true or false", tuple_output)
+        inputs = []
+        for k, entry in enumerate(self.field(data, "inputs", list, "a list of values")):
+            self.where = f"graph '{name}': input {k}"
+            value = Value(self.spec(entry, "a graph input"))
+            if value.spec.layout != "ndarray":
+                self.fail("layout", "ndarray (graphs take plain arrays)", value.spec.layout)
+            inputs.append(self.define(value, entry))
+        nodes = []
+        for k, entry in enumerate(self.field(data, "nodes", list, "a list of nodes")):
+            self.where = f"graph '{name}': node {k}"
+            nodes.append(self.node(entry))
+        self.where = f"graph '{name}'"
+        names = self.field(data, "outputs", list, "a list of value names")
+        if not tuple_output and len(names) != 1:
+            self.fail("outputs", "one value name when 'tuple_output' is false", names)
+        graph = Graph(inputs, nodes, [self.use(n, "outputs") for n in names], name=name)
+        graph.tuple_output = tuple_output
+        return graph
+
+    # -- values
+    def spec(self, entry, what) -> TensorSpec:
+        self.keys(entry, _VALUE_KEYS, what)
+        shape = entry["shape"]
+        if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+            self.fail("shape", "a list of ints", shape)
+        if shape != [-2] and not all(-1 <= d <= INT64_MAX for d in shape) or len(shape) > MAX_RANK:
+            self.fail("shape", f"at most {MAX_RANK} dims, each >= 0 or -1 (unknown) and within int64, "
+                               "or [-2] (unknown rank)", shape)
+        dtype = entry["dtype"]
+        if dtype not in ABI_DTYPES:
+            self.fail("dtype", f"one of {', '.join(ABI_DTYPES)}", dtype)
+        layout = entry.get("layout", "ndarray")
+        if layout not in self.layouts:
+            self.fail("layout", f"one of {', '.join(sorted(self.layouts))}", layout)
+        return TensorSpec(shape, dtype, layout)
+
+    def define(self, value, entry) -> Value:
+        name = entry["name"]
+        if not isinstance(name, str) or not name:
+            self.fail("name", "a non-empty string", name)
+        if name in self.values:
+            self.fail("name", "a name no earlier value has", name)
+        value.name = name
+        self.values[name] = value
+        return value
+
+    def use(self, name, field) -> Value:
+        if not isinstance(name, str) or name not in self.values:
+            self.fail(field, "names of values defined earlier (graph inputs or outputs of earlier nodes)", name)
+        return self.values[name]
+
+    # -- nodes
+    def node(self, entry) -> Node:
+        if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
+            raise GraphError(f"{self.where}: a node must be an object whose 'op' is an op name, "
+                             f"got {_show.repr(entry)}")
+        if entry["op"] == "constant":
+            return self.constant(entry)
+        op = lookup(entry["op"])
+        self.where += f" ({entry['op']})"
+        if op is None:
+            raise GraphError(f"{self.where}: 'op' names op '{entry['op']}', which is not registered")
+        self.keys(entry, _NODE_KEYS, "a node")
+        inputs = self.inputs(op, self.field(entry, "inputs", list, "a list of value names (null: absent)"))
+        attrs = self.attrs(op, entry.get("attrs", {}))
+        outs = self.field(entry, "outputs", list, "a list of values")
+        if len(outs) != len(op.outputs):
+            self.fail("outputs", f"{len(op.outputs)} value(s) ({', '.join(op.outputs)})", outs)
+        declared = [self.spec(out, "an output") for out in outs]
+        in_specs = [None if v is None else v.spec for v in inputs]
+        try:
+            inferred = op.infer_specs(in_specs, attrs)
+        except Exception as error:  # the op's own code: whatever it raises, the file is what is wrong
+            raise GraphError(f"{self.where}: the op rejects inputs {in_specs} with attrs {attrs}: "
+                             f"{type(error).__name__}: {error}") from error
+        layout = self.runs_in(op, inputs)
+        for name, mine, theirs in zip(op.outputs, declared, inferred):
+            if not compatible(mine, theirs):
+                self.fail("outputs", f"output '{name}' as inferred from the inputs, {theirs}", mine)
+            expected = theirs.layout if layout is None else layout
+            if mine.layout != expected:
+                self.fail("outputs", f"output '{name}' in layout {expected}", mine.layout)
+        node = Node(op, inputs, attrs, declared)
+        if "kernel" in entry:
+            node.kernel = self.kernel(op, entry["kernel"], layout)
+        for value, out in zip(node.outputs, outs):
+            self.define(value, out)
+        return node
+
+    def inputs(self, op, names):
+        if op.variadic:
+            if None in names:
+                self.fail("inputs", f"value names for the variadic input '{op.inputs[0].name}'", names)
+            return [self.use(n, "inputs") for n in names]
+        ok = len(names) <= len(op.inputs) and all(
+            i.optional for i in op.inputs[len(names):]) and all(
+            i.optional for i, n in zip(op.inputs, names) if n is None)
+        if not ok:
+            wanted = ", ".join(i.name + ("?" if i.optional else "") for i in op.inputs)
+            self.fail("inputs", f"{len(op.inputs)} value name(s) ({wanted}; null only for '?' inputs)", names)
+        names = names + [None] * (len(op.inputs) - len(names))
+        return [None if n is None else self.use(n, "inputs") for n in names]
+
+    def attrs(self, op, values):
+        if not isinstance(values, dict):
+            self.fail("attrs", "an object of attribute values", values)
+        unknown = sorted(values.keys() - op.attrs.keys())
+        if unknown:
+            self.fail("attrs", f"attributes of op '{op.name}' ({', '.join(op.attrs) or 'it has none'})", unknown)
+        try:
+            return op.resolve_attrs(values)
+        except Exception as error:  # the op's own checking
+            raise GraphError(f"{self.where}: 'attrs': {type(error).__name__}: {error}") from error
+
+    def runs_in(self, op, inputs):
+        """The layout a node's kernel works in: that of its inputs (kernels are
+        chosen by it), or None for ops with a layout-converting ("any") kernel,
+        whose inference gives the output's layout."""
+        if any(k.layout == "any" for k in op.kernels):
+            return None
+        layouts = {v.spec.layout for v in inputs if v is not None}
+        if len(layouts) > 1:
+            self.fail("inputs", "values in one layout (the layout pass inserts reorders)", sorted(layouts))
+        return layouts.pop() if layouts else "ndarray"
+
+    def kernel(self, op, name, layout):
+        found = next((k for k in op.kernels if k.name == name), None) if isinstance(name, str) else None
+        if found is None:
+            self.fail("kernel", f"the name of one of the op's kernels ({', '.join(k.name for k in op.kernels)})",
+                      name)
+        if found.layout not in ("any", layout):
+            self.fail("kernel", f"a kernel for layout {layout} (its inputs' layout)", name)
+        return found
+
+    def constant(self, entry) -> Node:
+        self.where += " (constant)"
+        self.keys(entry, _CONSTANT_KEYS, "a constant")
+        outs = self.field(entry, "outputs", list, "a list of one value")
+        if len(outs) != 1:
+            self.fail("outputs", "a list of one value", outs)
+        declared = self.spec(outs[0], "an output")
+        dtype = entry["dtype"]
+        if dtype != declared.dtype:
+            self.fail("dtype", f"the output's dtype {declared.dtype}", dtype)
+        array = self.decode(entry["value"], dtype)
+        if declared.shape != array.shape or declared.layout != "ndarray":
+            self.fail("outputs", f"the shape of 'value', {list(array.shape)}, in layout ndarray",
+                      [list(declared.shape), declared.layout])
+        node = constant_node(array)
+        self.define(node.outputs[0], outs[0])
+        return node
+
+    def decode(self, value, dtype) -> np.ndarray:
+        """The constant's array, only if ``value`` holds exactly such numbers."""
+        kinds = "b" if dtype == "bool" else "iuf" if "float" in dtype else "iu"
+        expected = f"a rectangular nested list of {'booleans' if kinds == 'b' else 'numbers'} that fit {dtype}"
+        try:
+            raw = np.array(value)
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            self.fail("value", expected, value)
+        if raw.ndim > MAX_RANK or (raw.size and raw.dtype.kind not in kinds):
+            self.fail("value", expected, value)
+        with np.errstate(over="ignore", invalid="ignore"):
+            array = raw.astype(to_numpy(dtype))
+            exact = np.array_equal(array, raw) if kinds == "iu" else \
+                kinds == "b" or np.array_equal(np.isfinite(array), np.isfinite(raw))
+        if not exact:
+            self.fail("value", expected, value)
+        return array
+
