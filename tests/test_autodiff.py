@@ -111,7 +111,7 @@ def test_gradcheck_catches_a_wrong_rule(fresh):
     cube = declare(fresh, "tautodiff::cube(Tensor x) -> Tensor y", traits=["no_side_effect"])
     cube.def_infer(opforge.infer.same_as(0))
 
-    @cube.reference
+    @cube.kernel
     def _(x):
         return x * x * x
 
@@ -237,7 +237,7 @@ def test_an_unused_argument_gets_a_zero_gradient():
 def test_no_grad_trait_and_missing_rule_raise_gradient_error_naming_the_op(fresh):
     stop = declare(fresh, "tautodiff::stop(Tensor x) -> Tensor y", traits=["no_grad", "no_side_effect"])
     stop.def_infer(opforge.infer.same_as(0))
-    stop.reference(lambda x: x.copy())
+    stop.kernel(lambda x: x.copy())
     stop.grad(lambda saved, dy: dy)  # ignored: no_grad wins
     x = r(3)
     np.testing.assert_array_equal(stop(x), x)
@@ -246,7 +246,7 @@ def test_no_grad_trait_and_missing_rule_raise_gradient_error_naming_the_op(fresh
 
     norule = declare(fresh, "tautodiff::norule(Tensor x) -> Tensor y", traits=["no_side_effect"])
     norule.def_infer(opforge.infer.same_as(0))
-    norule.reference(lambda x: 2 * x)
+    norule.kernel(lambda x: 2 * x)
     with pytest.raises(GradientError, match="tautodiff::norule"):
         opforge.grad(lambda x: ops.reduce_sum(norule(x)))(x)
     _, pullback = opforge.vjp(lambda x: norule(x), x)
@@ -257,10 +257,10 @@ def test_no_grad_trait_and_missing_rule_raise_gradient_error_naming_the_op(fresh
 def test_ops_without_rules_off_the_differentiated_path_are_fine(fresh):
     stop = declare(fresh, "tautodiff::stop2(Tensor x) -> Tensor y", traits=["no_grad", "no_side_effect"])
     stop.def_infer(opforge.infer.same_as(0))
-    stop.reference(lambda x: x.copy())
+    stop.kernel(lambda x: x.copy())
     norule = declare(fresh, "tautodiff::norule2(Tensor x) -> Tensor y", traits=["no_side_effect"])
     norule.def_infer(opforge.infer.same_as(0))
-    norule.reference(lambda x: 2 * x)
+    norule.kernel(lambda x: 2 * x)
     x, y = r(3), r(3, seed=1)
     grads = opforge.grad(lambda x, y: ops.reduce_sum(x * x) + ops.reduce_sum(norule(y)), argnums=0)(x, y)
     np.testing.assert_allclose(grads, 2 * x, rtol=1e-12)
@@ -278,7 +278,7 @@ def test_grad_of_a_non_scalar_function_raises():
 def test_a_rule_returning_the_wrong_number_of_gradients_raises(fresh):
     op = declare(fresh, "tautodiff::product(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"])
     op.def_infer(opforge.infer.same_as(0))
-    op.reference(lambda a, b: a * b)
+    op.kernel(lambda a, b: a * b)
 
     @op.grad(save=["a", "b"])
     def _(saved, dy):
@@ -298,7 +298,7 @@ def test_a_rule_returning_the_wrong_number_of_gradients_raises(fresh):
 def test_a_rule_returning_a_wrongly_shaped_gradient_raises(fresh):
     op = declare(fresh, "tautodiff::twice(Tensor x) -> Tensor y", traits=["no_side_effect"])
     op.def_infer(opforge.infer.same_as(0))
-    op.reference(lambda x: 2 * x)
+    op.kernel(lambda x: 2 * x)
     op.grad(lambda saved, dy: ops.reduce_sum(dy))
     with pytest.raises(GradientError, match="shape"):
         opforge.grad(lambda x: ops.reduce_sum(op(x)))(r(3))

@@ -49,6 +49,7 @@ class Kernel:
     device = "cpu"
     priority = 1  # dispatch prefers higher: native kernels are 2
     reference = False
+    dispatchable = True  # False: a reference kept for checks only, never chosen by dispatch
 
     def __init__(self, *, device="cpu", dtypes=None, isa=None, layout="ndarray", name=None):
         self.device = device.lower()
@@ -173,7 +174,7 @@ class Op(OpBase):
         * ``op.kernel(code=CPP, function="LeakyRelu", ...)``: the same from a string;
         * ``@op.kernel(device="cpu")`` on ``fn(*arrays, **attrs)``: a NumPy kernel.
           ``reference=True`` marks it as the semantics other kernels are checked
-          against (and the last choice of dispatch).
+          against (see ``Op.reference``: a kernel only for its declared ``dtypes``).
 
         ``dtypes={"x": ["float32", "float64"]}`` compiles a source once per
         listed dtype, with ``OPFORGE_T`` defined as the C type (and
@@ -188,6 +189,7 @@ class Op(OpBase):
         if fn is not None:
             kernel = PyKernel(fn, device=device, dtypes=signatures, isa=isa, layout=layout, name=name)
             kernel.reference = reference
+            kernel.dispatchable = not reference or signatures is not None  # see Op.reference
             self.add_kernel(kernel)
             return fn
         kernels = RUNTIME.source_kernels(self, source=source, code=code, function=function, device=device,
@@ -197,9 +199,21 @@ class Op(OpBase):
             self.add_kernel(kernel)
         return kernels[0] if len(kernels) == 1 else kernels
 
-    def reference(self, fn):
-        """Decorator: the op's NumPy reference kernel."""
-        return self.kernel(fn, reference=True)
+    def reference(self, fn=None, *, fallback=False, dtypes=None):
+        """Decorator: the op's NumPy reference, the semantics its kernels are
+        checked against (``opforge.testing.check_op``).
+
+        It is not a kernel unless the op says so: ``fallback=True`` lets
+        dispatch run it for inputs no other kernel takes, ``dtypes={...}``
+        (as for ``op.kernel``) for those dtypes only.  Otherwise such calls
+        raise ``NoKernelError``.
+        """
+        if fn is None:
+            return lambda f: self.reference(f, fallback=fallback, dtypes=dtypes)
+        self.kernel(fn, reference=True, dtypes=dtypes)
+        if fallback:
+            self.kernels[-1].dispatchable = True
+        return fn
 
     @property
     def reference_kernel(self):
@@ -243,11 +257,25 @@ class Op(OpBase):
         shape_fn, dtype_fn = getattr(self, "_shape_fn", None), getattr(self, "_dtype_fn", None)
 
         def infer(*specs, **attrs):
+            # Either half may be missing: every output then takes the first input's shape (or dtype).
+            n = len(self.outputs)
             present = [s for s in specs if s is not None]
-            shapes = shape_fn(*[s and s.shape for s in specs], **attrs) if shape_fn else present[0].shape
-            dtypes = dtype_fn(*[s and s.dtype for s in specs], **attrs) if dtype_fn else present[0].dtype
-            shapes = list(shapes) if self.tuple_output else [shapes]
-            dtypes = list(dtypes) if isinstance(dtypes, (tuple, list)) else [dtypes] * len(shapes)
+            if not present and not (shape_fn and dtype_fn):
+                raise InferenceError(f"op '{self.name}': inference without infer_shape and infer_dtype "
+                                     "copies the first input, but no input was given")
+            if shape_fn is None:
+                shapes = [present[0].shape] * n
+            else:
+                shapes = shape_fn(*[s and s.shape for s in specs], **attrs)
+                shapes = list(shapes) if self.tuple_output else [shapes]
+            if dtype_fn is None:
+                dtypes = [present[0].dtype] * n
+            else:
+                dtypes = dtype_fn(*[s and s.dtype for s in specs], **attrs)
+                dtypes = list(dtypes) if isinstance(dtypes, (tuple, list)) else [dtypes] * n
+            if len(shapes) != n or len(dtypes) != n:
+                raise InferenceError(f"op '{self.name}' declares {n} output(s) ({', '.join(self.outputs)}); "
+                                     f"infer_shape gave {len(shapes)} shape(s) and infer_dtype {len(dtypes)} dtype(s)")
             return [TensorSpec(shape, dtype) for shape, dtype in zip(shapes, dtypes)]
 
         self.def_infer(infer)
@@ -373,6 +401,13 @@ class Op(OpBase):
         """The general call path: bind, then run through the attributes' launcher."""
         tensors, attr_values = self.bind(args, kwargs)
         return RUNTIME.launcher_for(self, attr_values, len(tensors))(*tensors)
+
+    def check_present(self, tensors):
+        """ArityError for None given where the schema wants a tensor (only ``Tensor?`` inputs may be None)."""
+        for index, tensor in enumerate(tensors):
+            if tensor is None and (self.variadic or not self.inputs[index].optional):
+                raise ArityError(f"op '{self.name}': input '{self.input_name(index)}' is a required tensor, got None "
+                                 "(only inputs declared 'Tensor?' may be None)")
 
     def input_name(self, index: int) -> str:
         return f"{self.inputs[0].name}[{index}]" if self.variadic else self.inputs[index].name

@@ -24,7 +24,7 @@ leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y",
 leaky_relu.def_infer(infer.same_as(0))
 
 
-@leaky_relu.reference
+@leaky_relu.reference(fallback=True)
 def leaky_relu_reference(x, alpha=0.01):
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 -> nan, overflow -> inf: silent, like the kernels
         return np.where(x > 0, x, alpha * x).astype(x.dtype, copy=False)
@@ -236,7 +236,7 @@ leaky_relu_grad = opforge.op("leaky_relu_grad(Tensor dy, Tensor x, *, float alph
 leaky_relu_grad.def_infer(infer.same_as(0))
 
 
-@leaky_relu_grad.reference
+@leaky_relu_grad.reference(fallback=True)
 def leaky_relu_grad_reference(dy, x, alpha=0.01):
     return np.where(x > 0, dy, np.float32(alpha) * dy).astype(dy.dtype, copy=False)
 

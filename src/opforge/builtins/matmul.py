@@ -44,7 +44,7 @@ def matmul_infer(a, b):
     return opforge.TensorSpec((*batch, m, n), a.dtype)
 
 
-@matmul.reference
+@matmul.reference(fallback=True)
 def matmul_reference(a, b):
     return np.matmul(a, b).astype(a.dtype, copy=False)
 

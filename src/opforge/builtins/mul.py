@@ -13,7 +13,7 @@ mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"
 mul.def_infer(infer.broadcast())
 
 
-@mul.reference
+@mul.reference(fallback=True)
 def mul_reference(a, b):
     return np.multiply(a, b).astype(a.dtype, copy=False)
 

@@ -8,7 +8,7 @@ neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect"], doc="El
 neg.def_infer(infer.same_as(0))
 
 
-@neg.reference
+@neg.reference(fallback=True)
 def neg_reference(x):
     return np.negative(x)
 

@@ -14,7 +14,7 @@ relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect"],
 relu.def_infer(infer.same_as(0))
 
 
-@relu.reference
+@relu.reference(fallback=True)
 def relu_reference(x):
     return np.maximum(x, 0).astype(x.dtype, copy=False)
 
@@ -54,7 +54,7 @@ relu_grad_op = opforge.op("relu_grad(Tensor dy, Tensor y) -> Tensor dx", traits=
 relu_grad_op.def_infer(infer.same_as(0))
 
 
-@relu_grad_op.reference
+@relu_grad_op.reference(fallback=True)
 def relu_grad_reference(dy, y):
     return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
 

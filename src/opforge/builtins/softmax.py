@@ -27,7 +27,7 @@ def softmax_check(x, *, axis):
     return None
 
 
-@softmax.reference
+@softmax.reference(fallback=True)
 def softmax_reference(x, *, axis):
     if x.ndim == 0:
         return np.ones_like(x)

@@ -13,7 +13,7 @@ sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"
 sub.def_infer(infer.broadcast())
 
 
-@sub.reference
+@sub.reference(fallback=True)
 def sub_reference(a, b):
     return np.subtract(a, b).astype(a.dtype, copy=False)
 

@@ -18,6 +18,7 @@ from ..bounded_cache import BoundedCache
 from ..operator import RUNTIME
 from ..errors import AttrError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
+from .checks import MEMORY_KINDS, memory_error
 from .cpu import isa_rank, isa_reject_reason
 
 #: Functions ``(op, attrs, args) -> result or NotImplemented`` consulted when a
@@ -112,6 +113,10 @@ def select_kernel(op, specs, device="cpu", kernels=None):
         raise NoKernelError(f"op '{op.name}' has no kernels")
     reasons = []
     for kernel in sorted(kernels, key=lambda k: _preference(k, device)):
+        if not kernel.dispatchable:
+            reasons.append((kernel, "a reference: the semantics kernels are checked against, run only where the op says so; "
+                                    "@op.reference(fallback=True) lets it run for inputs no kernel takes"))
+            continue
         reason = kernel.reject_reason(op, specs)
         if reason is None and kernel.device == "cpu" and kernel.isa is not None:
             reason = isa_reject_reason(kernel.isa)
@@ -130,6 +135,8 @@ def kernel_error(op, kernel, rc, error, function=None):
     if error is not None and error[0] == "attr":
         return AttrError(error[1])
     where = f" ({kernel.location})" if getattr(kernel, "location", None) else ""
+    if error is not None and error[0] in MEMORY_KINDS:
+        return memory_error(op, function, where, error)
     if error is not None:
         message = f"op '{op.name}': kernel function '{function}'{where} raised a C++ exception: {error[1]}"
     else:
@@ -151,6 +158,7 @@ class CallPlanner:
         return self.op.call(args, kwargs)
 
     def prepare(self, args):
+        self.op.check_present(args)
         for intercept in INTERCEPTORS:  # e.g. tracing: symbolic values instead of arrays
             result = intercept(self.op, self.attrs, args)
             if result is not NotImplemented:
