@@ -158,6 +158,36 @@ def test_grad_operation_refuses_what_it_cannot_do():
         ops.GradOperation(sens_param=True)(Poly())(f32(1), f32(2), (f32(1), f32(1)))
 
 
+def test_cell_bprop_replaces_the_cells_own_gradient():
+    """MindSpore's example: a Cell's bprop is its gradient, whatever construct computes."""
+    class Net(Cell):
+        def construct(self, x, y):
+            z = x * y
+            z = z * y
+            return z
+
+        def bprop(self, x, y, out, dout):
+            x_dout = x + y
+            y_dout = x * y
+            return x_dout, y_dout
+
+    grad_all = ops.GradOperation(get_all=True)
+    dx, dy = grad_all(Net())(ms.Tensor(1, ms.float32), ms.Tensor(2, ms.float32))
+    assert (float(dx.asnumpy()), float(dy.asnumpy())) == (3.0, 2.0)
+    assert float(Net()(ms.Tensor(1, ms.float32), ms.Tensor(2, ms.float32)).asnumpy()) == 4.0  # eager: construct
+
+    class Outer(Cell):  # the bprop Cell inside another: only its part follows bprop
+        def __init__(self):
+            super().__init__()
+            self.inner = Net()
+
+        def construct(self, x, y):
+            return ops.Mul()(self.inner(x, y), 3.0)
+
+    dx = ops.GradOperation(sens_param=True)(Outer())(f32(1, 2), f32(2, 2), f32(1, 1))
+    np.testing.assert_array_equal(dx.asnumpy(), [3, 4])  # bprop ignores dout, as written
+
+
 @needs_gxx
 def test_seed_style_bprop_program_differentiates_a_custom_op(monkeypatch, capsys):
     monkeypatch.chdir(KERNELS)  # the program refers to "./mindspore_compat.cc", as MindSpore's examples do

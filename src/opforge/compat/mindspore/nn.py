@@ -1,8 +1,17 @@
-"""``Cell``: a module whose ``construct`` runs eagerly on NumPy arrays."""
+"""``Cell``: a module whose ``construct`` runs eagerly on NumPy arrays.
+
+A Cell that defines ``bprop(self, *inputs, out, dout)`` is differentiated
+through it, as in MindSpore: under tracing (``ops.GradOperation``) the whole
+Cell becomes one op whose kernel runs ``construct`` and whose gradient rule
+is ``bprop``.
+"""
 import numpy as np
 
 from ... import dtypes as _dtypes
 from ...errors import ArityError, DTypeError, ShapeError
+from ...frontends.mindspore import Custom
+from ...graph.ir import Value
+from ...graph.trace import trace
 from ...spec import TensorSpec
 from .tensor import Tensor, unwrap, wrap
 
@@ -43,4 +52,27 @@ class Cell:
         inputs = [unwrap(x) for x in inputs]
         if self._input_specs is not None:
             self._check_inputs(inputs)
+        if hasattr(self, "bprop") and any(isinstance(x, Value) for x in inputs):
+            return self._bprop_op(inputs)(*inputs)
         return wrap(self.construct(*inputs))
+
+    def _bprop_op(self, inputs):
+        """The Cell as one op (per input signature) whose gradient rule is its ``bprop``."""
+        specs = tuple(x.spec if isinstance(x, Value) else TensorSpec.of(np.asarray(x)) for x in inputs)
+        ops = self.__dict__.setdefault("_bprop_ops", {})
+        if specs not in ops:
+            outputs = trace(self.construct, *specs).outputs  # only for the output specs
+            several = len(outputs) > 1
+            shapes = tuple(list(v.spec.shape) for v in outputs)
+            dtypes = tuple(v.spec.dtype for v in outputs)
+
+            def construct(*arrays):
+                return unwrap(self.construct(*arrays))
+
+            def bprop(*arrays):
+                return unwrap(self.bprop(*arrays))
+
+            construct.__name__ = type(self).__name__
+            ops[specs] = Custom(construct, shapes if several else shapes[0], dtypes if several else dtypes[0],
+                                "pyfunc", bprop=bprop)
+        return ops[specs]

@@ -67,8 +67,8 @@ def unwrap(value):
 
 
 def wrap(value):
-    """Arrays (also inside tuples and lists) as Tensors; traced values stay as they are."""
-    if isinstance(value, np.ndarray):
+    """Arrays and NumPy scalars (also inside tuples and lists) as Tensors; traced values stay as they are."""
+    if isinstance(value, (np.ndarray, np.generic)):
         return Tensor(value)
     if isinstance(value, (tuple, list)):
         return type(value)(wrap(v) for v in value)
