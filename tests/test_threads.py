@@ -81,6 +81,7 @@ def test_caches_under_contention(fresh, contention):
         k = 0
         while not stop.is_set():
             opforge.set_isa_cap(caps[k % len(caps)])
+            opforge.Op(f"stress::passing_{k % 7}", ["x"], ["y"])  # ops come and go while caps reset them all
             k += 1
         opforge.set_isa_cap(None)
 

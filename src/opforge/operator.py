@@ -8,6 +8,7 @@ schemas, built-ins -- produces an ``Op``, and every call goes through
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, replace
 
@@ -127,11 +128,14 @@ class Op(OpBase):
     """
 
     _instances = weakref.WeakSet()  # every live op, so a dispatch setting can reset them all
+    _instances_lock = threading.Lock()  # a WeakSet cannot be copied while another thread adds to it
 
     @classmethod
     def forget_all_plans(cls):
         """Drop every op's cached kernel choices (after the ISA cap changed)."""
-        for op in list(cls._instances):
+        with cls._instances_lock:
+            ops = list(cls._instances)
+        for op in ops:
             op._forget_plans()
 
     def __init__(self, name, inputs, outputs, attrs=(), *, traits=(), doc=None, tuple_output=None):
@@ -154,7 +158,8 @@ class Op(OpBase):
         self.grad_saves = ()
         self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
         self._fast_calls = BoundedCache(64)  # raw attribute values -> Launcher, for the functional API
-        Op._instances.add(self)
+        with Op._instances_lock:
+            Op._instances.add(self)
         self._default_launcher = None
 
     # -- declaration ------------------------------------------------------
