@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import AttrError
+from .dtypes import ABI_DTYPES, normalize
+from .errors import AttrError, DTypeError
 
 REQUIRED = object()  # default of an attribute that must be given
 
@@ -61,10 +62,43 @@ def _is_list_of(value, kind, depth):
     return all(_is_list_of(v, kind, depth - 1) for v in value)
 
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def _out_of_range(t, value):
+    """Why a well-typed value cannot cross into C++ (ints are int64_t, floats double), or None."""
+    if isinstance(value, tuple):
+        return next(filter(None, (_out_of_range(t, v) for v in value)), None)
+    if type(value) is not int:  # _plain made every integer a plain int (and left bools alone)
+        return None
+    if t in ("float", "float[]", "float[][]"):
+        try:
+            float(value)
+        except OverflowError:
+            return f"{_show(value)} is too large for a double"
+    elif not INT64_MIN <= value <= INT64_MAX:
+        return f"{_show(value)} is outside int64 [{INT64_MIN}, {INT64_MAX}]"
+    return None
+
+
+def _show(value):
+    """repr for a message: Python refuses to print ints of more than 4300 digits, and long values are cut."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} holding huge ints"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def check_attr(op_name: str, attr: AttrDef, value):
-    """Normalise ``value`` and check it against the attribute's declared type."""
-    value = _plain(value)
+    """Normalise ``value`` and check it against the attribute's declared type and range."""
     t = attr.type
+    try:
+        value = _plain(value)
+    except (OverflowError, ValueError, RecursionError):  # float(Fraction(10**400)), a list that holds itself
+        raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, got {_show(value)}") from None
     ok = {
         "any": lambda v: isinstance(v, (bool, int, float, str, tuple)),
         "bool": lambda v: isinstance(v, bool),
@@ -79,7 +113,11 @@ def check_attr(op_name: str, attr: AttrDef, value):
         "DType": lambda v: isinstance(v, str),
     }[t](value)
     if not ok:
-        raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, got {value!r} ({type(value).__name__})")
+        raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, "
+                        f"got {_show(value)} ({type(value).__name__})")
+    problem = _out_of_range(t, value)
+    if problem:
+        raise AttrError(f"op '{op_name}': attribute '{attr.name}' ({t}): {problem}")
     if t == "float" and isinstance(value, int):
         value = float(value)
     if t == "float[]":
@@ -87,9 +125,11 @@ def check_attr(op_name: str, attr: AttrDef, value):
     if t == "float[][]":
         value = tuple(tuple(float(v) for v in row) for row in value)
     if t == "DType":
-        from .dtypes import normalize
-
-        value = normalize(value)
+        try:
+            value = normalize(value)
+        except DTypeError:
+            raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects a dtype name, got {_show(value)}; "
+                            f"supported: {', '.join(ABI_DTYPES)}") from None
     return value
 
 

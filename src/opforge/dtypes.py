@@ -46,12 +46,14 @@ def to_numpy(dtype) -> np.dtype:
         name = _ALIASES.get(dtype, dtype)
         if name in _ABI_TO_NUMPY:
             return _ABI_TO_NUMPY[name]
+    if dtype is None:  # NumPy reads None as float64; here it is a forgotten dtype
+        raise DTypeError(f"None is not a dtype; expected one of {', '.join(ABI_DTYPES)}")
     numpy_name = getattr(dtype, "numpy_dtype", None)  # framework dtype objects (compat layers)
     if numpy_name is not None:
-        return np.dtype(numpy_name)
+        dtype = numpy_name
     try:
         result = np.dtype(dtype)
-    except TypeError:
+    except Exception:  # NumPy parses strings as it likes: "i4,," is a SyntaxError, "(2)i4" a TypeError
         raise DTypeError(f"{dtype!r} is not a dtype; expected one of {', '.join(ABI_DTYPES)}") from None
     if result not in _NUMPY_TO_ABI:
         raise DTypeError(f"dtype {result} is not supported by the kernel ABI; expected one of {', '.join(ABI_DTYPES)}")

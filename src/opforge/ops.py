@@ -8,6 +8,7 @@ import inspect
 
 from . import registry
 from .attrs import REQUIRED
+from .errors import ArityError, AttrError
 
 _functions = {}  # op name -> (op, function)
 
@@ -75,39 +76,101 @@ def function_for(op):
     if cached is not None and cached[0] is op:
         return cached[1]
     signature = signature_of(op)
-    # The function is generated as source so that Python itself binds and
-    # checks arguments (as fast as any call) and its signature is real.
+    # The function is generated as source, so that a well-formed call costs one
+    # Python frame and its signature is real.  Python's own binding must never
+    # fail (it would raise a bare TypeError), so every parameter has a default,
+    # positional ones are positional-only, and extra or unknown arguments are
+    # collected: any call the fast path does not take goes to _bind_by_name.
     P = inspect.Parameter
-    pieces, defaults, star_done = [], {}, False
-    for p in signature.parameters.values():
-        if p.kind == P.VAR_POSITIONAL:
-            pieces.append(f"*{p.name}")
-            star_done = True
-            continue
-        if p.kind == P.KEYWORD_ONLY and not star_done:
-            pieces.append("*")
-            star_done = True
-        if p.default is P.empty:
-            pieces.append(p.name)
-        else:
-            defaults[p.name] = p.default
-            pieces.append(f"{p.name}=_defaults[{p.name!r}]")
+    params = signature.parameters.values()
+    positional = [p.name for p in params if p.kind == P.POSITIONAL_OR_KEYWORD]
+    keyword = [p.name for p in params if p.kind == P.KEYWORD_ONLY]
+    defaults = {p.name: p.default for p in params if p.default is not P.empty}
+    required = [p.name for p in params if p.default is P.empty and p.kind != P.VAR_POSITIONAL]
+    pieces = [f"{name}=_MISSING" for name in positional] + (["/"] if positional else [])
+    pieces.append(f"*{op.inputs[0].name}" if op.variadic else "*_extra")
+    pieces += [f"{name}={'_MISSING' if name in required else f'_defaults[{name!r}]'}" for name in keyword]
+    pieces.append("**_unknown")
+    off_path = ["_unknown"] + ([] if op.variadic else ["_extra"]) + [f"{name} is _MISSING" for name in required]
+    given = "(" + "".join(f"{name}, " for name in positional) + ")" + ("" if op.variadic else " + _extra")
+    by_name = "{" + ", ".join(f"{name!r}: {name}" for name in keyword) + "}"
+    fill = "".join(f"    if {name} is _MISSING:\n        {name} = _defaults[{name!r}]\n"
+                   for name in positional if name in defaults)
     if op.variadic:
         tensors = op.inputs[0].name
     else:
         tensors = "(" + "".join(f"{i.name}, " for i in op.inputs) + ")"
     attrs = "{" + ", ".join(f"{a!r}: {a}" for a in op.attrs) + "}"
     short = op.name.split("::")[-1]
-    source = f"def {short}({', '.join(pieces)}):\n    return _call(_op, {tensors}, {attrs})\n"
-    namespace = {"_call": _call, "_op": op, "_defaults": defaults}
+    source = (f"def _function({', '.join(pieces)}):\n"
+              f"    if {' or '.join(off_path)}:\n"
+              f"        return _bind_by_name(_op, {given}, {{**{by_name}, **_unknown}})\n"
+              f"{fill}"
+              f"    return _call(_op, {tensors}, {attrs})\n")
+    namespace = {"_call": _call, "_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults,
+                 "_MISSING": _MISSING}
     exec(compile(source, f"<opforge.ops.{short}>", "exec"), namespace)
-    function = namespace[short]
-
+    function = namespace["_function"]
+    function.__name__ = function.__qualname__ = short  # may be a Python keyword: 'mylib::def' is ops.mylib.def
     function.__signature__ = signature
     function.__doc__ = docstring_of(op)
     function.op = op
     _functions[op.name] = (op, function)
     return function
+
+
+_MISSING = object()  # an argument the call did not give
+
+
+def _bind_by_name(op, given, by_name):
+    """Bind a call the generated function's fast path does not take (a tensor
+    given by name, a missing or extra argument, an unknown keyword) as Python
+    would, but raising opforge's errors: ArityError for tensors, AttrError for
+    attributes.  ``given`` holds the positional arguments (unfilled slots are
+    _MISSING), ``by_name`` the keyword ones."""
+    P = inspect.Parameter
+    params = signature_of(op).parameters
+    slots = [p.name for p in params.values() if p.kind == P.POSITIONAL_OR_KEYWORD]
+    args = []
+    for value in given:  # what the caller passed by position: everything before the first unfilled slot
+        if value is _MISSING:
+            break
+        args.append(value)
+    inputs = ", ".join(i.name for i in op.inputs)
+    if op.variadic:
+        values = {op.inputs[0].name: tuple(args)}
+    elif len(args) > len(slots):
+        raise ArityError(f"op '{op.name}' takes {len(slots)} positional argument(s) ({', '.join(slots)}), "
+                         f"got {len(args)}")
+    else:
+        values = dict(zip(slots, args))
+    for name, value in by_name.items():
+        if value is _MISSING:  # a keyword-only attribute the call did not give
+            continue
+        if name not in params or params[name].kind == P.VAR_POSITIONAL:
+            raise AttrError(f"op '{op.name}' has no input or attribute '{name}' "
+                            f"(inputs: {inputs or 'none'}; attributes: {', '.join(op.attrs) or 'none'})")
+        if name in values:
+            error = ArityError if any(i.name == name for i in op.inputs) else AttrError
+            raise error(f"op '{op.name}': '{name}' is given twice, by position and by name")
+        values[name] = value
+    if op.variadic:
+        tensors = values.pop(op.inputs[0].name)
+    else:
+        missing = [i.name for i in op.inputs if not i.optional and i.name not in values]
+        if missing:
+            raise ArityError(f"op '{op.name}' takes {len(op.inputs)} tensor input(s) ({inputs}), "
+                             f"got {len(op.inputs) - len(missing)}; missing: {', '.join(missing)}")
+        tensors = tuple(values.pop(i.name, None) for i in op.inputs)
+    attrs = {}  # every attribute, in declaration order: _call's cache key is their values
+    for name, attr in op.attrs.items():
+        if name in values:
+            attrs[name] = values[name]
+        elif attr.default is not REQUIRED:
+            attrs[name] = attr.default
+        else:
+            raise AttrError(f"op '{op.name}': required attribute '{name}' ({attr.type}) was not given")
+    return _call(op, tensors, attrs)
 
 
 class Namespace:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from .attrs import ATTR_TYPES, REQUIRED, AttrDef, check_attr
-from .errors import SchemaError
+from .errors import OpforgeError, SchemaError
 from .operator import InputDef
 
 _TOKEN = re.compile(r"\s*(?:(?P<arrow>->)|(?P<colons>::)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)"
@@ -110,7 +110,7 @@ class _Parser:
         words = {"true": "True", "false": "False", "None": "None"}
         try:
             return ast.literal_eval(words.get(source, source)), start
-        except (ValueError, SyntaxError):
+        except Exception:  # ValueError, SyntaxError, TypeError ({[1]: 2}), RecursionError ([[[[...)
             self.fail(f"default {source!r} is not a literal", start)
 
     def parse(self):
@@ -161,9 +161,9 @@ class _Parser:
                     attr = AttrDef(param, type_name, REQUIRED, positional=not keyword_only)
                     if default is not REQUIRED:
                         try:
-                            default = check_attr(name, attr, default)
-                        except Exception as error:
-                            self.fail(f"default of '{param}': {error}", default_start)
+                            default = check_attr(f"{namespace}::{name}" if namespace else name, attr, default)
+                        except OpforgeError as error:
+                            self.fail(f"bad default: {error}", default_start)
                         attr = AttrDef(param, type_name, default, positional=not keyword_only)
                     attrs.append(attr)
             if not self.at(")"):

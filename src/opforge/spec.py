@@ -6,27 +6,48 @@ given by the user means -1.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import dtypes as _dtypes
 from .errors import ShapeError
 
 UNKNOWN_DIM = -1
 UNKNOWN_RANK = (-2,)
+#: Data layouts a tensor may have: plain row-major, or channels blocked by 16 (see builtins/reorder.py).
+LAYOUTS = ("ndarray", "nchw16c")
+ALLOWED_DIMS = "dims are ints >= 0 and below 2**63, -1 or None for an unknown dim, or the shape is [-2] (unknown rank)"
+
+
+def _dim(d, shape):
+    if type(d) is int and 0 <= d < 2**63:  # the common case, first
+        return d
+    if d is None:
+        return UNKNOWN_DIM
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral):
+        # A float dim is a bug upstream (2.7 must not quietly become 2).
+        raise ShapeError(f"dim {d} ({type(d).__name__}) in shape {list(shape)} is not an int: {ALLOWED_DIMS}")
+    d = int(d)
+    if not -2 <= d < 2**63:
+        raise ShapeError(f"dim {d} in shape {list(shape)} is out of range: {ALLOWED_DIMS}")
+    return d
 
 
 def normalize_shape(shape) -> tuple[int, ...]:
     if shape is None:
         return UNKNOWN_RANK
     try:
-        dims = tuple(UNKNOWN_DIM if d is None else int(d) for d in shape)
+        items = None if isinstance(shape, (str, bytes)) else tuple(shape)
     except TypeError:
-        raise ShapeError(f"a shape must be a sequence of ints (None or -1 for unknown dims), got {shape!r}") from None
-    if dims == UNKNOWN_RANK:
-        return dims
-    for d in dims:
-        if d < -1:
-            raise ShapeError(f"invalid dim {d} in shape {dims}: dims are >= 0, -1 (unknown), or the shape is [-2]")
+        items = None
+    if items is None:
+        raise ShapeError(f"a shape is a sequence of dims, got {shape!r} ({type(shape).__name__}): {ALLOWED_DIMS}")
+    dims = tuple(_dim(d, items) for d in items)
+    if dims != UNKNOWN_RANK and -2 in dims:
+        raise ShapeError(f"invalid dim -2 in shape {list(dims)}: {ALLOWED_DIMS}")
     return dims
 
 
@@ -41,12 +62,18 @@ class TensorSpec:
     def __init__(self, shape, dtype="float32", layout="ndarray"):
         object.__setattr__(self, "shape", normalize_shape(shape))
         object.__setattr__(self, "dtype", _dtypes.normalize(dtype))
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise ShapeError(f"unknown layout {layout!r}; a TensorSpec's layout is one of {', '.join(LAYOUTS)}")
         object.__setattr__(self, "layout", layout)
 
     @classmethod
     def of(cls, array) -> "TensorSpec":
         """The exact spec of an array-like (anything with .shape and .dtype)."""
-        return cls(tuple(array.shape), array.dtype)
+        shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+        if shape is None or dtype is None:
+            raise ShapeError(f"TensorSpec.of takes an array (anything with .shape and .dtype), "
+                             f"got {type(array).__name__}")
+        return cls(shape, dtype)
 
     @property
     def rank(self):
@@ -60,19 +87,15 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Bytes a tensor of this (static) spec occupies in its layout; nchw16c pads C to 16."""
-        import numpy as np
-
         shape = list(self.shape)
         if self.layout == "nchw16c" and len(shape) >= 2:
             shape[1] = -(-shape[1] // 16) * 16
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)  # exact: np.prod would wrap around for huge shapes
         return count * np.dtype(self.dtype).itemsize
 
     def empty(self):
         """An uninitialised buffer for this spec: the array itself for ndarray
         layout, the flat physical buffer for blocked layouts."""
-        import numpy as np
-
         if self.layout == "ndarray":
             return np.empty(self.shape, self.dtype)
         return np.empty(self.nbytes // np.dtype(self.dtype).itemsize, self.dtype)
