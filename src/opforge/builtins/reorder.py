@@ -9,10 +9,10 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.spec import LAYOUTS
 
 reorder = opforge.op("reorder(Tensor x, *, str layout='nchw16c') -> Tensor y", traits=["no_side_effect"],
                      doc="Convert x to the given layout ('ndarray' or 'nchw16c').")
-LAYOUTS = ("ndarray", "nchw16c")
 
 
 @reorder.check
