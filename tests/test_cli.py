@@ -119,3 +119,166 @@ def test_main_returns_exit_status(capsys):
     assert (Path(capsys.readouterr().out.strip()) / "custom_aot_extra.h").is_file()
     assert {"build", "cache", "include"} <= set(
         cli.make_parser()._subparsers._group_actions[0].choices)
+
+
+# --------------------------------------------------------------------------
+# opforge build: the variant options
+
+
+VARIANT_CC = """\
+#include <cstdint>
+extern "C" int elem_size() { return sizeof(OPFORGE_T); }
+extern "C" int x_size() { return sizeof(OPFORGE_T_x); }
+extern "C" int is_float64() { return OPFORGE_DTYPE_FLOAT64; }
+extern "C" int answer() { return ANSWER + EXTRA; }
+#ifdef OPFORGE_LAYOUT_NCHW16C
+extern "C" int blocked() { return 1; }
+#endif
+#ifdef __AVX2__
+extern "C" int has_avx2() { return 1; }
+#endif
+"""
+
+
+def build_in_process(monkeypatch, capsys, env, *args):
+    """``opforge build ARGS`` through cli.main: (exit status, stdout, stderr)."""
+    for var in ("OPFORGE_CXX", "CXX", "OPFORGE_CXXFLAGS", "OPFORGE_INCLUDE_DIRS", "OPFORGE_VERBOSE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", env["OPFORGE_CACHE_DIR"])
+    status = cli.main(["build", *map(str, args)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@needs_gxx
+def test_build_with_dtype_isa_layout_and_defines(env, tmp_path, monkeypatch, capsys):
+    src = tmp_path / "variant.cc"
+    src.write_text(VARIANT_CC)
+    status, out, err = build_in_process(monkeypatch, capsys, env, src, "--dtype", "float64", "--dtype", "x=int16",
+                                        "--isa", "avx2", "--layout", "nchw16c", "-D", "ANSWER=40", "-DEXTRA=2")
+    assert status == 0, err
+    lib = ctypes.CDLL(out.split()[0])
+    assert (lib.elem_size(), lib.x_size(), lib.is_float64(), lib.answer()) == (8, 2, 1, 42)
+    assert lib.blocked() == 1 and lib.has_avx2() == 1
+
+
+@needs_gxx
+@pytest.mark.parametrize("form", [["--cflags", "-DEXTRA=2"], ["--cflags=-DEXTRA=2"], ["--cflags", "-DEXTRA=2 -O1"],
+                                  ["--cflags=-DEXTRA=1", "--cflags", "-UEXTRA -DEXTRA=2"]])
+def test_build_cflags_forms(env, tmp_path, monkeypatch, capsys, form):
+    src = tmp_path / "k.cc"
+    src.write_text('extern "C" int answer() { return 40 + EXTRA; }\n')
+    status, out, err = build_in_process(monkeypatch, capsys, env, src, *form)
+    assert status == 0, err
+    assert ctypes.CDLL(out.split()[0]).answer() == 42
+
+
+@needs_gxx
+def test_build_prebuilds_what_op_kernel_loads(env, tmp_path, monkeypatch, capsys, fresh):
+    """The same options make the same flags, so `opforge build` fills the cache entry op.kernel uses."""
+    import opforge
+
+    src = tmp_path / "copy.cc"
+    src.write_text('#include <cstdint>\n'
+                   'extern "C" int Copy(int n, void **p, int *nd, int64_t **s, const char **t, void *st, void *e) {\n'
+                   '  return sizeof(OPFORGE_T_x) == sizeof(float) ? 0 : 1;\n'
+                   '}\n')
+    status, out, err = build_in_process(monkeypatch, capsys, env, src, "--dtype", "x=float32", "--isa", "avx2")
+    assert status == 0, err
+    prebuilt = Path(out.split()[0])
+    op = opforge.op("cli_test::copy(Tensor x) -> Tensor y")
+    fresh.append(op.name)
+    kernel = op.kernel(source=f"{src}:Copy", dtypes={"x": ["float32"]}, isa="avx2")
+    assert kernel.load().library.path == prebuilt
+
+
+def test_build_usage_errors_are_one_line(env, tmp_path, monkeypatch, capsys):
+    src = tmp_path / "k.cc"
+    src.write_text("int x;\n")
+    for args, words in (((src, "--dtype", "complex7"), ["--dtype complex7"]),
+                        ((src, "--dtype", "x-y=float32"), ["'x-y'", "not a C identifier"]),
+                        ((src, "--layout", "nchw-16c"), ["--layout", "'nchw-16c'"]),
+                        ((src, "-D", "1X=2"), ["macro '1X'"]),
+                        ((tmp_path / "libk.so",), ["libk.so", "not a kernel source"])):
+        status, out, err = build_in_process(monkeypatch, capsys, env, *args)
+        assert status == 2 and out == ""
+        assert err.count("\n") == 1 and err.startswith("opforge build: "), err
+        assert all(word in err for word in words), err
+
+
+def test_unusable_cache_is_one_line(env, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    env["OPFORGE_CACHE_DIR"] = str(blocker)
+    src = tmp_path / "k.cc"
+    src.write_text("int x;\n")
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    done = opforge(env, "build", src)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and str(blocker) in done.stderr and "OPFORGE_CACHE_DIR" in done.stderr
+
+
+# --------------------------------------------------------------------------
+# opforge ops: users' ops
+
+
+OPS_YAML = """\
+ops:
+  - schema: "cli_test::twice(Tensor x) -> Tensor y"
+    infer: helpers_next_to_yaml:infer_twice
+    kernels:
+      - python: helpers_next_to_yaml:twice
+        reference: true
+"""
+
+HELPERS = """\
+import opforge
+
+def infer_twice(x):
+    return x
+
+def twice(x):
+    return x * 2
+"""
+
+
+def test_ops_load_finds_modules_next_to_the_file(env, tmp_path):
+    folder = tmp_path / "decl"
+    folder.mkdir()
+    (folder / "ops.yaml").write_text(OPS_YAML)
+    (folder / "helpers_next_to_yaml.py").write_text(HELPERS)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "opforge", "ops", "--load", str(folder / "ops.yaml")],
+                          env=env, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split("cli_test::twice(Tensor x) -> Tensor y\n", 1)[1].splitlines()[0]
+    assert listed == "    kernel twice (cpu, reference)  helpers_next_to_yaml:twice"
+    assert "add(Tensor a, Tensor b)" in done.stdout  # the built-ins too
+
+
+def test_ops_load_with_a_missing_module_is_one_line(env, tmp_path):
+    (tmp_path / "ops.yaml").write_text(OPS_YAML.replace("helpers_next_to_yaml", "no_such_module_here"))
+    done = opforge(env, "ops", "--load", tmp_path / "ops.yaml")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    for word in (str(tmp_path / "ops.yaml"), "cli_test::twice", "no_such_module_here"):
+        assert word in done.stderr
+
+
+def test_ops_import_lists_a_modules_ops(env, tmp_path):
+    (tmp_path / "my_cli_ops.py").write_text(
+        "import opforge\n"
+        "op = opforge.op('cli_test::halve(Tensor x) -> Tensor y')\n"
+        "op.def_infer(opforge.infer.same_as(0))\n"
+        "@op.kernel(device='cpu')\n"
+        "def halve(x):\n"
+        "    return x / 2\n")
+    done = subprocess.run([sys.executable, "-m", "opforge", "ops", "--import", "my_cli_ops", "--import", "nope_mod"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "'nope_mod'" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "opforge", "ops", "--import", "my_cli_ops"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "cli_test::halve(Tensor x) -> Tensor y\n    kernel halve (cpu)  my_cli_ops:halve\n" in done.stdout

@@ -16,6 +16,8 @@ def workdir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("readme")
     (cpp,) = [code for lang, code in BLOCKS if lang == "cpp"]
     (folder / "scale.cc").write_text(cpp)
+    for code in (code for lang, code in BLOCKS if lang == "yaml"):  # a file named by its first line: "# ops.yaml"
+        (folder / code.split()[1]).write_text(code)
     return folder
 
 

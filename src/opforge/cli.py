@@ -1,39 +1,62 @@
 """The ``opforge`` command line.
 
-    opforge build FILE [--cflags "..."] [-I DIR]... [--verbose]
+    opforge build FILE [--dtype [NAME=]DTYPE]... [--isa ISA] [--layout LAYOUT] [-D NAME[=VALUE]]...
+                       [--cflags FLAGS] [-I DIR]... [--cuda-arch ARCH] [--cxx11-abi] [--force] [--verbose]
     opforge cache info | clear
     opforge include
-    opforge ops
+    opforge ops [--load FILE]... [--import MODULE]...
     opforge doctor
 
 Each subcommand is one ``add_<name>(subparsers)`` function that declares its
 arguments and sets ``func`` to the function that runs it; ``SUBCOMMANDS``
 lists them in help order.  A handler returns the exit status (0 when it
-returns None).  To add a subcommand, write both functions and append the
-``add_`` function to ``SUBCOMMANDS``.
+returns None); it reports a usage problem with :class:`UsageError` (exit 2).
+Every error is one line on stderr, never a traceback.  To add a subcommand,
+write both functions and append the ``add_`` function to ``SUBCOMMANDS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 import time
 from typing import Callable, Sequence
 
-from .errors import OpforgeError
+from .errors import CompileError, OpforgeError
+
+
+class UsageError(OpforgeError):
+    """A command was given something it cannot use: exit status 2."""
+
 
 # --------------------------------------------------------------------------
 # opforge build
 
 
 def add_build(subparsers) -> None:
+    from .runtime.cpu import ISA_LEVELS
+
     parser = subparsers.add_parser(
         "build", help="compile a kernel source into the cache",
         description="Compile a kernel source (.c .cc .cpp .cxx .cu) into opforge's cache and "
-                    "print the library's path. A source that is already built is not recompiled.")
+                    "print the library's path. A source that is already built is not recompiled. "
+                    "--dtype, --isa and --layout define the macros op.kernel(dtypes=, isa=, layout=) "
+                    "compiles a source with.")
     parser.add_argument("file", help="kernel source file")
-    parser.add_argument("--cflags", default="", metavar="FLAGS",
-                        help='extra compiler flags, split like a shell would (e.g. "-DN=4 -g")')
+    parser.add_argument("--dtype", dest="dtypes", action="append", default=[], metavar="[NAME=]DTYPE",
+                        help="define OPFORGE_T as the dtype's C type and OPFORGE_DTYPE_<DTYPE>=1 (the first "
+                             "--dtype); NAME=DTYPE also defines OPFORGE_T_<NAME> (repeatable)")
+    parser.add_argument("--isa", choices=ISA_LEVELS[1:],
+                        help="compile with this instruction set's flags (e.g. avx2: -mavx2 -mfma)")
+    parser.add_argument("--layout", default="ndarray", metavar="LAYOUT",
+                        help="define OPFORGE_LAYOUT_<LAYOUT>=1 for a blocked layout, e.g. nchw16c")
+    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="define a macro (repeatable)")
+    parser.add_argument("--cflags", action="append", default=[], metavar="FLAGS",
+                        help='extra compiler flags, split like a shell would: --cflags "-DN=4 -g", '
+                             "--cflags=-g or --cflags -g (repeatable)")
     parser.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR",
                         help="add an include folder (repeatable)")
     parser.add_argument("--cuda-arch", default=None, metavar="ARCH",
@@ -45,21 +68,50 @@ def add_build(subparsers) -> None:
     parser.set_defaults(func=run_build)
 
 
+def _identifier(name: str, what: str) -> str:
+    if not name.isidentifier():
+        raise UsageError(f"{what} {name!r} is not a C identifier")
+    return name
+
+
+def variant_flags(args) -> list[str]:
+    """The -D and instruction-set flags ``--dtype``, ``--isa``, ``--layout`` and ``-D`` ask for,
+    made by the functions op.kernel uses, in the same order."""
+    import shlex
+
+    from .dtypes import normalize
+    from .runtime.aot import C_TYPES, layout_flags, named_dtype_flags
+    from .runtime.cpu import ISA_COMPILE_FLAGS
+
+    flags = [f"-D{_identifier(name, 'macro')}" + (f"={value}" if sep else "")
+             for name, sep, value in (define.partition("=") for define in args.defines)]
+    for words in args.cflags:
+        flags += shlex.split(words)
+    typed = []
+    for given in args.dtypes:
+        name, _, dtype = given.rpartition("=")
+        try:
+            dtype = normalize(dtype)
+        except OpforgeError as exc:
+            raise UsageError(f"--dtype {given}: {exc}") from None
+        if dtype not in C_TYPES:
+            raise UsageError(f"--dtype {given}: {dtype} has no C type; expected one of {', '.join(C_TYPES)}")
+        typed.append((_identifier(name, "--dtype name") if name else None, dtype))
+    return flags + ISA_COMPILE_FLAGS[args.isa or "generic"] + named_dtype_flags(typed) + \
+        layout_flags(_identifier(args.layout, "--layout").lower())
+
+
 def run_build(args) -> int:
-    from .runtime.build import build, is_source
+    from .runtime.build import SOURCE_SUFFIXES, build, is_source
 
     if not is_source(args.file):
-        print(f"opforge build: {args.file} is not a kernel source "
-              f"(expected .c .cc .cpp .cxx or .cu)", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.file} is not a kernel source (expected {' '.join(SOURCE_SUFFIXES)}); "
+                         "a prebuilt library needs no build")
+    flags = variant_flags(args)
     start = time.perf_counter()
-    try:
-        built = build(args.file, extra_cflags=args.cflags, include_dirs=args.include_dirs,
-                      cuda_arch=args.cuda_arch, cxx11_abi=args.cxx11_abi,
-                      verbose=args.verbose, force=args.force)
-    except (OpforgeError, FileNotFoundError) as exc:
-        print(f"opforge build: {exc}", file=sys.stderr)
-        return 1
+    built = build(args.file, extra_cflags=flags, include_dirs=args.include_dirs,
+                  cuda_arch=args.cuda_arch, cxx11_abi=args.cxx11_abi,
+                  verbose=args.verbose, force=args.force)
     elapsed = time.perf_counter() - start
     how = "cached" if built.from_cache else f"built in {elapsed:.2f} s"
     print(f"{built.path}  ({how})")
@@ -132,30 +184,63 @@ def run_include(args) -> int:
 
 
 def add_ops(subparsers) -> None:
-    parser = subparsers.add_parser("ops", help="list registered ops with signatures and kernels")
+    parser = subparsers.add_parser(
+        "ops", help="list registered ops with signatures and kernels",
+        description="List every registered op (the built-ins, and the ops the files and modules given "
+                    "here declare) with its schema, traits and kernels.")
     parser.add_argument("--load", action="append", default=[], metavar="FILE",
                         help="load op declarations (YAML or JSON) first (repeatable)")
+    parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
+                        help="import a Python module that declares ops, found from the current folder "
+                             "(repeatable)")
     parser.set_defaults(func=run_ops)
+
+
+def _import_user_module(name: str) -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the user's own modules first
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module {name!r}: {exc}") from None
+    except OpforgeError:
+        raise
+    except Exception as exc:  # the module itself failed: report it as one line
+        raise UsageError(f"importing module {name!r} raised {type(exc).__name__}: {exc}") from None
+
+
+def _kernel_line(kernel) -> str:
+    tags = [kernel.device]
+    if kernel.isa:
+        tags.append(kernel.isa)
+    if kernel.layout != "ndarray":
+        tags.append(kernel.layout)
+    if getattr(kernel, "reference", False):
+        tags.append("reference")
+    line = f"    kernel {kernel.name} ({', '.join(tags)})"
+    if getattr(kernel, "function_name", None) and getattr(kernel, "code", None) is None:
+        line += f"  {kernel.location}:{kernel.function_name}"  # a source or library file
+    elif getattr(kernel, "fn", None) is not None and not kernel.fn.__module__.startswith("opforge."):
+        line += f"  {kernel.fn.__module__}:{kernel.fn.__qualname__}"
+    return line
 
 
 def run_ops(args) -> int:
     import opforge
 
+    for name in args.modules:
+        _import_user_module(name)
     for path in args.load:
-        opforge.load_ops(path)
+        try:
+            opforge.load_ops(path)
+        except OpforgeError as exc:
+            raise UsageError(str(exc)) from None
     for op in opforge.registered_ops():
         print(getattr(op, "schema", op.name))
         if op.traits:
             print(f"    traits: {', '.join(sorted(op.traits))}")
         for kernel in op.kernels:
-            tags = [kernel.device]
-            if kernel.isa:
-                tags.append(kernel.isa)
-            if kernel.layout != "ndarray":
-                tags.append(kernel.layout)
-            if getattr(kernel, "reference", False):
-                tags.append("reference")
-            print(f"    kernel {kernel.name} ({', '.join(tags)})")
+            print(_kernel_line(kernel))
     return 0
 
 
@@ -207,10 +292,27 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _attach_flag_values(argv: Sequence[str]) -> list[str]:
+    """``--cflags -DX`` as ``--cflags=-DX``: argparse would take ``-DX`` for an option."""
+    joined: list[str] = []
+    words = iter(argv)
+    for word in words:
+        value = next(words, None) if word == "--cflags" else None
+        joined.append(word if value is None else f"{word}={value}")
+    return joined
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's first line (a schema error's column pointer is left out); a compile
+    error keeps the compiler's output below it."""
+    text = str(error).strip() or type(error).__name__
+    return text if isinstance(error, CompileError) else text.splitlines()[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_flag_values(sys.argv[1:] if argv is None else argv))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)
@@ -219,8 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = func(args)
     except KeyboardInterrupt:
         return 130
-    except OpforgeError as exc:
-        print(f"opforge {args.command}: {exc}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"opforge {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (OpforgeError, OSError) as exc:
+        print(f"opforge {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one line, with what it was
+        print(f"opforge {args.command}: internal error, {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0 if status is None else int(status)
 

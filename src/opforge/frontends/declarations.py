@@ -4,47 +4,135 @@
       - schema: "mylib::scale(Tensor x, *, float factor=2.0) -> Tensor y"
         doc: Multiply by a constant.
         traits: [no_side_effect]
-        infer: same_as            # same_as | broadcast | reduce | "package.module:function"
+        infer: same_as            # same_as | broadcast | reduce | "module:function"
         kernels:
           - source: scale.cc:Scale          # relative to this file
             dtypes: {x: [float32, float64]}
             isa: avx2                       # optional
-          - python: "mypackage.kernels:scale_numpy"
-            reference: true
+          - python: "scale_kernels:scale_numpy"
+            reference: true                 # the semantics kernels are checked against;
+            fallback: true                  # also run for inputs no kernel takes
 
-YAML needs PyYAML (``pip install opforge[yaml]``); JSON needs nothing.
+A ``"module:function"`` is imported from the file's own folder first, then
+from ``sys.path``.  Every problem is a :class:`SchemaError` naming the file,
+the op and what was expected.  YAML needs PyYAML (``pip install
+opforge[yaml]``); JSON needs nothing.
 """
 from __future__ import annotations
 
 import importlib
 import json
+import sys
 from pathlib import Path
 
 from .. import infer as infer_helpers
-from ..errors import SchemaError
+from ..errors import OpforgeError, SchemaError
 from ..registry import op as declare
+from ..registry import unregister
 
 _INFER_RULES = {"same_as": infer_helpers.same_as, "broadcast": infer_helpers.broadcast,
                 "reduce": infer_helpers.reduce}
+_OP_KEYS = {"schema", "doc", "traits", "infer", "kernels", "name"}
+_SOURCE_OPTIONS = ("device", "dtypes", "isa", "layout", "cflags", "include_dirs", "name")
+_PYTHON_OPTIONS = ("device", "dtypes", "isa", "layout", "name")
+_KERNEL_KEYS = {"source", "python", "reference", "fallback", *_SOURCE_OPTIONS}
 
 
-def _import(reference, where):
-    module, _, name = str(reference).partition(":")
-    if not name:
-        raise SchemaError(f"{where}: expected 'package.module:function', got {reference!r}")
-    return getattr(importlib.import_module(module), name)
+def _import(reference, folder: Path, where: str):
+    """``"module:function"``, the module looked up in ``folder`` first."""
+    module_name, _, attribute = str(reference).partition(":")
+    if not module_name or not attribute:
+        raise SchemaError(f"{where}: expected 'module:function', got {reference!r}")
+    search = str(folder)
+    added = search not in sys.path
+    if added:
+        sys.path.insert(0, search)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SchemaError(f"{where}: cannot import module {module_name!r} (looked in {folder} and on "
+                          f"sys.path): {exc}") from None
+    except Exception as exc:  # the module itself failed while importing
+        raise SchemaError(f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        if added:
+            sys.path.remove(search)
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise SchemaError(f"{where}: module {module_name!r} has no {attribute!r}") from None
 
 
 def _read(path: Path):
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SchemaError(f"cannot read op declarations {path}: {exc.strerror or exc}") from None
     if path.suffix == ".json":
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"{path}: not valid JSON: {exc}") from None
     try:
         import yaml
     except ImportError:
         raise SchemaError(f"{path}: reading YAML needs PyYAML (pip install 'opforge[yaml]'); "
                           "or write the declarations as JSON") from None
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SchemaError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def _declare_kernel(new, kernel, path: Path, where: str) -> None:
+    if not isinstance(kernel, dict):
+        raise SchemaError(f"{where}: each kernel is a mapping with 'source' or 'python', got {kernel!r}")
+    unknown = set(kernel) - _KERNEL_KEYS
+    if unknown:
+        raise SchemaError(f"{where}: unknown kernel key(s) {sorted(unknown)}; expected some of "
+                          f"{sorted(_KERNEL_KEYS)}")
+    if "python" in kernel:
+        function = _import(kernel["python"], path.resolve().parent, where)
+        if kernel.get("reference"):
+            new.reference(function, fallback=kernel.get("fallback", False), dtypes=kernel.get("dtypes"))
+        else:
+            new.kernel(function, **{k: kernel[k] for k in _PYTHON_OPTIONS if k in kernel})
+    elif "source" in kernel:
+        options = {k: kernel[k] for k in _SOURCE_OPTIONS if k in kernel}
+        file, _, function = str(kernel["source"]).rpartition(":")
+        new.kernel(source=str((path.parent / file).resolve()) + ":" + function, **options)
+    else:
+        raise SchemaError(f"{where}: a kernel needs 'source' or 'python'")
+
+
+def _declare(entry, path: Path, index: int, replace: bool):
+    if not isinstance(entry, dict) or "schema" not in entry:
+        raise SchemaError(f"{path}: op #{index + 1}: each op needs a 'schema'")
+    where = f"{path}: op '{str(entry['schema']).split('(')[0].strip()}'"
+    unknown = set(entry) - _OP_KEYS
+    if unknown:
+        raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)}; expected some of {sorted(_OP_KEYS)}")
+    new = None
+    try:
+        new = declare(entry["schema"], traits=entry.get("traits", ()), doc=entry.get("doc"), replace=replace)
+        rule = entry.get("infer")
+        if rule is not None:
+            if rule in _INFER_RULES:
+                new.def_infer(_INFER_RULES[rule]())
+            elif ":" in str(rule):
+                new.def_infer(_import(rule, path.resolve().parent, where))
+            else:
+                raise SchemaError(f"{where}: infer must be one of {', '.join(_INFER_RULES)} or "
+                                  f"'module:function', got {rule!r}")
+        for kernel in entry.get("kernels") or ():
+            _declare_kernel(new, kernel, path, where)
+    except (OpforgeError, TypeError, ValueError) as exc:
+        if new is not None:
+            unregister(new.name)  # no half-declared op: the fixed file loads again
+        if isinstance(exc, SchemaError) and str(exc).startswith(where):
+            raise
+        raise SchemaError(f"{where}: {exc}") from exc
+    return new
 
 
 def load_ops(path, *, replace=False):
@@ -54,28 +142,4 @@ def load_ops(path, *, replace=False):
     entries = document.get("ops") if isinstance(document, dict) else document
     if not isinstance(entries, list):
         raise SchemaError(f"{path}: expected a list of ops (or a mapping with key 'ops')")
-    ops = []
-    for index, entry in enumerate(entries):
-        where = f"{path}: op #{index + 1}"
-        if not isinstance(entry, dict) or "schema" not in entry:
-            raise SchemaError(f"{where}: each op needs a 'schema'")
-        unknown = set(entry) - {"schema", "doc", "traits", "infer", "kernels", "name"}
-        if unknown:
-            raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)}")
-        new = declare(entry["schema"], traits=entry.get("traits", ()), doc=entry.get("doc"), replace=replace)
-        rule = entry.get("infer")
-        if rule is not None:
-            new.def_infer(_INFER_RULES[rule]() if rule in _INFER_RULES else _import(rule, where))
-        for kernel in entry.get("kernels", ()):
-            options = {k: kernel[k] for k in ("device", "dtypes", "isa", "layout", "cflags", "include_dirs", "name")
-                       if k in kernel}
-            if "python" in kernel:
-                new.kernel(_import(kernel["python"], where), reference=kernel.get("reference", False), **{
-                    k: v for k, v in options.items() if k in ("device", "dtypes", "isa", "layout", "name")})
-            elif "source" in kernel:
-                file, _, function = str(kernel["source"]).rpartition(":")
-                new.kernel(source=str((path.parent / file).resolve()) + ":" + function, **options)
-            else:
-                raise SchemaError(f"{where}: a kernel needs 'source' or 'python'")
-        ops.append(new)
-    return ops
+    return [_declare(entry, path, index, replace) for index, entry in enumerate(entries)]

@@ -224,12 +224,22 @@ def dtype_flags(op, signature):
     if signature is None:
         return []
     names = [i.name for i in op.inputs] + list(op.outputs)
-    typed = [(n, d) for n, d in zip(names, signature) if d is not None]
+    return named_dtype_flags([(n, d) for n, d in zip(names, signature) if d is not None])
+
+
+def named_dtype_flags(typed):
+    """-D flags for (name, dtype) pairs: OPFORGE_T is the first dtype's C type; a named
+    pair also sets OPFORGE_T_<name> (``opforge build --dtype`` passes None for a bare dtype)."""
     if not typed:
         return []
     flags = [f"-DOPFORGE_T={C_TYPES[typed[0][1]]}", f"-DOPFORGE_DTYPE_{typed[0][1].upper()}=1"]
-    flags += [f"-DOPFORGE_T_{n}={C_TYPES[d]}" for n, d in typed]
+    flags += [f"-DOPFORGE_T_{n}={C_TYPES[d]}" for n, d in typed if n is not None]
     return flags
+
+
+def layout_flags(layout):
+    """-D flag of a kernel compiled for a blocked layout (``OPFORGE_LAYOUT_NCHW16C``)."""
+    return [] if layout in ("ndarray", "any") else [f"-DOPFORGE_LAYOUT_{layout.upper()}=1"]
 
 
 def source_kernels(op, *, source, code, function, device, signatures, dtypes, isa, layout, cflags, include_dirs,
@@ -245,9 +255,7 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
     variants = signatures if (signatures and isinstance(dtypes, dict)) else [None]
     kernels = []
     for variant in variants:
-        flags = list(cflags) + isa_flags + dtype_flags(op, variant)
-        if layout not in ("ndarray", "any"):
-            flags.append(f"-DOPFORGE_LAYOUT_{layout.upper()}=1")
+        flags = list(cflags) + isa_flags + dtype_flags(op, variant) + layout_flags(layout)
         label = name or split_func(source)[1]
         if isa:
             label += f"[{normalize_isa(isa)}]"
