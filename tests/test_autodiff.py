@@ -34,6 +34,19 @@ def r(*shape, seed=0):
     return rng(seed).standard_normal(shape)
 
 
+def positive(*shape, seed=0):
+    return rng(seed).random(shape) + 0.5
+
+
+def closing_over(fn, condition):
+    """``fn`` with its first (bool) argument fixed, so gradcheck varies only the others."""
+    def closed(*xs, **attrs):
+        return fn(condition, *xs, **attrs)
+
+    closed.op = fn.op
+    return closed
+
+
 GRADCHECKS = {
     "add": (ops.add, [r(3, 4), r(3, 4, seed=1)], {}),
     "add_broadcast_b": (ops.add, [r(2, 3, 4), r(3, 1, seed=1)], {}),
@@ -65,6 +78,19 @@ GRADCHECKS = {
     "relu_grad": (ops.relu_grad, [r(3, 4), away_from_zero(r(3, 4, seed=1))], {}),
     "leaky_relu": (ops.leaky_relu, [away_from_zero(r(3, 4))], {"alpha": 0.25}),
     "leaky_relu_grad": (ops.leaky_relu_grad, [r(3, 4), away_from_zero(r(3, 4, seed=1))], {"alpha": 0.25}),
+    "div_broadcast_b": (ops.div, [r(2, 3, 4), positive(3, 1, seed=1)], {}),
+    "div_broadcast_a": (ops.div, [r(4), positive(3, 4, seed=1)], {}),
+    "pow": (ops.pow, [positive(3, 4), r(3, 4, seed=1)], {}),
+    "pow_broadcast": (ops.pow, [positive(3, 1), r(4, seed=1)], {}),
+    "maximum_broadcast": (ops.maximum, [r(3, 4), r(4, seed=1)], {}),
+    "maximum_ties": (ops.maximum, [np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.0, 5.0])], {}),
+    "minimum_broadcast": (ops.minimum, [r(3, 1), r(2, 1, 4, seed=1)], {}),
+    "where": (closing_over(ops.where, r(3, 4) > 0), [r(3, 4, seed=1), r(4, seed=2)], {}),
+    "where_broadcast": (closing_over(ops.where, r(4) > 0), [r(3, 1, seed=1), r(seed=2)], {}),
+    "sqrt": (ops.sqrt, [positive(3, 4)], {}),
+    "log": (ops.log, [positive(3, 4)], {}),
+    "abs": (ops.abs, [away_from_zero(r(3, 4))], {}),
+    "cast": (ops.cast, [r(3, 4)], {"dtype": "float64"}),
 }
 
 

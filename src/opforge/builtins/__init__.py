@@ -15,3 +15,13 @@ from . import reshape  # noqa: F401
 from . import transpose  # noqa: F401
 from . import reorder  # noqa: F401
 from . import leaky_relu  # noqa: F401
+from . import div  # noqa: F401
+from . import pow  # noqa: F401
+from . import maximum  # noqa: F401
+from . import minimum  # noqa: F401
+from . import comparison  # noqa: F401
+from . import where  # noqa: F401
+from . import sqrt  # noqa: F401
+from . import log  # noqa: F401
+from . import abs  # noqa: F401
+from . import cast  # noqa: F401

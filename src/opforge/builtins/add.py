@@ -40,7 +40,7 @@ def sum_to(dy, like):
 # dtypes match no native kernel and fall back to the reference.
 # Integer overflow is undefined in C++ (NumPy wraps): keep sums in range.
 BINARY_DTYPES = {"a": ["float32", "float64", "int32", "int64"], "b": ["float32", "float64", "int32", "int64"]}
-BINARY_BROADCAST = r"""
+BROADCAST_HELPERS = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -50,6 +50,11 @@ BINARY_BROADCAST = r"""
 #endif
 
 typedef OPFORGE_T T;
+#ifdef OPFORGE_T_y
+typedef OPFORGE_T_y Y;  // an output dtype of its own (comparisons give bool)
+#else
+typedef T Y;
+#endif
 
 static int64_t Count(int ndim, const int64_t *shape) {
   int64_t n = 1;
@@ -72,12 +77,14 @@ static void BroadcastStrides(int ndim, const int64_t *shape, int rank, int64_t *
     stride *= shape[k];
   }
 }
-
+"""
+# (where.py builds its three-input kernel on the helpers above.)
+BINARY_BROADCAST = BROADCAST_HELPERS + r"""
 extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
   const T *a = static_cast<const T *>(params[0]);
   const T *b = static_cast<const T *>(params[1]);
-  T *y = static_cast<T *>(params[2]);
+  Y *y = static_cast<Y *>(params[2]);
 #ifdef OPFORGE_LAYOUT_NCHW16C
   // Channel-blocked tensors of one shape: elementwise over the padded buffer.
   if (ndims[0] != 4 || ndims[1] != 4) return 3;

@@ -1,0 +1,52 @@
+"""abs: y = |x|, elementwise.
+
+Also the home of the unary elementwise source that sqrt.py and log.py
+compile with their own operation (OPFORGE_UNARY), as the binary ops share
+add.py's.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+
+abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
+                 doc="Absolute value, elementwise.")
+abs.def_infer(infer.same_as(0))
+
+
+@abs.reference
+def abs_reference(x):
+    return np.abs(x)
+
+
+@abs.grad(save=["x"])
+def abs_grad(saved, dy):
+    # dy * sign(x): 0 at x == 0, as in NumPy's sign and PyTorch's abs.
+    ops = opforge.ops
+    zero = np.zeros((), saved.x.dtype)
+    positive, negative = ops.greater(saved.x, zero), ops.less(saved.x, zero)
+    sign = ops.sub(ops.cast(positive, dtype=dy.dtype), ops.cast(negative, dtype=dy.dtype))
+    return dy * sign
+
+
+UNARY_ELEMENTWISE = r"""
+#include <cmath>
+#include <cstdlib>
+
+#include "custom_aot_extra.h"
+
+extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                     void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_UNARY(x[i]);
+  return 0;
+}
+"""
+
+# std::abs has float, double and integer overloads (the smallest integer's
+# abs overflows in C++ and wraps in NumPy: keep values in range).
+abs.kernel(function="Unary", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=UNARY_ELEMENTWISE,
+           name="Abs", cflags=["-DOPFORGE_UNARY(x)=std::abs(x)"])

@@ -1,0 +1,41 @@
+// cast: y = x converted to y's dtype, elementwise.  One library for every
+// pair of the dtypes below: the pair is read from the dtype names at run time.
+#include <cstdint>
+#include <cstring>
+
+#include "custom_aot_extra.h"
+
+template <typename In, typename Out>
+static void Convert(const void *x, void *y, int64_t n) {
+  const In *in = static_cast<const In *>(x);
+  Out *out = static_cast<Out *>(y);
+  for (int64_t i = 0; i < n; i++) out[i] = static_cast<Out>(in[i]);
+}
+
+// Calls F<T>(args...) for the C type T named by dtype; false for a dtype not listed.
+#define OPFORGE_FOR_DTYPE(dtype, CALL)                        \
+  if (!std::strcmp(dtype, "bool")) { CALL(bool); }           \
+  else if (!std::strcmp(dtype, "int8")) { CALL(int8_t); }    \
+  else if (!std::strcmp(dtype, "uint8")) { CALL(uint8_t); }  \
+  else if (!std::strcmp(dtype, "int32")) { CALL(int32_t); }  \
+  else if (!std::strcmp(dtype, "int64")) { CALL(int64_t); }  \
+  else if (!std::strcmp(dtype, "float32")) { CALL(float); }  \
+  else if (!std::strcmp(dtype, "float64")) { CALL(double); } \
+  else return 1;
+
+template <typename In>
+static int ConvertFrom(const char *out_dtype, const void *x, void *y, int64_t n) {
+#define OPFORGE_CONVERT_TO(Out) Convert<In, Out>(x, y, n)
+  OPFORGE_FOR_DTYPE(out_dtype, OPFORGE_CONVERT_TO)
+#undef OPFORGE_CONVERT_TO
+  return 0;
+}
+
+extern "C" int Cast(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                    void *stream, void *extra) {
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+#define OPFORGE_CONVERT_FROM(In) return ConvertFrom<In>(dtypes[1], params[0], params[1], n)
+  OPFORGE_FOR_DTYPE(dtypes[0], OPFORGE_CONVERT_FROM)
+#undef OPFORGE_CONVERT_FROM
+}

@@ -1,0 +1,43 @@
+"""cast: y = x converted to ``dtype``, elementwise (as NumPy's astype).
+
+One C++ library converts between every pair of the common dtypes (it reads
+the pair from the dtype names at run time, so it is compiled once); the NumPy
+reference serves the other dtypes.
+"""
+from pathlib import Path
+
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+
+cast = opforge.op("cast(Tensor x, *, DType dtype) -> Tensor y", traits=["no_side_effect"],
+                  doc="Elementwise conversion to dtype (NumPy's astype: floats to integers truncate; "
+                      "out-of-range values are undefined).")
+
+
+@cast.infer
+def cast_infer(x, *, dtype):
+    return TensorSpec(x.shape, dtype, x.layout)
+
+
+@cast.reference(fallback=True)  # the uncommon dtypes
+def cast_reference(x, *, dtype):
+    return x.astype(dtype)
+
+
+def _is_float(dtype):
+    return np.dtype(dtype).kind == "f"
+
+
+@cast.grad(save=["x"])
+def cast_grad(saved, dy, *, dtype):
+    # Only float-to-float casts carry a gradient; through integers it is zero.
+    if not (_is_float(saved.x.dtype) and _is_float(dtype)):
+        return None
+    return opforge.ops.cast(dy, dtype=saved.x.dtype)
+
+
+COMMON = ["bool", "int8", "uint8", "int32", "int64", "float32", "float64"]
+cast.kernel(source=str(Path(__file__).with_name("cast.cc")), function="Cast",
+            dtypes=[(x, y) for x in COMMON for y in COMMON])

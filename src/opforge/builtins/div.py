@@ -1,0 +1,31 @@
+"""div: y = a / b (true division), with NumPy broadcasting.
+
+Compiles add.py's broadcasting source with its own operation.  Floating-point
+only: integer true division would need a float output, and y keeps a's dtype.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.add import BINARY_BROADCAST, sum_to
+from opforge.builtins.checks import floating_point
+
+div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+                 doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")
+div.def_infer(infer.broadcast())
+div.check(floating_point("div", "a"))
+
+
+@div.reference
+def div_reference(a, b):
+    return np.true_divide(a, b).astype(a.dtype, copy=False)
+
+
+@div.grad(save=["b", "y", "a"])
+def div_grad(saved, dy):
+    da = opforge.ops.div(dy, saved.b)
+    return sum_to(da, saved.a), sum_to(opforge.ops.neg(da * saved.y), saved.b)
+
+
+div.kernel(function="Binary", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
+           code=BINARY_BROADCAST, name="Div", cflags=["-DOPFORGE_BINARY(x,y)=((x)/(y))"])

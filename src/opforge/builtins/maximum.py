@@ -1,0 +1,40 @@
+"""maximum: y = the larger of a and b, elementwise, with NumPy broadcasting.
+
+Compiles add.py's broadcasting source with its own operation; a NaN on
+either side gives NaN, as np.maximum does.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+
+maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+                     doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
+maximum.def_infer(infer.broadcast())
+
+
+@maximum.reference
+def maximum_reference(a, b):
+    return np.maximum(a, b).astype(a.dtype, copy=False)
+
+
+def split_by(chosen, tied, dy):
+    """The gradients of a two-way choice: dy goes where the first input was
+    chosen, half of it to each side of a tie (as in PyTorch)."""
+    ops = opforge.ops
+    half = np.full((), 0.5, dy.dtype)
+    share = ops.add(ops.cast(chosen, dtype=dy.dtype), ops.mul(ops.cast(tied, dtype=dy.dtype), half))
+    first = dy * share
+    return first, ops.sub(dy, first)
+
+
+@maximum.grad(save=["a", "b"])
+def maximum_grad(saved, dy):
+    ops = opforge.ops
+    da, db = split_by(ops.greater(saved.a, saved.b), ops.equal(saved.a, saved.b), dy)
+    return sum_to(da, saved.a), sum_to(db, saved.b)
+
+
+maximum.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Maximum",
+               cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])

@@ -1,0 +1,31 @@
+"""minimum: y = the smaller of a and b, elementwise, with NumPy broadcasting.
+
+Compiles add.py's broadcasting source with its own operation; a NaN on
+either side gives NaN, as np.minimum does.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+from opforge.builtins.maximum import split_by
+
+minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+                     doc="Elementwise minimum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
+minimum.def_infer(infer.broadcast())
+
+
+@minimum.reference
+def minimum_reference(a, b):
+    return np.minimum(a, b).astype(a.dtype, copy=False)
+
+
+@minimum.grad(save=["a", "b"])
+def minimum_grad(saved, dy):
+    ops = opforge.ops
+    da, db = split_by(ops.less(saved.a, saved.b), ops.equal(saved.a, saved.b), dy)
+    return sum_to(da, saved.a), sum_to(db, saved.b)
+
+
+minimum.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Minimum",
+               cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])

@@ -1,0 +1,29 @@
+"""sqrt: y = the square root of x, elementwise (floating-point).
+
+Compiles abs.py's unary source with std::sqrt (NaN for negative x, as NumPy).
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.abs import UNARY_ELEMENTWISE
+from opforge.builtins.checks import floating_point
+
+sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect"],
+                  doc="Square root, elementwise (floating-point inputs).")
+sqrt.def_infer(infer.same_as(0))
+sqrt.check(floating_point("sqrt", "x"))
+
+
+@sqrt.reference
+def sqrt_reference(x):
+    return np.sqrt(x).astype(x.dtype, copy=False)
+
+
+@sqrt.grad(save=["y"])
+def sqrt_grad(saved, dy):
+    return opforge.ops.div(dy, saved.y * 2)
+
+
+sqrt.kernel(function="Unary", dtypes={"x": ["float32", "float64"]}, code=UNARY_ELEMENTWISE, name="Sqrt",
+            cflags=["-DOPFORGE_UNARY(x)=std::sqrt(x)"])
