@@ -799,3 +799,34 @@ def test_trailing_attribute_values_keep_their_own_type():
 def test_attribute_value_that_cannot_be_of_its_declared_kind_is_an_attr_error(kind, value):
     with pytest.raises(opforge.AttrError, match="'reduce_axis'"):
         axis_op(kind, value)
+
+
+@pytest.mark.parametrize("make, error, words", [
+    (lambda: Custom(f"{COMPAT}:Square", [3], "floaty", "aot"), opforge.DTypeError, ["'Square'", "floaty"]),
+    (lambda: Custom(f"{COMPAT}:Square", ([3], [3], [3]), ("float32",) * 3, "aot", reg_info=reg("two", outputs="ab")),
+     opforge.SchemaError, ["'two'", "3 dtype(s)", "2 output(s)"]),
+    (lambda: Custom(f"{COMPAT}:Square", [3], "float32", "aot", reg_info="junk"), opforge.SchemaError, ["reg_info"]),
+    (lambda: Custom(f"{COMPAT}:Square", [3], "float32", "aot", reg_info={"attr": [{"value": 1}]}),
+     opforge.SchemaError, ["needs a name"]),
+])
+def test_custom_declaration_mistakes_are_typed_errors(make, error, words):
+    with pytest.raises(error) as info:
+        make()
+    assert all(word in str(info.value) for word in words)
+
+
+@pytest.mark.parametrize("out_shape, error, words", [
+    (lambda x: x[5], opforge.InferenceError, ["'Square'", "out_shape raised IndexError"]),
+    (lambda x: "abc", opforge.ShapeError, ["'Square'", "output 'y'"]),
+    ([2.7], opforge.ShapeError, ["'Square'", "2.7"]),
+])
+def test_out_shape_mistakes_are_typed_errors_naming_the_op(out_shape, error, words):
+    with pytest.raises(error) as info:
+        Custom(f"{COMPAT}:Square", out_shape, "float32", "aot")(np.ones(3, np.float32))
+    assert all(word in str(info.value) for word in words)
+
+
+def test_bprop_returning_the_wrong_number_of_gradients_is_a_gradient_error():
+    op = Custom(f"{COMPAT}:Square", lambda x: x, "float32", "aot", bprop=lambda x, out, dout: (dout, dout))
+    with pytest.raises(opforge.GradientError, match="'Square': bprop returned 2 gradient.*1 input"):
+        opforge.grad(lambda v: opforge.ops.reduce_sum(op(v)))(np.ones(3, np.float32))

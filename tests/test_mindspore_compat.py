@@ -281,3 +281,5 @@ def test_placeholder_tensor_mistakes_are_typed_errors():
         Tensor(shape=[None, 4])
     with pytest.raises(opforge.OpforgeError):
         Tensor(shape=[None, 4], dtype=mstype.float32).asnumpy()
+    with pytest.raises(opforge.DTypeError, match="rectangular"):
+        Tensor([[1, 2], [3]])

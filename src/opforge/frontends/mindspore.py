@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..attrs import REQUIRED, AttrDef, check_attr
-from ..errors import ArityError, DTypeError, InferenceError, SchemaError
+from ..errors import (ArityError, DTypeError, GradientError, InferenceError, OpforgeError, SchemaError,
+                      ShapeError)
 from ..operator import InputDef, Op, PyKernel
 from ..runtime import build as _build
 from ..runtime.aot import AotKernel, split_func
@@ -134,7 +135,13 @@ class Custom(Op):
             reg_info = reg_info[0] if reg_info else None
         if isinstance(reg_info, CustomRegOp):
             reg_info = reg_info.get_op_info()
+        if reg_info is not None and not isinstance(reg_info, dict):
+            raise SchemaError(f"Custom({func!r}): reg_info must be a CustomRegOp or its get_op_info() dict, "
+                              f"got {type(reg_info).__name__}")
         info = reg_info or {}
+        for entry in info.get("attr") or ():
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise SchemaError(f"Custom({func!r}): every reg_info attribute needs a name, got {entry!r}")
         several = isinstance(out_dtype, (tuple, list)) or len(info.get("outputs") or ()) > 1 or (
             isinstance(out_shape, tuple) and bool(out_shape) and isinstance(out_shape[0], (list, tuple)))
 
@@ -150,14 +157,23 @@ class Custom(Op):
 
         name = info.get("op_name") if info.get("op_name") not in (None, "Custom") else default_name
         if info.get("inputs"):
-            inputs = [InputDef(i["name"] or f"x{k}", optional=i.get("param_type") == "optional")
+            inputs = [InputDef(i.get("name") or f"x{k}", optional=i.get("param_type") == "optional")
                       for k, i in enumerate(info["inputs"])]
         else:
             inputs = [InputDef("x", variadic=True)]
         n_out = len(out_dtype) if isinstance(out_dtype, (tuple, list)) else (
             len(info["outputs"]) if info.get("outputs") else len(out_shape) if several else 1)
-        outputs = [o["name"] or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
+        outputs = [o.get("name") or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
             [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
+        if isinstance(out_dtype, (tuple, list)) and len(out_dtype) != len(outputs):
+            raise SchemaError(f"op '{name}': out_dtype gives {len(out_dtype)} dtype(s), and reg_info declares "
+                              f"{len(outputs)} output(s) ({', '.join(outputs)})")
+        for dtype in (out_dtype if isinstance(out_dtype, (tuple, list)) else [out_dtype]):
+            if dtype is not None and not callable(dtype):
+                try:
+                    _dtypes.normalize(dtype)
+                except DTypeError as error:
+                    raise DTypeError(f"op '{name}': out_dtype {out_dtype!r}: {error}") from None
         for row in info.get("dtype_format") or ():
             if info.get("inputs") and len(row) != len(inputs) + len(outputs):
                 raise SchemaError(f"op '{name}': a dtype_format row has {len(row)} entries for {len(inputs)} "
@@ -208,6 +224,9 @@ class Custom(Op):
             inputs, outs, douts = arrays[:-2 * n_out], arrays[-2 * n_out:-n_out], arrays[-n_out:]
             result = bprop(*inputs, outs if several else outs[0], douts if several else douts[0])
             result = result if isinstance(result, (tuple, list)) else (result,)
+            if len(result) != len(inputs):
+                raise GradientError(f"op '{self.name}': bprop returned {len(result)} gradient(s) for "
+                                    f"{len(inputs)} input(s)")
             return tuple(np.asarray(r) for r in result)
 
         def infer_grads(*specs):
@@ -254,10 +273,10 @@ class Custom(Op):
         if self.out_shape is None:
             shapes = [s.shape for s in self.kernels[0].infer(self, specs, attrs)]
         else:
-            shapes = self.out_shape(*shapes_in) if callable(self.out_shape) else self.out_shape
+            shapes = self._user("out_shape", *shapes_in) if callable(self.out_shape) else self.out_shape
             shapes = list(shapes) if self.tuple_output else [shapes]
         if callable(self.out_dtype):
-            out_dtypes = self.out_dtype(*[_dtypes.to_numpy(s.dtype) for s in specs])
+            out_dtypes = self._user("out_dtype", *[_dtypes.to_numpy(s.dtype) for s in specs])
         else:
             out_dtypes = self.out_dtype
         if out_dtypes is not None:
@@ -267,7 +286,23 @@ class Custom(Op):
             raise InferenceError(f"op '{self.name}': out_shape gives {len(shapes)} shape(s) and out_dtype "
                                  f"{n_dtypes} dtype(s) for {len(self.outputs)} output(s)")
         out_dtypes = self._output_dtypes(specs, out_dtypes)
-        return [TensorSpec(shape, dtype) for shape, dtype in zip(shapes, out_dtypes)]
+        result = []
+        for name, shape, dtype in zip(self.outputs, shapes, out_dtypes):
+            try:
+                result.append(TensorSpec(shape, dtype))
+            except ShapeError as error:
+                raise ShapeError(f"op '{self.name}': output '{name}': {error}") from None
+        return result
+
+    def _user(self, which, *args):
+        """Call the user's out_shape or out_dtype function; its own errors name the op."""
+        try:
+            return getattr(self, which)(*args)
+        except OpforgeError:
+            raise
+        except Exception as error:
+            raise InferenceError(f"op '{self.name}': {which} raised {type(error).__name__}: {error} "
+                                 f"(called with {', '.join(map(str, args))})") from error
 
     def _output_dtypes(self, specs, wanted):
         """Each output's dtype, from the dtype_format row the input dtypes select:

@@ -2,7 +2,7 @@
 import numpy as np
 
 from ... import dtypes as _dtypes
-from ...errors import ShapeError
+from ...errors import DTypeError, ShapeError
 from ...spec import TensorSpec
 
 
@@ -17,7 +17,10 @@ class Tensor:
             self._array = None
             self.spec = TensorSpec(shape, _dtypes.to_numpy(dtype))
             return
-        array = np.asarray(input_data.asnumpy() if isinstance(input_data, Tensor) else input_data)
+        try:
+            array = np.asarray(input_data.asnumpy() if isinstance(input_data, Tensor) else input_data)
+        except ValueError as error:  # ragged nested lists
+            raise DTypeError(f"Tensor: input_data is not a rectangular array: {error}") from None
         if dtype is not None:
             array = array.astype(_dtypes.to_numpy(dtype))
         self._array = array
