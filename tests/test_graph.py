@@ -427,7 +427,7 @@ def test_python_kernel_op_runs_interpreted(fresh):
     square = declare(fresh, "tgraph::square(Tensor x) -> Tensor y", traits=["no_side_effect"])
     square.def_infer(opforge.infer.same_as(0))
 
-    @square.reference
+    @square.kernel
     def _(x):
         return x * x
 

@@ -178,10 +178,10 @@ class _Reader:
             self.fail("shape", f"at most {MAX_RANK} dims, each >= 0 or -1 (unknown) and within int64, "
                                "or [-2] (unknown rank)", shape)
         dtype = entry["dtype"]
-        if dtype not in ABI_DTYPES:
+        if not isinstance(dtype, str) or dtype not in ABI_DTYPES:
             self.fail("dtype", f"one of {', '.join(ABI_DTYPES)}", dtype)
         layout = entry.get("layout", "ndarray")
-        if layout not in self.layouts:
+        if not isinstance(layout, str) or layout not in self.layouts:
             self.fail("layout", f"one of {', '.join(sorted(self.layouts))}", layout)
         return TensorSpec(shape, dtype, layout)
 
