@@ -26,12 +26,18 @@ def add_grad(saved, dy):
 
 def sum_to(dy, like):
     """dy summed over the dims along which ``like`` was broadcast (for gradients)."""
-    if dy.shape == like.shape:
+    dy_shape, like_shape = spec_shape(dy), spec_shape(like)
+    if dy_shape == like_shape:
         return dy
-    extra = len(dy.shape) - len(like.shape)
-    axes = list(range(extra)) + [extra + k for k, d in enumerate(like.shape) if d == 1 and dy.shape[extra + k] != 1]
+    extra = len(dy_shape) - len(like_shape)
+    axes = list(range(extra)) + [extra + k for k, d in enumerate(like_shape) if d == 1 and dy_shape[extra + k] != 1]
     summed = opforge.ops.reduce_sum(dy, axes=axes, keep_dims=True) if axes else dy
-    return opforge.ops.reshape(summed, shape=list(like.shape))
+    return opforge.ops.reshape(summed, shape=list(like_shape))
+
+
+def spec_shape(x):
+    """The shape a rule reasons about: -1 for unknown dims (a traced value's ``shape`` holds symbolic dims)."""
+    return x.spec.shape if hasattr(x, "spec") else np.shape(x)
 
 
 # One broadcasting source for every binary elementwise op: OPFORGE_BINARY is

@@ -42,7 +42,7 @@ def reshape_reference(x, *, shape):
 
 @reshape.grad(save=["x"])
 def _(saved, dy, *, shape):
-    return opforge.ops.reshape(dy, shape=list(saved.x.shape))
+    return opforge.ops.reshape(dy, shape=list(saved.x.spec.shape))
 
 
 reshape.kernel(function="Reshape", code=r"""

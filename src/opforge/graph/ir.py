@@ -8,17 +8,18 @@ from itertools import count
 
 import numpy as np
 
-from ..errors import OpforgeError
+from ..errors import OpforgeError, TracingError
 from ..spec import TensorSpec
+from .array_syntax import ArraySyntax
+from .symbolic import SymDim, call_builtin
 
 _ids = count()
 
 
-class Value:
+class Value(ArraySyntax):
     """A tensor in a graph.  During tracing it stands in for an array:
-    ops called on it add nodes instead of computing."""
-
-    __array_priority__ = 1000  # so that ndarray + Value defers to Value
+    operators, indexing, NumPy ufuncs and op calls on it add nodes instead
+    of computing (see ``array_syntax``)."""
 
     def __init__(self, spec: TensorSpec, producer=None, index=0, name=None):
         self.spec = spec
@@ -29,7 +30,11 @@ class Value:
 
     @property
     def shape(self):
-        return self.spec.shape
+        """Known dims as ints, unknown ones as ``SymDim`` (their size at run time, usable in arithmetic)."""
+        if self.spec.rank is None:
+            raise TracingError(f"traced %{self.name} has unknown rank, so it has no shape to read; trace with a "
+                               "TensorSpec of known rank (None for unknown dims)")
+        return tuple(d if d >= 0 else SymDim.of(self, k) for k, d in enumerate(self.spec.shape))
 
     @property
     def dtype(self):
@@ -42,43 +47,8 @@ class Value:
     def __repr__(self):
         return f"%{self.name}: {self.spec}"
 
-    # Arithmetic traces the built-in ops, so model code reads naturally.
-    def _op(self, name, *args):
-        from ..registry import lookup
-
-        return lookup(name)(*args)
-
-    def __add__(self, other):
-        return self._op("add", self, other)
-
-    def __radd__(self, other):
-        return self._op("add", other, self)
-
-    def __sub__(self, other):
-        return self._op("sub", self, other)
-
-    def __rsub__(self, other):
-        return self._op("sub", other, self)
-
-    def __mul__(self, other):
-        return self._op("mul", self, other)
-
-    def __rmul__(self, other):
-        return self._op("mul", other, self)
-
-    def __matmul__(self, other):
-        return self._op("matmul", self, other)
-
-    def __rmatmul__(self, other):
-        return self._op("matmul", other, self)
-
-    def __neg__(self):
-        return self._op("neg", self)
-
     def sum(self, axes=(), keep_dims=False):
-        from ..registry import lookup
-
-        return lookup("reduce_sum")(self, axes=list(axes), keep_dims=keep_dims)
+        return call_builtin("reduce_sum", self, axes=list(axes), keep_dims=keep_dims)
 
 
 class Node:

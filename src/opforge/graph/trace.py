@@ -5,8 +5,12 @@ Ops see tracing through their one entry point: when a call's arguments
 include a ``Value``, the runtime hands the call to ``_record`` (registered in
 ``runtime.dispatch.INTERCEPTORS``), which infers the outputs' specs before
 any data exists and appends a node.  Arrays mixed into a traced call become
-constant nodes.  Like any tracer, it sees shapes, not values: Python control
-flow on tensor values is not recorded.
+constant nodes; Python scalars take the traced operand's dtype; a symbolic
+dim (``x.shape[0]`` of an unknown dim, see ``symbolic``) becomes ``dim``
+ops computing its size at run time.  Operators, indexing and NumPy ufuncs
+on values are op calls too (``array_syntax``).  Like any tracer, it sees
+shapes, not values: Python control flow on tensor values cannot be recorded,
+and asking for one (``bool(x)``, ``float(x)``) raises ``TracingError``.
 """
 from __future__ import annotations
 
@@ -14,10 +18,11 @@ import threading
 
 import numpy as np
 
-from ..errors import OpforgeError
+from ..errors import TracingError
 from ..runtime import dispatch
 from ..spec import TensorSpec
 from .ir import Graph, Node, Value, constant_node
+from .symbolic import SymDim
 
 _local = threading.local()  # each thread's traces in progress, innermost last
 
@@ -43,14 +48,18 @@ class _Builder:
 
 
 def _record(op, attrs, args):
-    if not any(isinstance(a, Value) for a in args):
+    if not any(isinstance(a, (Value, SymDim)) for a in args):
         return NotImplemented
     builders = _builders()
     if not builders:
-        raise OpforgeError(f"op '{op.name}' was called on a traced value outside of opforge.trace")
+        raise TracingError(f"op '{op.name}' was called on a traced value outside of opforge.trace")
     builder = builders[-1]
-    # Python scalars are weak, as in NumPy: they take the dtype of the traced operand.
-    dtype = next(a.spec.dtype for a in args if isinstance(a, Value))
+    # Python scalars and symbolic dims are weak, as in NumPy: they take the dtype of the traced operand
+    # (a data operand rather than a bool condition, where there is one).
+    dtypes = [a.spec.dtype for a in args if isinstance(a, Value)] or \
+             [a.dtype.name for a in args if isinstance(a, np.ndarray)] or ["int64"]
+    dtype = next((d for d in dtypes if d != "bool"), dtypes[0])
+    args = [a.as_tensor(dtype) if isinstance(a, SymDim) else a for a in args]
     inputs = [a if isinstance(a, Value) or a is None else
               builder.constant(np.asarray(a, dtype) if type(a) in (int, float, bool) else a) for a in args]
     out_specs = op.infer_specs([None if v is None else v.spec for v in inputs], attrs)
