@@ -122,6 +122,38 @@ def _shape_list(shape):
     return list(shape) if shape != (-2,) else [-2]
 
 
+def _registration(func, reg_info):
+    """``reg_info`` as ``get_op_info()``'s dict (or None); a malformed one is a SchemaError."""
+    if isinstance(reg_info, (list, tuple)):
+        reg_info = reg_info[0] if reg_info else None
+    if isinstance(reg_info, CustomRegOp):
+        reg_info = reg_info.get_op_info()
+    if reg_info is not None and not isinstance(reg_info, dict):
+        raise SchemaError(f"Custom({func!r}): reg_info must be a CustomRegOp or its get_op_info() dict, "
+                          f"got {type(reg_info).__name__}")
+    for entry in (reg_info or {}).get("attr") or ():
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise SchemaError(f"Custom({func!r}): every reg_info attribute needs a name, got {entry!r}")
+    return reg_info
+
+
+def _check_outputs(name, info, inputs, outputs, out_dtype):
+    """out_dtype and the dtype_format rows agree with the declared inputs and outputs."""
+    if isinstance(out_dtype, (tuple, list)) and len(out_dtype) != len(outputs):
+        raise SchemaError(f"op '{name}': out_dtype gives {len(out_dtype)} dtype(s), and reg_info declares "
+                          f"{len(outputs)} output(s) ({', '.join(outputs)})")
+    for dtype in (out_dtype if isinstance(out_dtype, (tuple, list)) else [out_dtype]):
+        if dtype is not None and not callable(dtype):
+            try:
+                _dtypes.normalize(dtype)
+            except DTypeError as error:
+                raise DTypeError(f"op '{name}': out_dtype {out_dtype!r}: {error}") from None
+    for row in info.get("dtype_format") or ():
+        if info.get("inputs") and len(row) != len(inputs) + len(outputs):
+            raise SchemaError(f"op '{name}': a dtype_format row has {len(row)} entries for {len(inputs)} "
+                              f"input(s) and {len(outputs)} output(s)")
+
+
 class Custom(Op):
     """MindSpore-compatible custom op: ``Custom(func, out_shape, out_dtype, func_type, bprop, reg_info)``."""
 
@@ -131,17 +163,8 @@ class Custom(Op):
         sources: extra compiler flags, include folders, and the libstdc++ string
         ABI (default: MindSpore's ``-D_GLIBCXX_USE_CXX11_ABI=0`` for sources, read
         from the symbols for prebuilt libraries)."""
-        if isinstance(reg_info, (list, tuple)):
-            reg_info = reg_info[0] if reg_info else None
-        if isinstance(reg_info, CustomRegOp):
-            reg_info = reg_info.get_op_info()
-        if reg_info is not None and not isinstance(reg_info, dict):
-            raise SchemaError(f"Custom({func!r}): reg_info must be a CustomRegOp or its get_op_info() dict, "
-                              f"got {type(reg_info).__name__}")
+        reg_info = _registration(func, reg_info)
         info = reg_info or {}
-        for entry in info.get("attr") or ():
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise SchemaError(f"Custom({func!r}): every reg_info attribute needs a name, got {entry!r}")
         several = isinstance(out_dtype, (tuple, list)) or len(info.get("outputs") or ()) > 1 or (
             isinstance(out_shape, tuple) and bool(out_shape) and isinstance(out_shape[0], (list, tuple)))
 
@@ -165,19 +188,7 @@ class Custom(Op):
             len(info["outputs"]) if info.get("outputs") else len(out_shape) if several else 1)
         outputs = [o.get("name") or f"y{k}" for k, o in enumerate(info.get("outputs", []))] or (
             [f"y{k}" for k in range(n_out)] if n_out > 1 else ["y"])
-        if isinstance(out_dtype, (tuple, list)) and len(out_dtype) != len(outputs):
-            raise SchemaError(f"op '{name}': out_dtype gives {len(out_dtype)} dtype(s), and reg_info declares "
-                              f"{len(outputs)} output(s) ({', '.join(outputs)})")
-        for dtype in (out_dtype if isinstance(out_dtype, (tuple, list)) else [out_dtype]):
-            if dtype is not None and not callable(dtype):
-                try:
-                    _dtypes.normalize(dtype)
-                except DTypeError as error:
-                    raise DTypeError(f"op '{name}': out_dtype {out_dtype!r}: {error}") from None
-        for row in info.get("dtype_format") or ():
-            if info.get("inputs") and len(row) != len(inputs) + len(outputs):
-                raise SchemaError(f"op '{name}': a dtype_format row has {len(row)} entries for {len(inputs)} "
-                                  f"input(s) and {len(outputs)} output(s)")
+        _check_outputs(name, info, inputs, outputs, out_dtype)
         attrs, self._attr_kinds = _attr_defs(info)
         # MindSpore always launches a Custom kernel, even on empty inputs.
         super().__init__(name, inputs, outputs, attrs, tuple_output=several, traits=["always_compute"],
