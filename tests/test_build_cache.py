@@ -13,10 +13,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import opforge
-from opforge.errors import CacheError, CompileError, CompilerNotFoundError, KernelSourceError
+from opforge.errors import BuildError, CacheError, CompileError, CompilerNotFoundError, KernelSourceError
 from opforge.runtime.build import (
     ABI_VERSION,
     BuiltLibrary,
@@ -136,7 +137,7 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
 def test_non_source_is_rejected(cache, tmp_path):
     prebuilt = tmp_path / "libk.so"
     prebuilt.write_bytes(b"\x7fELF")
-    with pytest.raises(ValueError, match="not a kernel source"):
+    with pytest.raises(BuildError, match="not a kernel source"):
         build(prebuilt)
 
 
@@ -297,7 +298,7 @@ def test_killed_builder_does_not_block_the_next(cache, tmp_path):
         while runs(counter) < 1:  # the victim holds the lock and its compiler hangs
             assert victim.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
-        victim.send_signal(signal.SIGKILL)  # the builder only; its compiler lives on
+        victim.send_signal(signal.SIGKILL)  # the builder only; the wrapper's `sleep` lives on
         victim.wait(timeout=10)
 
         done = subprocess.run([sys.executable, "-c", BUILD_IN_CHILD, str(src)], env=env,
@@ -345,7 +346,7 @@ def test_missing_compiler(cache, tmp_path, monkeypatch):
     with pytest.raises(CompilerNotFoundError) as caught:
         find_compiler("c")
     assert "gcc" in str(caught.value) and "OPFORGE_CC" in str(caught.value)
-    with pytest.raises(ValueError):
+    with pytest.raises(BuildError, match="'fortran'"):
         find_compiler("fortran")
 
 
@@ -390,7 +391,7 @@ def test_cuda_arch_override_and_normalisation(monkeypatch):
     assert detect_cuda_arch() == "sm_90a"
     monkeypatch.delenv("OPFORGE_CUDA_ARCH")
     assert detect_cuda_arch().startswith("sm_")
-    with pytest.raises(ValueError):
+    with pytest.raises(BuildError, match="'hopper'"):
         normalize_arch("hopper")
 
 
@@ -522,6 +523,23 @@ def test_missing_source_is_a_kernel_source_error(cache, tmp_path):
     with pytest.raises(KernelSourceError, match=str(missing)) as caught:
         opforge.build(missing)
     assert isinstance(caught.value, FileNotFoundError)
+    with pytest.raises(KernelSourceError, match="libmissing.so"):
+        load_library(tmp_path / "libmissing.so")
+
+
+@needs_gxx
+def test_inline_kernel_with_an_unusable_cache(cache, tmp_path, monkeypatch, fresh):
+    """Sources given as code= are written into the cache folder: the same CacheError."""
+    op = opforge.op("build_test::inline(Tensor x) -> Tensor y")
+    fresh.append(op.name)
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(code="#include <cstdint>\n"
+                   'extern "C" int Same(int, void **, int *, int64_t **, const char **, void *, void *) {return 0;}\n',
+                   function="Same")
+    blocker = write(tmp_path / "blocker", "")
+    monkeypatch.setenv("OPFORGE_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(CacheError, match=f"{blocker} is a file"):
+        op(np.ones(2, np.float32))
 
 
 # --------------------------------------------------------------------------

@@ -97,3 +97,7 @@ class TracingError(OpforgeError, TypeError):
 
 class CacheError(OpforgeError, OSError):
     """The build cache folder cannot be used (names the folder and OPFORGE_CACHE_DIR)."""
+
+
+class BuildError(OpforgeError, ValueError):
+    """A build opforge cannot start: not a kernel source, an unknown language or CUDA architecture."""

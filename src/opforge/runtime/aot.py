@@ -22,6 +22,7 @@ from ..errors import InferenceError, KernelSourceError, SchemaError
 from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
 from . import build as _build
+from .cache import cache_errors
 from .cpu import ISA_COMPILE_FLAGS, normalize_isa
 from .library import load_library
 
@@ -84,7 +85,8 @@ class AotKernel(Kernel):
         if self.library is not None:
             return self
         if self.code is not None:
-            write_inline_source(self.path, self.code)
+            with cache_errors():  # inline sources live in the cache folder
+                write_inline_source(self.path, self.code)
         elif not self.path.exists():
             raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
                                     "(relative paths resolve from the working directory)")

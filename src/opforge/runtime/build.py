@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from ..errors import CompileError, KernelSourceError
+from ..errors import BuildError, CompileError, KernelSourceError
 from .cache import (
     MANIFEST,
     TMP_PREFIX,
@@ -221,12 +221,13 @@ def build(source, *, extra_cflags: Iterable[str] | str = (), include_dirs: Itera
     Raises :class:`CompileError` when the compiler fails,
     :class:`CompilerNotFoundError` when there is none,
     :class:`KernelSourceError` when ``source`` does not exist,
-    :class:`CacheError` when the cache folder cannot be used, ``ValueError``
-    for a path that is not a kernel source (load it as a prebuilt library instead).
+    :class:`CacheError` when the cache folder cannot be used, :class:`BuildError`
+    for a path that is not a kernel source (load it as a prebuilt library instead)
+    or an unreadable ``cuda_arch``.
     """
     source = Path(source)
     if not is_source(source):
-        raise ValueError(
+        raise BuildError(
             f"{source} is not a kernel source (expected one of "
             f"{' '.join(SOURCE_SUFFIXES)}); load it as a prebuilt library"
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import CompilerNotFoundError
+from ..errors import BuildError, CompilerNotFoundError
 from .cuda_arch import detect_cuda_arch, normalize_arch
 
 __all__ = ["SOURCE_SUFFIXES", "Plan", "describe", "find_compiler", "include_dir", "is_source", "plan", "run_compiler"]
@@ -137,7 +137,7 @@ def find_compiler(language: str) -> str:
     """
     key = _LANGUAGE_ALIASES.get(str(language).lower())
     if key is None:
-        raise ValueError(f"unknown language {language!r}; expected 'c', 'c++' or 'cuda'")
+        raise BuildError(f"unknown language {language!r}; expected 'c', 'c++' or 'cuda'")
     return _compiler_argv(key)[0]
 
 

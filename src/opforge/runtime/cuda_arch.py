@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import BuildError
 from .cache import atomic_write, cache_dir
 
 __all__ = ["DEFAULT_CUDA_ARCH", "detect_cuda_arch", "normalize_arch"]
@@ -37,7 +38,7 @@ def normalize_arch(arch) -> str:
         major, minor = text.split(".")
         text = f"{major}{minor}"
     if not re.fullmatch(r"\d{2,3}[a-z]?", text):
-        raise ValueError(f"cannot read CUDA architecture {arch!r}; use a form like 'sm_90' or '9.0'")
+        raise BuildError(f"cannot read CUDA architecture {arch!r}; use a form like 'sm_90' or '9.0'")
     return f"sm_{text}"
 
 

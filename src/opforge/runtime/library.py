@@ -20,7 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..errors import OpforgeError, SymbolNotFoundError
+from ..errors import KernelSourceError, OpforgeError, SymbolNotFoundError
 
 __all__ = ["Library", "detect_cxx11_abi", "load_library"]
 
@@ -172,6 +172,8 @@ def load_library(path, *, cxx11_abi: bool | None = None) -> Library:
     real = os.path.realpath(os.fspath(path))
     try:
         stamp = os.stat(real).st_mtime_ns
+    except FileNotFoundError:
+        raise KernelSourceError(f"kernel library {path} does not exist") from None
     except OSError as exc:
         raise OpforgeError(f"cannot load kernel library {path}: {exc.strerror or exc}") from exc
     with _lock:
