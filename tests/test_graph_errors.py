@@ -248,3 +248,14 @@ def test_a_graph_called_inside_a_trace_is_inlined():
     np.testing.assert_array_equal(outer(np.array([-1.0, 0.5, 2.0])), [1.0, 2.0, 5.0])
     with pytest.raises(opforge.ShapeError, match="declared"):
         opforge.trace(lambda x: inner(x), TensorSpec([2, 2], "float64"))
+    with pytest.raises(opforge.DTypeError, match="declared"):
+        opforge.trace(lambda x: inner(x), TensorSpec([3], "float32"))
+
+
+def test_saving_where_no_file_can_be_written_names_the_path(tmp_path):
+    graph = mlp()
+    with pytest.raises(GraphError, match="no_such_folder"):
+        graph.save(tmp_path / "no_such_folder" / "g.json")
+    with pytest.raises(GraphError, match=re.escape(str(tmp_path))):
+        graph.save(tmp_path)  # a folder: the temporary file is written, the replace fails
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -123,14 +123,15 @@ class Graph:
         return self._executor.run(arrays)
 
     def _inline(self, args):
-        from ..errors import ArityError, ShapeError
+        from ..errors import ArityError, DTypeError, ShapeError
 
         if len(args) != len(self.inputs):
             raise ArityError(f"graph '{self.name}' takes {len(self.inputs)} input(s), got {len(args)}")
         for value, arg in zip(self.inputs, args):
             spec = arg.spec if isinstance(arg, Value) else TensorSpec.of(np.asarray(arg))
             if not compatible(value.spec, spec):
-                raise ShapeError(f"graph '{self.name}': input %{value.name} is declared {value.spec}, got {spec}")
+                error = DTypeError if spec.dtype != value.spec.dtype else ShapeError
+                raise error(f"graph '{self.name}': input %{value.name} is declared {value.spec}, got {spec}")
         env = self.replay(args)
         outputs = tuple(env[v.id] for v in self.outputs)
         return outputs if self.tuple_output else outputs[0]

@@ -62,11 +62,17 @@ def to_json(graph: Graph) -> str:
 def save(graph: Graph, path) -> None:
     """Write ``graph`` to ``path``; the file is replaced only once the text is complete."""
     text = to_json(graph)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+    try:
+        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".json.tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as error:
+        raise GraphError(f"cannot write graph file '{path}': {error.strerror or error}") from None
 
 
 # -- reading -------------------------------------------------------------------
