@@ -206,19 +206,8 @@ def test_multi_output_custom_with_bprop_in_a_cell():
         d_sum, d_diff, d_dot = dout
         return d_sum + d_diff + d_dot * w, d_sum - d_diff + d_dot * x
 
-    class AOTMultiOutputNet(Cell):
-        def __init__(self, func, out_shapes, out_types, bprop=None, reg=None):
-            super(AOTMultiOutputNet, self).__init__()
-            self.program = ops.Custom(func, out_shapes, out_types, "aot", bprop, reg)
-            self.add = ops.Add()
-            self.mul = ops.Mul()
-
-        def construct(self, x, y):
-            aot = self.program(x, y)
-            add_res = self.add(aot[0], aot[1])
-            mul_res = self.mul(add_res, aot[2])
-            return mul_res
-
+    # The seed program's Cell, as MindSpore's tutorial writes it
+    AOTMultiOutputNet = runpy.run_path(str(TESTS.parent / "examples" / "seed_add_mul_div.py"))["AOTMultiOutputNet"]
     net = AOTMultiOutputNet(f"{KERNELS / 'ops.cc'}:SumDiffDot", ([3], [3], [1]),
                             (mstype.float32, mstype.float32, mstype.float32), bprop=bprop, reg=info)
     x, w, s = f32(1, 2, 3), f32(0.5, -1, 2), f32(1, 2, -1)
