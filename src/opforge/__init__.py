@@ -17,6 +17,7 @@ from .operator import InputDef, Kernel, Op, PyKernel
 from .registry import lookup, op, registered_ops
 from .runtime.aot import AotKernel
 from .runtime.build import build, cache_dir
+from .runtime.checks import checks_enabled, set_checks
 from .runtime.cpu import cpu_features, isa_cap, set_isa_cap
 from .spec import TensorSpec
 

@@ -48,6 +48,10 @@ class KernelError(OpforgeError, RuntimeError):
         self.code = code
 
 
+class AllocationError(KernelError, MemoryError):
+    """A kernel's outputs or workspace cannot be allocated: an impossible size, or more memory than there is."""
+
+
 class GradientError(OpforgeError, TypeError):
     """An op cannot be differentiated: it has trait no_grad or no gradient rule."""
 

@@ -10,6 +10,10 @@ For the given inputs and attributes it checks that
   one dispatch picks) agrees with the reference kernel (else with the kernel
   dispatch picks);
 * no kernel mutates its inputs;
+* native CPU kernels write every element of every output and nothing past
+  the end of a buffer: they run in checked mode (guard pages), twice, with
+  outputs pre-filled with two different poison bytes; bytes that kept the
+  poison in both runs were never written;
 * the call path rejects an unknown attribute and a wrongly typed one.
 
 It raises ``OpCheckFailure`` listing every failed check, and returns the
@@ -22,7 +26,9 @@ import numpy as np
 from .attrs import REQUIRED
 from .errors import AttrError, OpforgeError
 from .operator import Op
+from . import _native
 from .runtime import cpu
+from .runtime.aot import AotKernel
 from .runtime.dispatch import as_array, input_specs, select_kernel, skips_kernel
 from .spec import TensorSpec
 
@@ -64,6 +70,30 @@ def _runnable(op, kernel, specs):
     return reason
 
 
+# Outputs start as these bytes in check_op's two runs of a native kernel.
+POISONS = (_native.CHECKED_POISON, 0x7F)
+
+
+def _never_written(first, second):
+    """Elements of an output that kept the poison in both runs."""
+    if first.size == 0:
+        return 0
+    first = np.ascontiguousarray(first).view(np.uint8).reshape(first.size, -1)
+    second = np.ascontiguousarray(second).view(np.uint8).reshape(second.size, -1)
+    return int(((first == POISONS[0]) & (second == POISONS[1])).any(axis=1).sum())
+
+
+def _run_poisoned(op, kernel, arrays, attrs, out_specs, record):
+    """Runs a native CPU kernel twice in checked mode, outputs poisoned; records what it never wrote."""
+    outputs = kernel.run(op, arrays, attrs, out_specs, poison=POISONS[0])
+    again = kernel.run(op, arrays, attrs, out_specs, poison=POISONS[1])
+    for name, first, second in zip(op.outputs, outputs, again):
+        missed = _never_written(first, second)
+        record(f"kernel {kernel.name} writes every element of output '{name}'", missed == 0,
+               f"{missed} of {first.size} element(s) never written (they hold whatever the memory held)")
+    return outputs
+
+
 def _wrong_value(attr):
     return {"bool": "yes", "int": "three", "float": "half", "str": 3, "int[]": "1,2", "float[]": "1,2",
             "int[][]": 5, "float[][]": 5, "Shape": "2x2", "DType": 3}.get(attr.type)
@@ -99,7 +129,10 @@ def check_op(op, *inputs, **attrs):
             continue
         before = [None if a is None else a.copy() for a in arrays]
         try:
-            outputs = kernel.run(op, arrays, resolved, out_specs)
+            if isinstance(kernel, AotKernel):
+                outputs = _run_poisoned(op, kernel, arrays, resolved, out_specs, record)
+            else:
+                outputs = kernel.run(op, arrays, resolved, out_specs)
         except OpforgeError as error:
             record(f"kernel {kernel.name} runs", False, f"{type(error).__name__}: {error}")
             continue

@@ -9,9 +9,13 @@
 //                workspace, calls the kernel.  Anything unusual (a new
 //                signature, a non-contiguous input, an error) goes back to
 //                the Python planner, which owns the rules.
+// * Program   -- a planned graph: every kernel call in C.
+// Outputs and workspaces come from buffers.cc: canaries after each by
+// default, guard pages and poison in checked mode.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL opforge_ARRAY_API
 #include <numpy/arrayobject.h>
 #include <structmember.h>
 
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "../include/custom_aot_extra.h"
+#include "buffers.h"
 #include "extra_state.h"
 
 static_assert(sizeof(npy_intp) == sizeof(int64_t), "opforge needs a 64-bit npy_intp");
@@ -33,6 +38,10 @@ opforge_native::AttrErrorSlot &opforge_native::ThreadAttrError() {
 namespace {
 
 using opforge_native::AttrKind;
+using opforge_native::CanaryIntact;
+using opforge_native::GuardedBuffer;
+using opforge_native::kWorkspaceAlign;
+using opforge_native::WriteCanary;
 using opforge_native::ExtraState;
 using opforge_native::NeutralAttr;
 
@@ -404,7 +413,6 @@ PyObject *CallKernel(PyObject *, PyObject *args) {
 
 constexpr int kMaxPlans = 8;
 constexpr int kStackTensors = 16;
-constexpr size_t kWorkspaceAlign = 64;
 
 struct Plan {
   KernelFn fn = nullptr;           // nullptr: the planner runs this signature itself
@@ -412,7 +420,8 @@ struct Plan {
   PyObject *spec = nullptr;        // the planner's tuple; keeps everything below alive
   std::vector<PyArray_Descr *> out_descrs;
   std::vector<std::vector<npy_intp>> out_dims;
-  std::vector<size_t> workspace;   // byte sizes, each rounded to kWorkspaceAlign
+  std::vector<size_t> workspace;   // byte sizes
+  std::vector<size_t> workspace_at;  // offsets in one block (LayoutWorkspace: aligned, a canary after each)
   size_t workspace_total = 0;
   std::vector<const char *> dtype_names;  // inputs then outputs
   ExtraObject *extra = nullptr;
@@ -468,7 +477,7 @@ void MakeSignature(std::vector<int64_t> *sig, PyArrayObject **arrays, int n) {
 
 // Reads the planner's answer: None (the planner runs such calls itself) or
 // (function, out_shapes, out_dtypes, workspace_sizes, dtype_names, extra).
-bool FillPlan(LauncherObject *self, Plan *plan, PyObject *spec) {
+bool FillPlan(Plan *plan, PyObject *spec, int n_inputs, int n_outputs) {
   if (spec == Py_None) {
     Py_INCREF(spec);
     plan->spec = spec;
@@ -479,14 +488,14 @@ bool FillPlan(LauncherObject *self, Plan *plan, PyObject *spec) {
     return false;
   plan->fn = reinterpret_cast<KernelFn>(AsFunction(address));
   if (plan->fn == nullptr) return false;
-  if (PyTuple_Size(out_shapes) != self->n_outputs || PyTuple_Size(out_dtypes) != self->n_outputs ||
-      PyTuple_Size(names) != self->n_inputs + self->n_outputs) {
+  if (PyTuple_Size(out_shapes) != n_outputs || PyTuple_Size(out_dtypes) != n_outputs ||
+      PyTuple_Size(names) != n_inputs + n_outputs) {
     PyErr_SetString(PyExc_ValueError, "planner returned a plan of the wrong size");
     return false;
   }
   plan->out_descrs.clear();
   plan->out_dims.clear();
-  for (int k = 0; k < self->n_outputs; ++k) {
+  for (int k = 0; k < n_outputs; ++k) {
     PyObject *descr = PyTuple_GET_ITEM(out_dtypes, k);
     if (!PyArray_DescrCheck(descr)) {
       PyErr_SetString(PyExc_TypeError, "planner returned a dtype that is not a numpy.dtype");
@@ -498,15 +507,17 @@ bool FillPlan(LauncherObject *self, Plan *plan, PyObject *spec) {
     for (size_t d = 0; d < plan->out_dims.back().size(); ++d) plan->out_dims.back()[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
   }
   plan->workspace.clear();
-  plan->workspace_total = 0;
   for (Py_ssize_t k = 0; k < PyTuple_Size(workspace); ++k) {
-    size_t size = PyLong_AsSize_t(PyTuple_GET_ITEM(workspace, k));
-    size = (size + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-    plan->workspace.push_back(size);
-    plan->workspace_total += size;
+    plan->workspace.push_back(PyLong_AsSize_t(PyTuple_GET_ITEM(workspace, k)));
+    if (PyErr_Occurred()) return false;
+  }
+  // The planner refuses impossible sizes with a typed error; this is the backstop.
+  if (!opforge_native::LayoutWorkspace(plan->workspace, &plan->workspace_at, &plan->workspace_total)) {
+    PyErr_SetString(PyExc_OverflowError, "planner returned workspace sizes whose total overflows");
+    return false;
   }
   plan->dtype_names.clear();
-  for (int k = 0; k < self->n_inputs + self->n_outputs; ++k) plan->dtype_names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, k)));
+  for (int k = 0; k < n_inputs + n_outputs; ++k) plan->dtype_names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, k)));
   if (PyErr_Occurred()) return false;
   plan->extra = extra_obj == Py_None ? nullptr : AsExtra(extra_obj);
   if (extra_obj != Py_None && plan->extra == nullptr) return false;
@@ -531,7 +542,7 @@ Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, PyObject *arr
   PyObject *spec = CallPlanner(self, "plan", array_tuple);
   if (spec == nullptr) return nullptr;
   auto *plan = new Plan();
-  bool ok = FillPlan(self, plan, spec);
+  bool ok = FillPlan(plan, spec, self->n_inputs, self->n_outputs);
   Py_DECREF(spec);
   if (!ok) {
     delete plan;
@@ -553,6 +564,169 @@ bool IsPlainArray(PyObject *obj) {
   auto *a = reinterpret_cast<PyArrayObject *>(obj);
   return PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a) && PyArray_ISNOTSWAPPED(a);
 }
+
+// Memory problems travel as Outcomes too; the Python side names the buffer.
+// Buffers are counted outputs first, then workspaces:
+//   ("overrun", "k")       the canary after buffer k was damaged
+//   ("guard", "k write")   checked mode stopped an access ("write"/"read") past the end of buffer k
+//   ("alloc", "k b1 b2..") buffer k (-1: the plan's workspace block) of these sizes could not be allocated
+void MemoryOutcome(Outcome *outcome, const char *kind, const char *detail) {
+  outcome->kind = kind;
+  std::snprintf(outcome->message, sizeof(outcome->message), "%s", detail);
+}
+
+void AllocOutcome(Outcome *outcome, int buffer, const std::vector<size_t> &sizes) {
+  int used = std::snprintf(outcome->message, sizeof(outcome->message), "%d", buffer);
+  for (size_t size : sizes) {
+    if (used < 0 || used >= static_cast<int>(sizeof(outcome->message)) - 24) break;
+    used += std::snprintf(outcome->message + used, sizeof(outcome->message) - used, " %zu", size);
+  }
+  outcome->kind = "alloc";
+}
+
+// One kernel call of a plan.  arrays[0, n_inputs) are the inputs; on success
+// arrays[n_inputs, n_inputs + n_outputs) receive new output arrays (new
+// references).  poison < 0: default mode (canaries), else checked mode with
+// that poison byte.  A failed kernel or a memory problem comes back in *rc and
+// *outcome, with no outputs; false means a Python error is set.
+bool RunPlan(Plan *plan, PyArrayObject **arrays, int n_inputs, int n_outputs, int poison, int *rc,
+             Outcome *outcome) {
+  const int n_tensors = n_inputs + n_outputs;
+  const int n_work = static_cast<int>(plan->workspace.size());
+  const int n_params = n_tensors + n_work;
+  void *stack_params[kStackTensors * 2];
+  size_t stack_bytes[kStackTensors * 2];
+  int stack_ndims[kStackTensors];
+  int64_t *stack_shapes[kStackTensors];
+  std::vector<void *> heap_params;
+  std::vector<size_t> heap_bytes;
+  std::vector<int> heap_ndims;
+  std::vector<int64_t *> heap_shapes;
+  void **params = stack_params;
+  size_t *bytes = stack_bytes;  // per output and workspace, from params[n_inputs]
+  int *ndims = stack_ndims;
+  int64_t **shapes = stack_shapes;
+  if (n_params > kStackTensors * 2 || n_tensors > kStackTensors) {
+    heap_params.resize(n_params);
+    heap_bytes.resize(n_params);
+    heap_ndims.resize(n_tensors);
+    heap_shapes.resize(n_tensors);
+    params = heap_params.data();
+    bytes = heap_bytes.data();
+    ndims = heap_ndims.data();
+    shapes = heap_shapes.data();
+  }
+  static int64_t scalar_shape[1] = {0};
+  for (int k = 0; k < n_inputs; ++k) {
+    params[k] = PyArray_DATA(arrays[k]);
+    ndims[k] = PyArray_NDIM(arrays[k]);
+    shapes[k] = ndims[k] ? reinterpret_cast<int64_t *>(PyArray_DIMS(arrays[k])) : scalar_shape;
+  }
+  for (int k = 0; k < n_outputs; ++k) {
+    ndims[n_inputs + k] = static_cast<int>(plan->out_dims[k].size());
+    shapes[n_inputs + k] = ndims[n_inputs + k] ? plan->out_dims[k].data() : scalar_shape;
+    arrays[n_inputs + k] = nullptr;
+  }
+  ExtraState *state = plan->extra ? plan->extra->state : nullptr;
+  void *extra_ptr = plan->extra ? plan->extra->extra : nullptr;
+  const char **dtypes = plan->dtype_names.data();
+  KernelFn fn = plan->fn;
+  auto call = [&] { *rc = fn(n_params, params, ndims, shapes, dtypes, nullptr, extra_ptr); };
+  bool ok = true;
+
+  if (poison < 0) {
+    for (int k = 0; k < n_outputs && outcome->kind == nullptr; ++k) {
+      Py_INCREF(plan->out_descrs[k]);
+      PyObject *out = opforge_native::NewCanaryArray(reinterpret_cast<PyObject *>(plan->out_descrs[k]),
+                                                      ndims[n_inputs + k], shapes[n_inputs + k], &bytes[k]);
+      if (out == nullptr) {
+        if (PyErr_Occurred()) ok = false;
+        else AllocOutcome(outcome, k, {bytes[k]});
+        break;
+      }
+      arrays[n_inputs + k] = reinterpret_cast<PyArrayObject *>(out);
+      params[n_inputs + k] = PyArray_DATA(arrays[n_inputs + k]);
+    }
+    // Workspace: the plan's own block, or a private one if another thread holds it.
+    char *workspace = nullptr;
+    bool own_block = false;
+    if (ok && outcome->kind == nullptr && plan->workspace_total) {
+      if (!plan->buffer_busy) {
+        if (plan->buffer == nullptr) plan->buffer = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
+        workspace = static_cast<char *>(plan->buffer);
+        plan->buffer_busy = workspace != nullptr;
+      } else {
+        workspace = static_cast<char *>(std::aligned_alloc(kWorkspaceAlign, plan->workspace_total));
+        own_block = true;
+      }
+      if (workspace == nullptr) AllocOutcome(outcome, -1, plan->workspace);
+      for (int w = 0; workspace != nullptr && w < n_work; ++w) {
+        params[n_tensors + w] = workspace + plan->workspace_at[w];
+        bytes[n_outputs + w] = plan->workspace[w];
+        WriteCanary(workspace + plan->workspace_at[w] + plan->workspace[w]);
+      }
+    }
+    if (ok && outcome->kind == nullptr) {
+      Py_BEGIN_ALLOW_THREADS
+      Guarded(outcome, state, call);
+      Py_END_ALLOW_THREADS
+      for (int b = 0; b < n_outputs + n_work; ++b) {
+        if (!CanaryIntact(static_cast<char *>(params[n_inputs + b]) + bytes[b])) {
+          char detail[16];
+          std::snprintf(detail, sizeof(detail), "%d", b);
+          MemoryOutcome(outcome, "overrun", detail);
+          break;
+        }
+      }
+    }
+    if (own_block) std::free(workspace);
+    else if (workspace != nullptr) plan->buffer_busy = false;
+  } else {
+    std::vector<GuardedBuffer> guarded(n_outputs + n_work);
+    for (int b = 0; b < n_outputs + n_work && outcome->kind == nullptr; ++b) {
+      size_t size = SIZE_MAX;
+      if (b >= n_outputs) size = plan->workspace[b - n_outputs];
+      else if (!opforge_native::ArrayBytes(reinterpret_cast<PyObject *>(plan->out_descrs[b]), ndims[n_inputs + b],
+                                           shapes[n_inputs + b], &size)) size = SIZE_MAX;
+      if (size == SIZE_MAX || !opforge_native::MapGuarded(size, poison, &guarded[b])) {
+        AllocOutcome(outcome, b, {size});
+        break;
+      }
+      params[n_inputs + b] = guarded[b].data;
+    }
+    if (outcome->kind == nullptr) {
+      opforge_native::ArmFaultHandler();
+      opforge_native::Fault fault;
+      Py_BEGIN_ALLOW_THREADS
+      fault = opforge_native::CallGuarded(guarded.data(), n_outputs + n_work, [&] { Guarded(outcome, state, call); });
+      Py_END_ALLOW_THREADS
+      if (fault.buffer >= 0) {
+        char detail[32];
+        std::snprintf(detail, sizeof(detail), "%d %s", fault.buffer, fault.write ? "write" : "read");
+        MemoryOutcome(outcome, "guard", detail);
+      }
+    }
+    // The caller gets ordinary arrays: the guarded mappings go away now.
+    for (int k = 0; k < n_outputs && outcome->kind == nullptr && *rc == 0; ++k) {
+      Py_INCREF(plan->out_descrs[k]);
+      PyObject *out = PyArray_Empty(ndims[n_inputs + k], shapes[n_inputs + k], plan->out_descrs[k], 0);
+      if (out == nullptr) {
+        ok = false;
+        break;
+      }
+      arrays[n_inputs + k] = reinterpret_cast<PyArrayObject *>(out);
+      std::memcpy(PyArray_DATA(arrays[n_inputs + k]), guarded[k].data, guarded[k].nbytes);
+    }
+    for (GuardedBuffer &buffer : guarded) opforge_native::UnmapGuarded(&buffer);
+  }
+  if (!ok || *rc != 0 || outcome->kind != nullptr) {
+    for (int k = 0; k < n_outputs; ++k) Py_CLEAR(arrays[n_inputs + k]);
+  }
+  return ok;
+}
+
+// The poison of this call: -1 (default mode) unless checked mode is on.
+int CallPoison() { return opforge_native::CheckedMode() ? opforge_native::kCheckedPoison : -1; }
 
 PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) {
   if (self->planner == nullptr) {
@@ -615,94 +789,24 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
     return result;
   }
   plan->users++;  // keeps the plan alive even if a call on another thread evicts it
-
+  int rc = 0;
+  Outcome outcome;
   PyObject *result = nullptr;
-  int created = 0;
-  for (; created < self->n_outputs; ++created) {
-    Py_INCREF(plan->out_descrs[created]);
-    PyObject *out = PyArray_Empty(static_cast<int>(plan->out_dims[created].size()), plan->out_dims[created].data(),
-                                  plan->out_descrs[created], 0);
-    if (out == nullptr) break;
-    arrays[self->n_inputs + created] = reinterpret_cast<PyArrayObject *>(out);
-  }
-
-  if (created == self->n_outputs) {
-    int n_params = n_tensors + static_cast<int>(plan->workspace.size());
-    void *stack_params[kStackTensors * 2];
-    int stack_ndims[kStackTensors];
-    int64_t *stack_shapes[kStackTensors];
-    std::vector<void *> heap_params;
-    std::vector<int> heap_ndims;
-    std::vector<int64_t *> heap_shapes;
-    void **params = stack_params;
-    int *ndims = stack_ndims;
-    int64_t **shapes = stack_shapes;
-    if (n_params > kStackTensors * 2 || n_tensors > kStackTensors) {
-      heap_params.resize(n_params);
-      heap_ndims.resize(n_tensors);
-      heap_shapes.resize(n_tensors);
-      params = heap_params.data();
-      ndims = heap_ndims.data();
-      shapes = heap_shapes.data();
-    }
-    static int64_t scalar_shape[1] = {0};
-    for (int k = 0; k < n_tensors; ++k) {
-      params[k] = PyArray_DATA(arrays[k]);
-      ndims[k] = PyArray_NDIM(arrays[k]);
-      shapes[k] = ndims[k] ? reinterpret_cast<int64_t *>(PyArray_DIMS(arrays[k])) : scalar_shape;
-    }
-    // Workspace: the plan's own buffer, or a private one if another thread holds it.
-    void *workspace = nullptr;
-    bool own_buffer = false;
-    if (plan->workspace_total) {
-      if (!plan->buffer_busy) {
-        if (plan->buffer == nullptr) plan->buffer = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
-        workspace = plan->buffer;
-        plan->buffer_busy = workspace != nullptr;
-      } else {
-        workspace = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
-        own_buffer = true;
+  if (RunPlan(plan, arrays, self->n_inputs, self->n_outputs, CallPoison(), &rc, &outcome)) {
+    if (rc != 0 || outcome.kind != nullptr) {
+      PyObject *raised = PyObject_CallMethod(self->planner, "failed", "iNN", rc, OutcomeError(outcome),
+                                             PyLong_FromVoidPtr(reinterpret_cast<void *>(plan->fn)));
+      Py_XDECREF(raised);  // failed() raises; nullptr with the error set
+    } else if (self->tuple_output) {
+      result = PyTuple_New(self->n_outputs);
+      for (int k = 0; k < self->n_outputs; ++k) {
+        if (result != nullptr) PyTuple_SET_ITEM(result, k, reinterpret_cast<PyObject *>(arrays[self->n_inputs + k]));
+        else Py_DECREF(arrays[self->n_inputs + k]);
       }
-      if (workspace == nullptr) PyErr_NoMemory();
-      char *cursor = static_cast<char *>(workspace);
-      for (size_t w = 0; w < plan->workspace.size(); ++w) {
-        params[n_tensors + w] = cursor;
-        cursor += plan->workspace[w];
-      }
-    }
-    if (!PyErr_Occurred()) {
-      ExtraObject *extra = plan->extra;
-      ExtraState *state = extra ? extra->state : nullptr;
-      void *extra_ptr = extra ? extra->extra : nullptr;
-      const char **dtypes = plan->dtype_names.data();
-      KernelFn fn = plan->fn;
-      int rc = 0;
-      Outcome outcome;
-      Py_BEGIN_ALLOW_THREADS
-      Guarded(&outcome, state, [&] { rc = fn(n_params, params, ndims, shapes, dtypes, nullptr, extra_ptr); });
-      Py_END_ALLOW_THREADS
-      if (own_buffer) std::free(workspace);
-      else if (workspace != nullptr) plan->buffer_busy = false;
-      if (rc != 0 || outcome.kind != nullptr) {
-        PyObject *error = OutcomeError(outcome);
-        PyObject *raised = PyObject_CallMethod(self->planner, "failed", "iNN", rc, error,
-                                               PyLong_FromVoidPtr(reinterpret_cast<void *>(fn)));
-        Py_XDECREF(raised);  // failed() raises; nullptr with the error set
-      } else if (self->tuple_output) {
-        result = PyTuple_New(self->n_outputs);
-        if (result != nullptr) {
-          for (int k = 0; k < self->n_outputs; ++k) {
-            PyTuple_SET_ITEM(result, k, reinterpret_cast<PyObject *>(arrays[self->n_inputs + k]));
-            Py_INCREF(arrays[self->n_inputs + k]);
-          }
-        }
-      } else {
-        result = reinterpret_cast<PyObject *>(arrays[self->n_inputs]);
-        Py_INCREF(result);
-      }
+    } else {
+      result = reinterpret_cast<PyObject *>(arrays[self->n_inputs]);
     }
   }
-  for (int k = 0; k < created; ++k) Py_DECREF(arrays[self->n_inputs + k]);
   plan->users--;
   if (plan->evicted && plan->users == 0) delete plan;
   Py_DECREF(inputs);
@@ -792,7 +896,9 @@ PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // (buffer, byte offset) pairs.  run() takes the buffers' base addresses (the
 // arena, graph inputs, graph outputs, constants) and makes every call in C
 // with the GIL released; the plan (shapes, Init state, offsets) was computed
-// once in Python for this input signature.
+// once in Python for this input signature.  Each step's outputs and
+// workspaces (its last params) are followed by room for a canary, written
+// before the step and checked after it.
 
 struct Step {
   KernelFn fn = nullptr;
@@ -802,6 +908,7 @@ struct Step {
   std::vector<int64_t *> shapes;
   std::vector<const char *> dtypes;
   ExtraObject *extra = nullptr;
+  std::vector<size_t> written;  // bytes of the last params: outputs, then workspaces
 };
 
 struct ProgramObject {
@@ -818,9 +925,9 @@ int Program_init(ProgramObject *self, PyObject *args, PyObject *) {
   auto steps = new std::vector<Step>(PyList_GET_SIZE(step_list));
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(step_list); ++k) {
     Step &step = (*steps)[k];
-    PyObject *address, *refs, *shape_list, *names, *extra_obj;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(step_list, k), "OO!O!O!O", &address, &PyTuple_Type, &refs, &PyTuple_Type,
-                          &shape_list, &PyTuple_Type, &names, &extra_obj)) {
+    PyObject *address, *refs, *shape_list, *names, *extra_obj, *written;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(step_list, k), "OO!O!O!OO!", &address, &PyTuple_Type, &refs, &PyTuple_Type,
+                          &shape_list, &PyTuple_Type, &names, &extra_obj, &PyTuple_Type, &written)) {
       delete steps;
       return -1;
     }
@@ -844,6 +951,9 @@ int Program_init(ProgramObject *self, PyObject *args, PyObject *) {
       step.shapes.push_back(step.dims[t].data());
     }
     for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(names); ++t) step.dtypes.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, t)));
+    for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(written); ++w) step.written.push_back(PyLong_AsSize_t(PyTuple_GET_ITEM(written, w)));
+    if (step.written.size() > step.refs.size() && !PyErr_Occurred())
+      PyErr_SetString(PyExc_ValueError, "program step writes more buffers than it has params");
     step.extra = extra_obj == Py_None ? nullptr : AsExtra(extra_obj);
     if (PyErr_Occurred() || step.fn == nullptr || (extra_obj != Py_None && step.extra == nullptr)) {
       delete steps;
@@ -887,10 +997,19 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
     for (size_t p = 0; p < step.refs.size(); ++p) params[p] = bases[step.refs[p].first] + step.refs[p].second;
     ExtraState *state = step.extra ? step.extra->state : nullptr;
     void *extra_ptr = step.extra ? step.extra->extra : nullptr;
+    size_t first_written = params.size() - step.written.size();
+    for (size_t w = 0; w < step.written.size(); ++w) WriteCanary(static_cast<char *>(params[first_written + w]) + step.written[w]);
     Guarded(&outcome, state, [&] {
       rc = step.fn(static_cast<int>(params.size()), params.data(), step.ndims.data(), step.shapes.data(),
                    step.dtypes.data(), nullptr, extra_ptr);
     });
+    for (size_t w = 0; w < step.written.size() && outcome.kind == nullptr; ++w) {
+      if (!CanaryIntact(static_cast<char *>(params[first_written + w]) + step.written[w])) {
+        char detail[32];
+        std::snprintf(detail, sizeof(detail), "%zu", w);
+        MemoryOutcome(&outcome, "overrun", detail);
+      }
+    }
     if (rc != 0 || outcome.kind != nullptr) {
       failed = static_cast<Py_ssize_t>(k);
       break;
@@ -960,10 +1079,78 @@ PyMemberDef OpBase_members[] = {
 
 PyTypeObject OpBaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// run_plan(plan, inputs, poison=-1) -> (outputs tuple or None, rc, error)
+// One call of a planner's plan (see FillPlan) outside a Launcher.  poison >= 0
+// runs it in checked mode with outputs and workspaces filled with that byte.
+PyObject *RunPlanOnce(PyObject *, PyObject *args) {
+  PyObject *spec, *inputs;
+  int poison = -1;
+  if (!PyArg_ParseTuple(args, "O!O!|i", &PyTuple_Type, &spec, &PyTuple_Type, &inputs, &poison)) return nullptr;
+  int n_inputs = static_cast<int>(PyTuple_GET_SIZE(inputs));
+  if (PyTuple_GET_SIZE(spec) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1))) {
+    PyErr_SetString(PyExc_TypeError, "run_plan needs a plan tuple (function, out_shapes, ...)");
+    return nullptr;
+  }
+  int n_outputs = static_cast<int>(PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)));
+  std::vector<PyArrayObject *> arrays(n_inputs + n_outputs);
+  for (int k = 0; k < n_inputs; ++k) {
+    if (!IsPlainArray(PyTuple_GET_ITEM(inputs, k))) {
+      PyErr_SetString(PyExc_TypeError, "run_plan needs C-contiguous, aligned, native-order NumPy arrays");
+      return nullptr;
+    }
+    arrays[k] = reinterpret_cast<PyArrayObject *>(PyTuple_GET_ITEM(inputs, k));
+  }
+  Plan plan;
+  if (!FillPlan(&plan, spec, n_inputs, n_outputs)) return nullptr;
+  int rc = 0;
+  Outcome outcome;
+  if (!RunPlan(&plan, arrays.data(), n_inputs, n_outputs, poison < 0 ? CallPoison() : poison & 0xFF, &rc, &outcome))
+    return nullptr;
+  if (rc != 0 || outcome.kind != nullptr) return Py_BuildValue("(OiN)", Py_None, rc, OutcomeError(outcome));
+  PyObject *outputs = PyTuple_New(n_outputs);
+  for (int k = 0; k < n_outputs; ++k) {
+    if (outputs != nullptr) PyTuple_SET_ITEM(outputs, k, reinterpret_cast<PyObject *>(arrays[n_inputs + k]));
+    else Py_DECREF(arrays[n_inputs + k]);
+  }
+  if (outputs == nullptr) return nullptr;
+  return Py_BuildValue("(NiO)", outputs, rc, Py_None);
+}
+
+// empty(shape, dtype) -> an uninitialised C-contiguous array with room for a canary after it.
+PyObject *EmptyWithCanary(PyObject *, PyObject *args) {
+  PyObject *shape;
+  PyArray_Descr *descr;
+  if (!PyArg_ParseTuple(args, "O!O&", &PyTuple_Type, &shape, PyArray_DescrConverter, &descr)) return nullptr;
+  std::vector<int64_t> dims(PyTuple_GET_SIZE(shape) + 1);
+  for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shape); ++d) dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+  if (PyErr_Occurred()) {
+    Py_DECREF(descr);
+    return nullptr;
+  }
+  size_t nbytes;
+  PyObject *array = opforge_native::NewCanaryArray(reinterpret_cast<PyObject *>(descr),
+                                                   static_cast<int>(PyTuple_GET_SIZE(shape)), dims.data(), &nbytes);
+  if (array == nullptr && !PyErr_Occurred()) PyErr_Format(PyExc_MemoryError, "cannot allocate %zu bytes", nbytes);
+  return array;
+}
+
+PyObject *SetChecked(PyObject *, PyObject *flag) {
+  int enabled = PyObject_IsTrue(flag);
+  if (enabled < 0) return nullptr;
+  opforge_native::SetCheckedMode(enabled != 0);
+  Py_RETURN_NONE;
+}
+
+PyObject *Checked(PyObject *, PyObject *) { return PyBool_FromLong(opforge_native::CheckedMode()); }
+
 PyMethodDef module_methods[] = {
     {"call_init", CallInit, METH_VARARGS, "call_init(fn, extra, shapes, dtypes) -> (rc, error)"},
     {"call_infer", CallInfer, METH_VARARGS, "call_infer(fn, extra, shapes, several) -> (shapes, error)"},
     {"call_kernel", CallKernel, METH_VARARGS, "call_kernel(fn, pointers, shapes, dtypes, stream, extra) -> (rc, error)"},
+    {"run_plan", RunPlanOnce, METH_VARARGS, "run_plan(plan, inputs, poison=-1) -> (outputs or None, rc, error)"},
+    {"empty", EmptyWithCanary, METH_VARARGS, "empty(shape, dtype) -> array with room for a canary after its end"},
+    {"set_checked", SetChecked, METH_O, "set_checked(flag): guard pages and poison for every kernel call"},
+    {"checked", Checked, METH_NOARGS, "checked() -> whether checked mode is on"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "opforge._native", "C side of opforge kernel calls.", -1,
@@ -1029,7 +1216,9 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddObject(module, "Program", reinterpret_cast<PyObject *>(&ProgramType)) < 0 ||
       PyModule_AddObject(module, "OpBase", reinterpret_cast<PyObject *>(&OpBaseType)) < 0 ||
       PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
-      PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0) {
+      PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0 ||
+      PyModule_AddIntConstant(module, "CANARY_BYTES", static_cast<int>(opforge_native::kCanaryBytes)) < 0 ||
+      PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

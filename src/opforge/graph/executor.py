@@ -6,8 +6,11 @@ layout pass's choice, else dispatch), Init per node, and a memory plan that
 places every intermediate in one arena, reusing the space of values whose
 lifetimes are over, with one workspace region shared by all nodes.  When
 every node has a native CPU kernel the plan is a ``_native.Program`` that
-runs all kernels in C; otherwise nodes run one by one through their kernels.
-A new input shape makes a new plan; a known one reuses its plan.
+runs all kernels in C; otherwise, and in checked mode (guard pages for every
+buffer, see ``runtime.checks``), nodes run one by one through their kernels.
+Every buffer a kernel writes is followed by room for a canary that the
+program checks after each step.  A new input shape makes a new plan; a known
+one reuses its plan.
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ import numpy as np
 
 from .. import _native
 from ..bounded_cache import BoundedCache
-from ..errors import ArityError, OpforgeError
+from ..errors import AllocationError, ArityError, OpforgeError
 from ..runtime.aot import AotKernel, workspace_sizes
 from ..runtime import cpu
+from ..runtime.checks import checks_enabled
 from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
 from .passes import infer_shapes, plan_memory
@@ -122,17 +126,20 @@ class Plan:
         intermediates = [v for node, _, _, _ in self.steps for v in node.outputs if v.id not in buffers]
         sizes = [self.specs[v.id].nbytes for v in intermediates]
         lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
-        offsets, arena = plan_memory(sizes, lifetimes)
+        offsets, arena = plan_memory([size + _native.CANARY_BYTES for size in sizes], lifetimes)
         for value, offset in zip(intermediates, offsets):
             buffers[value.id] = (0, offset)
 
-        steps, workspace_bytes = [], 0
+        steps, workspace_bytes, largest = [], 0, None
         prepared = []
         for node, kernel, in_specs, out_specs in self.steps:
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
-            sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0))
-            workspace_bytes = max(workspace_bytes, sum(sizes_ws))
+            sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
+                                       function=kernel.function_name + "Init")
+            node_bytes = sum(sizes_ws) + _native.CANARY_BYTES * len(sizes_ws)
+            if node_bytes > workspace_bytes:
+                workspace_bytes, largest = node_bytes, (node.op.name, kernel.function_name + "Init", requested)
             prepared.append((node, kernel, in_specs, out_specs, extra, sizes_ws))
         workspace_at = -(-arena // 64) * 64
         for node, kernel, in_specs, out_specs, extra, sizes_ws in prepared:
@@ -140,35 +147,59 @@ class Plan:
             cursor = workspace_at
             for size in sizes_ws:
                 refs.append((0, cursor))
-                cursor += size
+                cursor += size + _native.CANARY_BYTES
+            written = tuple(s.nbytes for s in out_specs) + tuple(sizes_ws)  # each with a canary after it
             steps.append((kernel._function, tuple(refs), tuple(s.shape for s in in_specs + out_specs),
-                          tuple(s.dtype for s in in_specs + out_specs), extra))
+                          tuple(s.dtype for s in in_specs + out_specs), extra, written))
         self.arena_bytes = workspace_at + workspace_bytes
         self.report = {"planned_bytes": self.arena_bytes, "intermediate_bytes": arena,
                        "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
                        "workspace_bytes": workspace_bytes, "nodes": len(prepared)}
-        self.arena = np.empty(max(self.arena_bytes, 1), np.uint8)
+        self.largest_workspace = largest
+        self.arena = None  # allocated by the first run (checked mode never needs it)
         self.n_buffers = next_buffer
         self.buffers = buffers
         self.kernels = [(node, kernel) for node, kernel, *_ in prepared]
         return _native.Program(steps, next_buffer)
 
+    def _new_arena(self):
+        try:
+            return np.empty(max(self.arena_bytes, 1), np.uint8)
+        except (MemoryError, ValueError):
+            message = (f"graph '{self.graph.name}': cannot allocate its arena of {self.arena_bytes} bytes "
+                       f"({self.report['intermediate_bytes']} for intermediates, "
+                       f"{self.report['workspace_bytes']} for workspaces)")
+            if self.largest_workspace is None:
+                raise AllocationError(message) from None
+            op, function, requested = self.largest_workspace
+            raise AllocationError(f"{message}; the largest workspace: op '{op}': {function} requested "
+                                  f"{list(requested)} bytes", op=op, function=function) from None
+
+    def _output(self, value_id):
+        """A graph output buffer, with room for the canary the program checks."""
+        spec = self.specs[value_id]
+        shape = spec.shape if spec.layout == "ndarray" else (spec.nbytes // np.dtype(spec.dtype).itemsize,)
+        try:
+            return _native.empty(tuple(shape), np.dtype(spec.dtype))
+        except MemoryError:
+            raise AllocationError(f"graph '{self.graph.name}': cannot allocate output {spec} "
+                                  f"({spec.nbytes} bytes)") from None
+
     def execute(self, arrays):
-        if self.program is None:
+        if self.program is None or checks_enabled():
             return self._interpret(arrays)
         graph = self.graph
-        outputs = {vid: self.specs[vid].empty() for vid in self.output_slots}
-        # The plan's arena, or a private one while another thread runs this plan.
+        outputs = {vid: self._output(vid) for vid in self.output_slots}
+        # The plan's arena, or a new one on the first run and while another thread runs this plan.
         arena, self.arena = self.arena, None
         if arena is None:
-            arena_owned = np.empty(max(self.arena_bytes, 1), np.uint8)
-        addresses = [(arena if arena is not None else arena_owned).ctypes.data] + [a.ctypes.data for a in arrays] + \
+            arena = self._new_arena()
+        addresses = [arena.ctypes.data] + [a.ctypes.data for a in arrays] + \
                     [outputs[vid].ctypes.data for vid in self.output_slots] + [c.ctypes.data for c in self.constants]
         try:
             failure = self.program.run(tuple(addresses))
         finally:
-            if arena is not None:
-                self.arena = arena
+            self.arena = arena
         if failure is not None:
             index, rc, error = failure
             node, kernel = self.kernels[index]

@@ -18,7 +18,7 @@ import numpy as np
 from .. import _native
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
-from ..errors import InferenceError, KernelSourceError, SchemaError
+from ..errors import AllocationError, InferenceError, KernelSourceError, SchemaError
 from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
 from . import build as _build
@@ -28,6 +28,7 @@ from .library import load_library
 
 INIT_CACHE_SIZE = 64
 WORKSPACE_ALIGN = 64
+MAX_ALLOCATION_BYTES = 2**62  # more than any address space: such requests never reach malloc
 
 
 def split_func(func: str):
@@ -38,11 +39,16 @@ def split_func(func: str):
     return Path(os.path.expanduser(path)), name
 
 
-def workspace_sizes(requested, floor_bytes):
-    """Byte sizes to allocate.  Rounded up to 64 and to ``floor_bytes`` (the
+def workspace_sizes(requested, floor_bytes, *, op, function):
+    """Byte sizes to allocate for the workspace that ``function`` (an Init) of
+    op ``op`` requested.  Rounded up to 64 and to ``floor_bytes`` (the
     largest input's size): some kernels written for MindSpore pass element
     counts, not bytes, and rely on such generous rounding."""
-    return tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor_bytes) for s in requested)
+    sizes = tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor_bytes) for s in requested)
+    if sum(sizes) > MAX_ALLOCATION_BYTES:
+        raise AllocationError(f"op '{op}': {function} requested workspace sizes {list(requested)} (bytes), "
+                              f"{sum(sizes)} in all: more than any allocation can hold", op=op, function=function)
+    return sizes
 
 
 def largest_nbytes(arrays):
@@ -171,29 +177,32 @@ class AotKernel(Kernel):
         return (self._function,
                 tuple(s.shape for s in out_specs),
                 tuple(np.dtype(s.dtype) for s in out_specs),
-                workspace_sizes(requested, largest_nbytes(arrays)),
+                workspace_sizes(requested, largest_nbytes(arrays), op=op.name, function=self.function_name + "Init"),
                 tuple(s.dtype for s in list(specs) + list(out_specs)),
                 extra)
 
-    def run(self, op, arrays, attrs, out_specs, in_specs=None):
-        from .dispatch import input_specs, kernel_error
+    def run(self, op, arrays, attrs, out_specs, in_specs=None, *, poison=None):
+        """One call outside the launcher, with the same memory checks.  ``poison``
+        (a byte) runs it in checked mode with outputs and workspaces filled
+        with that byte (``check_op`` uses it to find never-written output)."""
+        from .dispatch import as_array, input_specs, kernel_error
 
         specs = list(in_specs) if in_specs is not None else input_specs(op, arrays)
-        extra, requested = self.signature_state(op, specs + list(out_specs), attrs)
-        sizes = workspace_sizes(requested, largest_nbytes(arrays))
-        shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
-        names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
         if self.device == "gpu":
             from . import cuda
 
+            extra, requested = self.signature_state(op, specs + list(out_specs), attrs)
+            sizes = workspace_sizes(requested, largest_nbytes(arrays), op=op.name,
+                                    function=self.function_name + "Init")
+            shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
+            names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
             return cuda.run_on_device(self, op, arrays, out_specs, sizes, shapes, names, extra)
-        outputs = [s.empty() for s in out_specs]
-        workspaces = [np.empty(size, np.uint8) for size in sizes]
-        pointers = [a.ctypes.data for a in list(arrays) + outputs + workspaces]
-        rc, error = _native.call_kernel(self._function, pointers, shapes, names, None, extra)
-        if rc != 0 or error is not None:
+        arrays = tuple(as_array(op, k, a) for k, a in enumerate(arrays))
+        plan = self.plan(op, arrays, specs, out_specs, attrs)
+        outputs, rc, error = _native.run_plan(plan, arrays, -1 if poison is None else poison)
+        if outputs is None:
             raise kernel_error(op, self, rc, error)
-        return outputs
+        return list(outputs)
 
 
 # C types behind OPFORGE_T for each dtype a templated source is compiled for.
