@@ -472,8 +472,7 @@ def test_cache_folder_that_is_a_file(cache, tmp_path, monkeypatch):
 
 
 @needs_gxx
-@pytest.mark.skipif(not os.path.isdir("/sys") or os.access("/sys", os.W_OK) and os.geteuid() != 0,
-                    reason="needs Linux's /sys, a folder no one may add files to")
+@pytest.mark.skipif(not os.path.isdir("/sys"), reason="needs Linux's /sys, a folder no one may add files to")
 def test_cache_folder_that_refuses_new_files(cache, tmp_path, monkeypatch):
     probe = Path("/sys/opforge-probe.lock")
     try:

@@ -199,6 +199,8 @@ def test_build_usage_errors_are_one_line(env, tmp_path, monkeypatch, capsys):
                         ((src, "--dtype", "x-y=float32"), ["'x-y'", "not a C identifier"]),
                         ((src, "--layout", "nchw-16c"), ["--layout", "'nchw-16c'"]),
                         ((src, "-D", "1X=2"), ["macro '1X'"]),
+                        ((src, "--cflags", "-DX='unclosed"), ["--cflags", "No closing quotation"]),
+                        ((tmp_path / "k.cu", "--isa", "avx2"), ["--isa", ".cu"]),
                         ((tmp_path / "libk.so",), ["libk.so", "not a kernel source"])):
         status, out, err = build_in_process(monkeypatch, capsys, env, *args)
         assert status == 2 and out == ""

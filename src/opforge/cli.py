@@ -86,7 +86,10 @@ def variant_flags(args) -> list[str]:
     flags = [f"-D{_identifier(name, 'macro')}" + (f"={value}" if sep else "")
              for name, sep, value in (define.partition("=") for define in args.defines)]
     for words in args.cflags:
-        flags += shlex.split(words)
+        try:
+            flags += shlex.split(words)
+        except ValueError as exc:
+            raise UsageError(f"--cflags {words}: {exc}") from None
     typed = []
     for given in args.dtypes:
         name, _, dtype = given.rpartition("=")
@@ -107,6 +110,8 @@ def run_build(args) -> int:
     if not is_source(args.file):
         raise UsageError(f"{args.file} is not a kernel source (expected {' '.join(SOURCE_SUFFIXES)}); "
                          "a prebuilt library needs no build")
+    if args.isa and args.file.lower().endswith(".cu"):
+        raise UsageError("--isa chooses a CPU instruction set; a .cu source is compiled for the GPU")
     flags = variant_flags(args)
     start = time.perf_counter()
     built = build(args.file, extra_cflags=flags, include_dirs=args.include_dirs,

@@ -70,7 +70,7 @@ def _what_is_wrong(root: Path, exc: OSError) -> str:
                 return f"{path} is a file, not a folder" if path == root else \
                     f"{path} is a file, so no folder can be made under it"
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"no permission to write in {exc.filename or root}"
+        return f"no permission to write {exc.filename or root}"
     if exc.errno == errno.EROFS:
         return "it is on a read-only file system"
     if exc.errno == errno.ENOSPC:
