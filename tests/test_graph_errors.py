@@ -171,6 +171,7 @@ def test_format_version_is_checked():
     ('{"name": 3, "inputs": [], "nodes": [], "outputs": []}', ["'name'"]),
     ('{"inputs": [], "nodes": [], "outputs": []}', ["lacks", "name"]),
     ('{"name": "g", "inputs": [], "nodes": [], "outputs": [], "tuple_output": false}', ["one value name"]),
+    ('{"name": "g", "inputs": [], "nodes": [], "outputs": [], "name": "h"}', ["repeats", "name"]),
 ])
 def test_malformed_text_is_a_graph_error(text, words):
     with pytest.raises(GraphError) as error:
@@ -259,3 +260,14 @@ def test_saving_where_no_file_can_be_written_names_the_path(tmp_path):
     with pytest.raises(GraphError, match=re.escape(str(tmp_path))):
         graph.save(tmp_path)  # a folder: the temporary file is written, the replace fails
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_names_written_by_hand_survive_loading_printing_and_saving():
+    data = relu_graph()
+    data["inputs"][0]["name"] = "pixels"
+    data["nodes"][0]["inputs"] = ["pixels"]
+    data["nodes"][0]["outputs"][0]["name"] = "activation"
+    data["outputs"] = ["activation"]
+    graph = load(data)
+    assert "%activation: TensorSpec([3], float32) = relu(%pixels)" in repr(graph)
+    assert json.loads(graph.to_json()) == data

@@ -158,23 +158,20 @@ class Graph:
         self._executor = None
 
     def value_names(self) -> dict:
-        """{value id: name}, the names both printing and JSON use: inputs keep
-        their own names, every other value is v0, v1, ... in order of definition."""
-        names, taken = {}, set()
-
-        def give(value, name):
-            names[value.id] = name
-            taken.add(name)
-
-        for k, value in enumerate(self.inputs):
-            give(value, value.name if isinstance(value.name, str) and value.name and value.name not in taken
-                 else f"x{k}")
-        number = 0
-        for node in self.nodes:
-            for value in node.outputs:
+        """{value id: name}, the names both printing and JSON use: a value keeps
+        its own name, unless that is a tracer's placeholder (v<number>) or
+        already taken; those are numbered v0, v1, ... in order of definition."""
+        names, taken, number = {}, set(), 0
+        for value in self.inputs + [v for node in self.nodes for v in node.outputs]:
+            name = value.name
+            placeholder = not isinstance(name, str) or not name or (
+                name[0] == "v" and name[1:].isascii() and name[1:].isdigit())
+            if placeholder or name in taken:
                 while f"v{number}" in taken:
                     number += 1
-                give(value, f"v{number}")
+                name = f"v{number}"
+            names[value.id] = name
+            taken.add(name)
         return names
 
     def __repr__(self):

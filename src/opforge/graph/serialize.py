@@ -99,12 +99,23 @@ def from_json(source) -> Graph:
     if not isinstance(source, str):
         raise GraphError(f"graph JSON must be str or bytes, got {type(source).__name__}")
     try:
-        data = json.loads(source)
+        data = json.loads(source, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise GraphError("graph JSON is nested too deeply") from None
+    except GraphError:
+        raise
     except ValueError as error:  # bad syntax, or an integer with too many digits
         raise GraphError(f"graph JSON does not parse: {error}") from None
     return _Reader(data).graph()
+
+
+def _unique_keys(pairs):
+    """A JSON object as a dict; a repeated key would silently keep only its last value."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        repeated = sorted({k for k, _ in pairs if sum(key == k for key, _ in pairs) > 1})
+        raise GraphError(f"graph JSON repeats the key(s) {repeated} in one object")
+    return data
 
 
 _VALUE_KEYS = ({"name", "shape", "dtype"}, {"layout"})
