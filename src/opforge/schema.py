@@ -35,6 +35,30 @@ class ParsedSchema:
     def qualified_name(self):
         return f"{self.namespace}::{self.name}" if self.namespace else self.name
 
+    def __str__(self):
+        """The schema in canonical form: parsing it gives this schema back."""
+        params = [("Tensor[]" if i.variadic else "Tensor?" if i.optional else "Tensor") + f" {i.name}"
+                  for i in self.inputs]
+        star = False
+        for a in self.attrs:
+            if not a.positional and not star:
+                params.append("*")
+                star = True
+            default = "" if a.default is REQUIRED else f"={_literal(a.default)}"
+            params.append(f"{a.type} {a.name}{default}")
+        outputs = ", ".join(f"Tensor {name}" for name in self.outputs)
+        return f"{self.qualified_name}({', '.join(params)}) -> " + (
+            f"({outputs})" if len(self.outputs) > 1 else outputs)
+
+
+def _literal(value):
+    """A default as the schema writes it: lists in brackets, infinities as overflowing literals."""
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "1e999" if value > 0 else "-1e999"
+    return repr(value)
+
 
 class _Parser:
     def __init__(self, text):
