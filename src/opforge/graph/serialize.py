@@ -20,8 +20,8 @@ import numpy as np
 
 from ..dtypes import ABI_DTYPES, to_numpy
 from ..errors import GraphError
-from ..registry import lookup, registered_ops
-from ..spec import TensorSpec
+from ..registry import lookup
+from ..spec import LAYOUTS, TensorSpec
 from .ir import Graph, Node, Value, compatible, constant_node
 
 FORMAT = 1  # written as "format"; files without it are read as format 1
@@ -111,10 +111,11 @@ def from_json(source) -> Graph:
 
 def _unique_keys(pairs):
     """A JSON object as a dict; a repeated key would silently keep only its last value."""
-    data = dict(pairs)
-    if len(data) != len(pairs):
-        repeated = sorted({k for k, _ in pairs if sum(key == k for key, _ in pairs) > 1})
-        raise GraphError(f"graph JSON repeats the key(s) {repeated} in one object")
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise GraphError(f"graph JSON repeats the key '{key}' in one object")
+        data[key] = value
     return data
 
 
@@ -131,7 +132,6 @@ class _Reader:
         self.data = data
         self.where = "graph"
         self.values = {}  # name -> Value, as defined so far
-        self.layouts = {"ndarray"} | {k.layout for op in registered_ops() for k in op.kernels} - {"any"}
 
     def fail(self, field, expected, got):
         raise GraphError(f"{self.where}: '{field}' must be {expected}, got {_show.repr(got)}")
@@ -151,7 +151,7 @@ class _Reader:
 
     def field(self, entry, key, kind, expected):
         value = entry[key]
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        if not isinstance(value, kind):
             self.fail(key, expected, value)
         return value
 
@@ -159,8 +159,9 @@ class _Reader:
     def graph(self) -> Graph:
         data = self.data
         self.keys(data, _GRAPH_KEYS, "a graph")
-        if data.get("format", FORMAT) != FORMAT or isinstance(data.get("format"), bool):
-            self.fail("format", f"{FORMAT} (the only graph format this opforge reads)", data["format"])
+        version = data.get("format", FORMAT)
+        if type(version) is not int or version != FORMAT:
+            self.fail("format", f"{FORMAT} (the only graph format this opforge reads)", version)
         name = self.field(data, "name", str, "a string")
         self.where = f"graph '{name}'"
         tuple_output = data.get("tuple_output", True)
@@ -198,8 +199,8 @@ class _Reader:
         if not isinstance(dtype, str) or dtype not in ABI_DTYPES:
             self.fail("dtype", f"one of {', '.join(ABI_DTYPES)}", dtype)
         layout = entry.get("layout", "ndarray")
-        if not isinstance(layout, str) or layout not in self.layouts:
-            self.fail("layout", f"one of {', '.join(sorted(self.layouts))}", layout)
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            self.fail("layout", f"one of {', '.join(LAYOUTS)}", layout)
         return TensorSpec(shape, dtype, layout)
 
     def define(self, value, entry) -> Value:
