@@ -5,7 +5,9 @@ consulted: the compiler (``OPFORGE_CC``/``OPFORGE_CXX``/``OPFORGE_NVCC``, then
 ``CC``/``CXX``, then PATH), the flags (opforge's, the caller's, then
 ``OPFORGE_CFLAGS``/``OPFORGE_CXXFLAGS``/``OPFORGE_NVCC_FLAGS``) and the
 include folders.  ``run_compiler`` runs it so that it dies with its parent:
-a builder killed half-way leaves no compiler behind to write into the cache.
+a builder killed half-way leaves no compiler going on to link a library
+into the cache entry (a linker already running may still finish; the next
+build or load of the entry removes what it wrote).
 """
 from __future__ import annotations
 
