@@ -38,10 +38,10 @@ def positive(*shape, seed=0):
     return rng(seed).random(shape) + 0.5
 
 
-def closing_over(fn, condition):
-    """``fn`` with its first (bool) argument fixed, so gradcheck varies only the others."""
+def closing_over(fn, fixed, at=0):
+    """``fn`` with argument ``at`` fixed (a condition, a shape donor), so gradcheck varies only the others."""
     def closed(*xs, **attrs):
-        return fn(condition, *xs, **attrs)
+        return fn(*xs[:at], fixed, *xs[at:], **attrs)
 
     closed.op = fn.op
     return closed
@@ -91,6 +91,14 @@ GRADCHECKS = {
     "log": (ops.log, [positive(3, 4)], {}),
     "abs": (ops.abs, [away_from_zero(r(3, 4))], {}),
     "cast": (ops.cast, [r(3, 4)], {"dtype": "float64"}),
+    "slice": (ops.slice, [r(4, 5)], {"starts": [1, -1], "ends": [3, 0], "axes": [0, 1], "steps": [1, -2]}),
+    "slice_grad": (closing_over(ops.slice_grad, r(4, 5), at=1), [r(2, 2)],
+                   {"starts": [1, -1], "ends": [3, 0], "axes": [0, 1], "steps": [1, -2]}),
+    "squeeze": (ops.squeeze, [r(1, 3, 1)], {"axes": [0, -1]}),
+    "unsqueeze": (ops.unsqueeze, [r(3, 2)], {"axes": [0, -2]}),
+    "concat": (ops.concat, [r(2, 3), r(2, 1, seed=1), r(2, 2, seed=2)], {"axis": -1}),
+    "mean_all": (ops.mean, [r(2, 3, 4)], {}),
+    "mean_axes_keep": (ops.mean, [r(2, 3, 4)], {"axes": [0, -1], "keep_dims": True}),
 }
 
 

@@ -25,3 +25,9 @@ from . import sqrt  # noqa: F401
 from . import log  # noqa: F401
 from . import abs  # noqa: F401
 from . import cast  # noqa: F401
+from . import slice  # noqa: F401
+from . import squeeze  # noqa: F401
+from . import unsqueeze  # noqa: F401
+from . import concat  # noqa: F401
+from . import dim  # noqa: F401
+from . import mean  # noqa: F401

@@ -1,9 +1,27 @@
 // cast: y = x converted to y's dtype, elementwise.  One library for every
-// pair of the dtypes below: the pair is read from the dtype names at run time.
+// pair of ABI dtypes: the pair is read from the dtype names at run time.
 #include <cstdint>
 #include <cstring>
 
 #include "custom_aot_extra.h"
+
+// bfloat16 (the top half of a float32), converted through float with
+// round-to-nearest-even, as ml_dtypes does.
+struct BFloat16 {
+  uint16_t bits;
+  BFloat16(float value) {  // NOLINT: implicit, so static_cast<BFloat16>(any number) works
+    uint32_t u;
+    std::memcpy(&u, &value, 4);
+    bits = value != value ? static_cast<uint16_t>((u >> 16) | 0x40)  // NaN stays (quiet) NaN
+                          : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  operator float() const {
+    uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float value;
+    std::memcpy(&value, &u, 4);
+    return value;
+  }
+};
 
 template <typename In, typename Out>
 static void Convert(const void *x, void *y, int64_t n) {
@@ -12,15 +30,21 @@ static void Convert(const void *x, void *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = static_cast<Out>(in[i]);
 }
 
-// Calls F<T>(args...) for the C type T named by dtype; false for a dtype not listed.
-#define OPFORGE_FOR_DTYPE(dtype, CALL)                        \
-  if (!std::strcmp(dtype, "bool")) { CALL(bool); }           \
-  else if (!std::strcmp(dtype, "int8")) { CALL(int8_t); }    \
-  else if (!std::strcmp(dtype, "uint8")) { CALL(uint8_t); }  \
-  else if (!std::strcmp(dtype, "int32")) { CALL(int32_t); }  \
-  else if (!std::strcmp(dtype, "int64")) { CALL(int64_t); }  \
-  else if (!std::strcmp(dtype, "float32")) { CALL(float); }  \
-  else if (!std::strcmp(dtype, "float64")) { CALL(double); } \
+// CALL(T) for the C type T named by dtype; returns 1 for a dtype not listed.
+#define OPFORGE_FOR_DTYPE(dtype, CALL)                          \
+  if (!std::strcmp(dtype, "bool")) { CALL(bool); }             \
+  else if (!std::strcmp(dtype, "int8")) { CALL(int8_t); }      \
+  else if (!std::strcmp(dtype, "int16")) { CALL(int16_t); }    \
+  else if (!std::strcmp(dtype, "int32")) { CALL(int32_t); }    \
+  else if (!std::strcmp(dtype, "int64")) { CALL(int64_t); }    \
+  else if (!std::strcmp(dtype, "uint8")) { CALL(uint8_t); }    \
+  else if (!std::strcmp(dtype, "uint16")) { CALL(uint16_t); }  \
+  else if (!std::strcmp(dtype, "uint32")) { CALL(uint32_t); }  \
+  else if (!std::strcmp(dtype, "uint64")) { CALL(uint64_t); }  \
+  else if (!std::strcmp(dtype, "float16")) { CALL(_Float16); } \
+  else if (!std::strcmp(dtype, "bfloat16")) { CALL(BFloat16); } \
+  else if (!std::strcmp(dtype, "float32")) { CALL(float); }    \
+  else if (!std::strcmp(dtype, "float64")) { CALL(double); }   \
   else return 1;
 
 template <typename In>

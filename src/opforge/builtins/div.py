@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.checks import floating_point
+from opforge.builtins.common import floating_point
 
 div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")

@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.checks import floating_point
+from opforge.builtins.common import floating_point
 
 pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Elementwise power with NumPy broadcasting (floating-point); y has the dtype of a.")

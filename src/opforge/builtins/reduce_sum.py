@@ -8,6 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import zeros_like
 
 reduce_sum = opforge.op("reduce_sum(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                         traits=["no_side_effect"],
@@ -38,19 +39,24 @@ def reduce_sum_reference(x, *, axes, keep_dims):
 
 @reduce_sum.grad(save=["x"])
 def reduce_sum_grad(saved, dy, *, axes, keep_dims):
-    # Every input element contributes once: spread dy back over the reduced dims.
-    x = saved.x
-    if not x.spec.is_static:
-        raise opforge.ShapeError(f"op 'reduce_sum': its gradient needs a static input shape, got {x.spec}")
-    kept = infer.reduce_shape(x.shape, axes, True)
-    spread = opforge.ops.reshape(dy, shape=list(kept))
-    return opforge.ops.add(spread, np.zeros(x.shape, x.dtype))
+    return spread(dy, saved.x, axes, keep_dims)
+
+
+def spread(dy, x, axes, keep_dims):
+    """dy, the reduced shape, broadcast back over x's shape -- every input
+    element contributed once.  Shapes come from x at run time, so graphs
+    traced with unknown dims differentiate too."""
+    if axes and not keep_dims:  # put the reduced axes back as size 1 (unsqueeze counts them as x does)
+        dy = opforge.ops.unsqueeze(dy, axes=axes)
+    # (with no axes, dy is 0-d or all size-1 dims, and broadcasts as it is)
+    return opforge.ops.add(dy, zeros_like(x, dy.dtype))
 
 
 # An empty x never reaches the kernel: opforge returns zeros of the output
 # shape, which is exactly the sum of an empty reduction (and of nothing when
 # the output is empty too), so the op needs no always_compute trait.
-reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=r"""
+# mean.py compiles this source with OPFORGE_MEAN defined: the sums divided by their counts.
+REDUCE_SUM = r"""
 #include <type_traits>
 #include <vector>
 
@@ -114,7 +120,13 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
       index[d] = 0;
     }
   }
+#ifdef OPFORGE_MEAN
+  const Acc count = static_cast<Acc>(ny ? nx / ny : 0);  // 0 / 0: NumPy's NaN mean of nothing
+  for (int64_t i = 0; i < ny; i++) y[i] = static_cast<T>(acc[i] / count);
+#else
   for (int64_t i = 0; i < ny; i++) y[i] = static_cast<T>(acc[i]);
+#endif
   return 0;
 }
-""")
+"""
+reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM)

@@ -7,7 +7,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.checks import floating_point
+from opforge.builtins.common import floating_point
 
 sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect"],
                   doc="Square root, elementwise (floating-point inputs).")

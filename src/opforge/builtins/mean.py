@@ -1,0 +1,52 @@
+"""mean: y = x averaged over ``axes`` (all axes when empty), floating-point.
+
+reduce_sum's attributes, check and source (compiled with OPFORGE_MEAN, so
+the sums are divided by their counts); the mean of nothing is NaN, as in
+NumPy.  The gradient is reduce_sum's, divided by the counts.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.spec import UNKNOWN_RANK
+from opforge.builtins.common import floating_point, known_dims, zeros_like
+from opforge.builtins.reduce_sum import REDUCE_SUM, reduce_sum_check, spread
+
+mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
+                  # always_compute: an empty x gives NaN means, which the kernel computes
+                  traits=["no_side_effect", "always_compute"],
+                  doc="Mean over axes (empty = all; negative axes count from the end), floating-point. "
+                      "The mean of no elements is NaN.")
+mean.def_infer(infer.reduce("axes", "keep_dims"))
+is_float = floating_point("mean", "x")
+
+
+@mean.check
+def mean_check(x, *, axes, keep_dims):
+    is_float(x)
+    return reduce_sum_check(x, axes=axes, keep_dims=keep_dims)
+
+
+@mean.reference
+def mean_reference(x, *, axes, keep_dims):
+    with np.errstate(invalid="ignore", divide="ignore"):  # an empty mean is NaN, without a warning
+        total = np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims, dtype=np.float64)
+        count = np.sum(np.ones_like(x, np.float64), axis=tuple(axes) if axes else None, keepdims=keep_dims)
+        return (total / count).astype(x.dtype)
+
+
+@mean.grad(save=["x"])
+def mean_grad(saved, dy, *, axes, keep_dims):
+    x = saved.x
+    shape = known_dims(x)
+    if -1 not in shape and shape != UNKNOWN_RANK:
+        kept = infer.reduce_shape(shape, axes, True)
+        count = np.asarray(np.prod(shape) // max(int(np.prod(kept)), 1), dy.dtype)
+    else:  # counted at run time: a sum of ones like x
+        ones = opforge.ops.add(zeros_like(x, dy.dtype), np.ones((), dy.dtype))
+        count = opforge.ops.reduce_sum(ones, axes=axes, keep_dims=keep_dims)
+    return spread(opforge.ops.div(dy, count), x, axes, keep_dims)
+
+
+mean.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64"]}, code=REDUCE_SUM, name="Mean",
+            cflags=["-DOPFORGE_MEAN=1"])
