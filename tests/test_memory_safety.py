@@ -124,6 +124,49 @@ def test_checked_mode_stops_writes_at_the_guard_page(checked_mode, function, buf
         assert f"wrote past the end of {buffer} (stopped at its guard page" in message, (path, message)
 
 
+THREADS = r"""
+import sys, threading
+import numpy as np
+import opforge
+from opforge import infer
+
+source = sys.argv[1]
+ops = {}
+for function in ("Good", "OutputOverrun"):
+    ops[function] = opforge.op(f"memtest::{function.lower()}(Tensor x) -> Tensor y")
+    ops[function].def_infer(infer.same_as(0))
+    ops[function].kernel(source=f"{source}:{function}")
+x = np.arange(16, dtype=np.float32)
+problems = []
+
+def work(function):
+    for _ in range(25):
+        try:
+            y = ops[function](x)
+            if function != "Good" or not np.array_equal(y, x):
+                problems.append(f"{function} returned {y}")
+        except opforge.KernelError as error:
+            if function == "Good" or "wrote past the end of output 'y' (stopped" not in str(error):
+                problems.append(f"{function}: {error}")
+
+threads = [threading.Thread(target=work, args=(f,)) for f in ("Good", "OutputOverrun") * 3]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(problems or "fine")
+"""
+
+
+def test_checked_mode_is_per_thread():
+    """Threads fault on their own guard pages while others run well-behaved kernels."""
+    env = dict(os.environ, OPFORGE_CHECK="1")
+    done = subprocess.run([sys.executable, "-c", THREADS, str(SOURCE)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"the subprocess died ({done.returncode}):\n{done.stderr[-3000:]}"
+    assert done.stdout.strip() == "fine"
+
+
 def test_allocation_error_is_a_kernel_and_memory_error():
     assert issubclass(AllocationError, KernelError) and issubclass(AllocationError, MemoryError)
     assert issubclass(AllocationError, OpforgeError)

@@ -58,7 +58,9 @@ size_t PageBytes() {
 
 size_t GuardBytes() { return (kGuardBytes + PageBytes() - 1) / PageBytes() * PageBytes(); }
 
-thread_local FaultScope *active_scope = nullptr;
+// Initial-exec: reading it in the signal handler is then a plain load, never
+// a lazy TLS allocation (which could call malloc in a thread that crashed in it).
+__attribute__((tls_model("initial-exec"))) thread_local FaultScope *active_scope = nullptr;
 struct sigaction previous_segv, previous_bus;
 std::mutex handler_mutex;
 
