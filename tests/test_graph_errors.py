@@ -271,3 +271,26 @@ def test_names_written_by_hand_survive_loading_printing_and_saving():
     graph = load(data)
     assert "%activation: TensorSpec([3], float32) = relu(%pixels)" in repr(graph)
     assert json.loads(graph.to_json()) == data
+
+
+BLOCKED_ADD = """
+import numpy as np, opforge
+from opforge.builtins.reorder import to_blocked
+ops = opforge.ops
+blocked = lambda x: ops.reorder(x, layout="nchw16c")
+graph = opforge.trace(lambda x: ops.add(blocked(x), blocked(x)), opforge.TensorSpec([1, 20, 2, 3]))
+assert graph.outputs[0].spec.layout == "nchw16c", graph
+x = np.arange(120, dtype=np.float32).reshape(1, 20, 2, 3)
+np.testing.assert_array_equal(graph(x), to_blocked(x + x).ravel())
+junk = [np.ones(1000) for _ in range(200)]  # let the allocator notice a corrupted heap, if any
+print("OK")
+"""
+
+
+def test_a_node_on_blocked_inputs_has_blocked_outputs_whatever_its_inference_says():
+    # add's inference says ndarray; its kernel, chosen by its inputs, writes the larger nchw16c buffer.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", BLOCKED_ADD], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", (done.returncode, done.stderr[-2000:])

@@ -53,12 +53,17 @@ class Value(ArraySyntax):
 
 class Node:
     """One op call: ``outputs = op(*inputs, **attrs)``.  ``kernel`` is chosen
-    by the layout pass (None: dispatch at run time)."""
+    by the layout pass (None: dispatch at run time).  The outputs' layout is
+    ``kernel_layout``'s, whatever inference said: the executor sizes output
+    buffers by it, and the kernel writes in its inputs' layout."""
 
     def __init__(self, op, inputs, attrs, out_specs, name=None):
         self.op = op
         self.inputs = list(inputs)
         self.attrs = dict(attrs)
+        layout = None if op is None else kernel_layout(op, self.inputs)
+        if layout is not None:
+            out_specs = [TensorSpec(s.shape, s.dtype, layout) for s in out_specs]
         self.outputs = [Value(spec, self, k) for k, spec in enumerate(out_specs)]
         self.name = name or f"n{next(_ids)}"
         self.kernel = None

@@ -22,7 +22,7 @@ from ..dtypes import ABI_DTYPES, to_numpy
 from ..errors import GraphError
 from ..registry import lookup
 from ..spec import LAYOUTS, TensorSpec
-from .ir import Graph, Node, Value, compatible, constant_node
+from .ir import Graph, Node, Value, compatible, constant_node, kernel_layout
 
 FORMAT = 1  # written as "format"; files without it are read as format 1
 MAX_RANK = 32  # NumPy 1's limit on dims, and far beyond any kernel's
@@ -242,7 +242,7 @@ class _Reader:
         except Exception as error:  # the op's own code: whatever it raises, the file is what is wrong
             raise GraphError(f"{self.where}: the op rejects inputs {in_specs} with attrs {attrs}: "
                              f"{type(error).__name__}: {error}") from error
-        layout = self.runs_in(op, inputs)
+        layout = kernel_layout(op, inputs)
         for name, mine, theirs in zip(op.outputs, declared, inferred):
             if not compatible(mine, theirs):
                 self.fail("outputs", f"output '{name}' as inferred from the inputs, {theirs}", mine)
@@ -281,23 +281,12 @@ class _Reader:
         except Exception as error:  # the op's own checking
             raise GraphError(f"{self.where}: 'attrs': {type(error).__name__}: {error}") from error
 
-    def runs_in(self, op, inputs):
-        """The layout a node's kernel works in: that of its inputs (kernels are
-        chosen by it), or None for ops with a layout-converting ("any") kernel,
-        whose inference gives the output's layout."""
-        if any(k.layout == "any" for k in op.kernels):
-            return None
-        layouts = {v.spec.layout for v in inputs if v is not None}
-        if len(layouts) > 1:
-            self.fail("inputs", "values in one layout (the layout pass inserts reorders)", sorted(layouts))
-        return layouts.pop() if layouts else "ndarray"
-
     def kernel(self, op, name, layout):
         found = next((k for k in op.kernels if k.name == name), None) if isinstance(name, str) else None
         if found is None:
             self.fail("kernel", f"the name of one of the op's kernels ({', '.join(k.name for k in op.kernels)})",
                       name)
-        if found.layout not in ("any", layout):
+        if layout is not None and found.layout not in ("any", layout):
             self.fail("kernel", f"a kernel for layout {layout} (its inputs' layout)", name)
         return found
 
