@@ -96,6 +96,17 @@ def constant_node(array) -> Node:
     return node
 
 
+def kernel_layout(op, inputs):
+    """The layout a node's kernel writes its outputs in: that of its inputs,
+    since kernels are chosen by it (mixed layouts: no kernel takes them, so
+    ndarray); None for an op that converts layouts (a kernel of layout "any"),
+    whose inference gives the output's layout."""
+    if any(k.layout == "any" for k in op.kernels):
+        return None
+    layouts = {v.spec.layout for v in inputs if v is not None}
+    return layouts.pop() if len(layouts) == 1 else "ndarray"
+
+
 def compatible(declared: TensorSpec, given: TensorSpec) -> bool:
     """Whether two specs can describe the same tensor: equal dtypes, and
     shapes that agree wherever both are known."""
