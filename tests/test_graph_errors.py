@@ -294,3 +294,23 @@ def test_a_node_on_blocked_inputs_has_blocked_outputs_whatever_its_inference_say
 
     done = subprocess.run([sys.executable, "-c", BLOCKED_ADD], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "OK", (done.returncode, done.stderr[-2000:])
+
+
+def test_optional_and_variadic_inputs_are_counted_by_the_schema(scaled, fresh):
+    data = json.loads(opforge.trace(lambda x: scaled(x), TensorSpec([3], "float64")).to_json())
+    node = data["nodes"][0]
+    assert node["inputs"][1] is None
+    node["inputs"] = node["inputs"][:1]  # a trailing optional input may be left out
+    np.testing.assert_array_equal(load(data)(np.ones(3)), [2.0, 2.0, 2.0])
+    node["inputs"] = [None, data["inputs"][0]["name"]]
+    rejected(data, "(tgraph_errors::scaled)", "'inputs'", "null only for '?' inputs")
+
+    total = declare(fresh, "tgraph_errors::total(Tensor[] xs) -> Tensor y", traits=["no_side_effect"])
+    total.def_infer(opforge.infer.same_as(0))
+    total.kernel(lambda *xs: sum(xs))
+    data = json.loads(opforge.trace(lambda a, b: total(a, b, a), TensorSpec([2], "float64"),
+                                    TensorSpec([2], "float64")).to_json())
+    assert len(data["nodes"][0]["inputs"]) == 3
+    np.testing.assert_array_equal(load(data)(np.ones(2), np.full(2, 5.0)), [7.0, 7.0])
+    data["nodes"][0]["inputs"][1] = None
+    rejected(data, "(tgraph_errors::total)", "'inputs'", "variadic input 'xs'")
