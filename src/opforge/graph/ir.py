@@ -62,7 +62,7 @@ class Node:
         self.inputs = list(inputs)
         self.attrs = dict(attrs)
         layout = None if op is None else kernel_layout(op, self.inputs)
-        if layout is not None:
+        if layout is not None and any(s.layout != layout for s in out_specs):
             out_specs = [TensorSpec(s.shape, s.dtype, layout) for s in out_specs]
         self.outputs = [Value(spec, self, k) for k, spec in enumerate(out_specs)]
         self.name = name or f"n{next(_ids)}"
