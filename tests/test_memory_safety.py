@@ -167,6 +167,25 @@ def test_checked_mode_is_per_thread():
     assert done.stdout.strip() == "fine"
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_native_plan_refuses_sizes_that_wrap(fresh, checked):
+    """The native side checks sizes itself, whatever the planner hands it: no kernel runs."""
+    op = declare(fresh, "memtest::wrap(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    kernel = op.kernel(source=f"{SOURCE}:HugeWorkspace")
+    kernel.load()
+    x = np.arange(16, dtype=np.float32)
+    plan = (kernel._function, ((16,),), (np.dtype(np.float32),), (1 << 63, 1 << 63), ("float32", "float32"), None)
+    opforge.set_checks(checked)
+    try:
+        outputs, rc, error = opforge._native.run_plan(plan, (x,))
+    finally:
+        opforge.set_checks(False)
+    assert outputs is None and error[0] == "alloc"
+    sizes = [int(s) for s in error[1].split()[1:]]
+    assert sizes in ([1 << 63, 1 << 63], [1 << 63])
+
+
 def test_allocation_error_is_a_kernel_and_memory_error():
     assert issubclass(AllocationError, KernelError) and issubclass(AllocationError, MemoryError)
     assert issubclass(AllocationError, OpforgeError)

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -28,24 +27,15 @@ const uint64_t kCanaryWords[kCanaryBytes / 8] = {
     0x9E3779B97F4A7C15ull, 0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull, 0xD6E8FEB86659FD93ull,
     0xA0761D6478BD642Full, 0xE7037ED1A0B428DBull, 0x8EBC6AF09C88C6E3ull, 0x589965CC75374CC3ull};
 
-// NumPy frees an array's memory through the array's handler.  Arrays made by
-// NewCanaryArray own memory from std::malloc, so they carry this handler:
-// NumPy then frees (or resizes) them with the matching functions.
-void *CanaryMalloc(void *, size_t size) { return std::malloc(size + kCanaryBytes); }
-void *CanaryCalloc(void *, size_t count, size_t size) {
-  size_t bytes;
-  if (__builtin_mul_overflow(count, size, &bytes) || !AddSize(bytes, kCanaryBytes, &bytes)) return nullptr;
-  return std::calloc(bytes, 1);
-}
-void *CanaryRealloc(void *, void *pointer, size_t size) { return std::realloc(pointer, size + kCanaryBytes); }
-void CanaryFree(void *, void *pointer, size_t) { std::free(pointer); }
-
-PyDataMem_Handler canary_handler = {
-    "opforge_canary", 1, {nullptr, CanaryMalloc, CanaryCalloc, CanaryRealloc, CanaryFree}};
-
-PyObject *CanaryHandlerCapsule() {
-  static PyObject *capsule = PyCapsule_New(&canary_handler, "mem_handler", nullptr);  // lives as long as the module
-  return capsule;
+// Output memory comes from NumPy's default allocator, canary included, and
+// the array is given that allocator as its handler: NumPy frees it as it
+// frees its own arrays (through its small-block cache, which keys blocks by
+// the size the array reports; a block longer than that is fine in any
+// bucket).  So outputs cost what np.empty costs.
+PyDataMem_Handler *DefaultAllocator() {
+  static auto *handler =
+      static_cast<PyDataMem_Handler *>(PyCapsule_GetPointer(PyDataMem_DefaultHandler, "mem_handler"));
+  return handler;
 }
 
 size_t page_bytes = 0;
@@ -137,7 +127,12 @@ PyObject *NewCanaryArray(PyObject *descr, int nd, const int64_t *dims, size_t *n
     Py_DECREF(descr);
     return nullptr;
   }
-  char *data = static_cast<char *>(std::malloc(*nbytes + kCanaryBytes));
+  PyDataMem_Handler *allocator = DefaultAllocator();
+  if (allocator == nullptr) {
+    Py_DECREF(descr);
+    return nullptr;  // with the capsule's error set
+  }
+  char *data = static_cast<char *>(allocator->allocator.malloc(allocator->allocator.ctx, *nbytes + kCanaryBytes));
   if (data == nullptr) {
     Py_DECREF(descr);
     return nullptr;
@@ -147,14 +142,12 @@ PyObject *NewCanaryArray(PyObject *descr, int nd, const int64_t *dims, size_t *n
                                          const_cast<npy_intp *>(reinterpret_cast<const npy_intp *>(dims)), nullptr,
                                          data, NPY_ARRAY_CARRAY, nullptr);
   if (array == nullptr) {
-    std::free(data);
+    allocator->allocator.free(allocator->allocator.ctx, data, *nbytes + kCanaryBytes);
     if (!PyErr_Occurred()) PyErr_NoMemory();
     return nullptr;
   }
-  auto *fields = reinterpret_cast<PyArrayObject_fields *>(array);
-  PyObject *handler = CanaryHandlerCapsule();
-  Py_INCREF(handler);
-  fields->mem_handler = handler;
+  Py_INCREF(PyDataMem_DefaultHandler);
+  reinterpret_cast<PyArrayObject_fields *>(array)->mem_handler = PyDataMem_DefaultHandler;
   PyArray_ENABLEFLAGS(reinterpret_cast<PyArrayObject *>(array), NPY_ARRAY_OWNDATA);
   return array;
 }

@@ -39,8 +39,9 @@ inline bool AddSize(size_t a, size_t b, size_t *sum) { return !__builtin_add_ove
 // kWorkspaceAlign and followed by its canary.  False when the sizes overflow.
 bool LayoutWorkspace(const std::vector<size_t> &sizes, std::vector<size_t> *offsets, size_t *total);
 
-// A C-contiguous NumPy array (steals `descr`) that owns malloc'd memory with
-// room for a canary after its last byte; the canary is written.  Sets
+// A C-contiguous NumPy array (steals `descr`) owning memory from NumPy's
+// default allocator, with room for a canary after its last byte; the canary
+// is written.  Sets
 // *nbytes.  Returns nullptr with no Python error set when the memory cannot be
 // allocated (*nbytes is SIZE_MAX if the size overflows), with one set when
 // creating the array failed otherwise.

@@ -511,11 +511,10 @@ bool FillPlan(Plan *plan, PyObject *spec, int n_inputs, int n_outputs) {
     plan->workspace.push_back(PyLong_AsSize_t(PyTuple_GET_ITEM(workspace, k)));
     if (PyErr_Occurred()) return false;
   }
-  // The planner refuses impossible sizes with a typed error; this is the backstop.
-  if (!opforge_native::LayoutWorkspace(plan->workspace, &plan->workspace_at, &plan->workspace_total)) {
-    PyErr_SetString(PyExc_OverflowError, "planner returned workspace sizes whose total overflows");
-    return false;
-  }
+  // The planner refuses impossible sizes with a typed error; as a backstop,
+  // sizes whose total overflows make every call report an allocation failure.
+  if (!opforge_native::LayoutWorkspace(plan->workspace, &plan->workspace_at, &plan->workspace_total))
+    plan->workspace_total = SIZE_MAX;
   plan->dtype_names.clear();
   for (int k = 0; k < n_inputs + n_outputs; ++k) plan->dtype_names.push_back(PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, k)));
   if (PyErr_Occurred()) return false;
@@ -650,7 +649,9 @@ bool RunPlan(Plan *plan, PyArrayObject **arrays, int n_inputs, int n_outputs, in
     // Workspace: the plan's own block, or a private one if another thread holds it.
     char *workspace = nullptr;
     bool own_block = false;
-    if (ok && outcome->kind == nullptr && plan->workspace_total) {
+    if (ok && outcome->kind == nullptr && plan->workspace_total == SIZE_MAX) {
+      AllocOutcome(outcome, -1, plan->workspace);
+    } else if (ok && outcome->kind == nullptr && plan->workspace_total) {
       if (!plan->buffer_busy) {
         if (plan->buffer == nullptr) plan->buffer = std::aligned_alloc(kWorkspaceAlign, plan->workspace_total);
         workspace = static_cast<char *>(plan->buffer);
