@@ -99,6 +99,7 @@ GRADCHECKS = {
     "concat": (ops.concat, [r(2, 3), r(2, 1, seed=1), r(2, 2, seed=2)], {"axis": -1}),
     "mean_all": (ops.mean, [r(2, 3, 4)], {}),
     "mean_axes_keep": (ops.mean, [r(2, 3, 4)], {"axes": [0, -1], "keep_dims": True}),
+    "dim": (ops.dim, [r(2, 3)], {"axis": 1, "dtype": "float64"}),
 }
 
 

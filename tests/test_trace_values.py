@@ -337,3 +337,16 @@ def test_gradient_rules_keep_working_on_unknown_dims():
         dx, db = backward(x, b, dy)
         np.testing.assert_allclose(dx, dz, rtol=1e-12)
         np.testing.assert_allclose(db, dz.sum(0), rtol=1e-12)
+
+
+def test_backward_through_a_symbolic_dim_on_an_unknown_length():
+    """dim reads only x's shape: no gradient flows through it, and the backward graph runs for any length."""
+    forward = opforge.trace(lambda x: ops.reduce_sum(x * x.shape[0]) - ops.reduce_sum(x[1:] / x.shape[0]),
+                            TensorSpec([None], "float64"))
+    backward = opforge.backward(forward)
+    for n in (2, 5):
+        x = rng(n).standard_normal(n)
+        want = np.full(n, float(n))
+        want[1:] -= 1.0 / n
+        np.testing.assert_allclose(backward(x, np.float64(1.0))[0], want, rtol=1e-12)
+    opforge.testing.gradcheck(lambda x: ops.reduce_sum(x * x.shape[0]), rng(3).standard_normal(4))

@@ -10,7 +10,7 @@ import opforge
 from opforge import TensorSpec
 
 dim = opforge.op('dim(Tensor x, *, int axis, DType dtype="int64") -> Tensor y',
-                 traits=["no_side_effect", "no_grad", "always_compute"],
+                 traits=["no_side_effect", "always_compute"],
                  doc="The size of x along axis at run time, as a 0-d tensor of dtype "
                      "(int32, int64, float32 or float64).")
 DTYPES = ["int32", "int64", "float32", "float64"]
@@ -34,6 +34,11 @@ def dim_infer(x, *, axis, dtype):
 @dim.reference
 def dim_reference(x, *, axis, dtype):
     return np.asarray(x.shape[axis], dtype)
+
+
+@dim.grad()
+def dim_grad(saved, dy, *, axis, dtype):
+    return None  # a size does not change with x's values: no gradient reaches x (x * x.shape[0] differentiates)
 
 
 # One library for every output dtype: dispatch picks kernels by input

@@ -8,9 +8,10 @@ scalars are weak: they take the traced value's dtype.  What a trace cannot
 record -- Python control flow on tensor values, data handed to NumPy --
 raises ``TracingError`` saying what to use instead.
 
-Indexing follows NumPy on known dims.  On an unknown dim, slice bounds count
-from the end as in Python and are clamped to the dim at run time (ONNX Slice);
-the one difference: a negative step starting before ``-dim`` starts at 0.
+Indexing follows NumPy: ints, slices (any step), ``None`` and ``...``.  On a
+known dim the bounds are resolved at trace time; on an unknown one they stay
+as written (negative ones count from the end) and the ``slice`` op resolves
+them at run time, as Python would.
 """
 from __future__ import annotations
 
