@@ -291,7 +291,7 @@ def test_load_ops_from_yaml_and_json(tmp_path, fresh):
     np.testing.assert_array_equal(opforge.ops.t16.scale(np.ones(3, np.float32), factor=4.0), [4, 4, 4])
     (tmp_path / "ops.json").write_text(json.dumps([{
         "schema": "t17::neg(Tensor x) -> Tensor y", "infer": "same_as",
-        "kernels": [{"python": "numpy:negative", "reference": True}]}]))
+        "kernels": [{"python": "numpy:negative", "reference": True, "fallback": True}]}]))
     (neg,) = opforge.load_ops(tmp_path / "ops.json")
     fresh.append(neg.name)
     np.testing.assert_array_equal(opforge.ops.t17.neg(np.ones(2)), [-1, -1])

@@ -158,3 +158,119 @@ def test_every_error_class_derives_from_opforge_error():
     for cls in classes:
         assert issubclass(cls, OpforgeError), cls
         assert getattr(opforge, cls.__name__) is cls  # exported from the package too
+
+
+# -- every public name, given bad input ------------------------------------------------
+
+def _public_callables():
+    """(qualified name, callable) for the public functions and classes of opforge,
+    opforge.infer, opforge.testing and opforge.errors: names without a leading
+    underscore, defined in that module (the package: every opforge object it
+    exports), plus the alternative constructors of exported classes.  The ops of
+    opforge.ops have their own test below (a float is a fine input to them)."""
+    found = {}
+    for module in (opforge, opforge.infer, opforge.testing, opforge.errors):
+        for name in dir(module):
+            obj = getattr(module, name)
+            if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
+                continue
+            home = getattr(obj, "__module__", None) or ""
+            if home == module.__name__ or module is opforge and home.startswith("opforge"):
+                found.setdefault(id(obj), (f"{module.__name__}.{name}", obj))
+                if isinstance(obj, type):
+                    for method in ("of", "load"):
+                        bound = getattr(obj, method, None)
+                        if inspect.ismethod(bound):  # a classmethod
+                            found.setdefault(id(bound), (f"{module.__name__}.{name}.{method}", bound))
+    return sorted(found.values(), key=lambda item: item[0])
+
+
+BAD_VALUES = {"None": None, "str": "not an array", "float": 2.5, "object": object()}
+# Found by this test in files other engineers own; xfail until they are fixed.
+# (name -> (owner file, the bad values that still leak an untyped exception))
+KNOWN_LEAKS = {
+    "opforge.Graph": ("graph/ir.py", {"None", "float", "object"}),
+    "opforge.Graph.load": ("graph/ir.py", {"None", "float", "object"}),
+    "opforge.Op": ("operator.py", {"None", "float", "object"}),
+    "opforge.backward": ("graph/autodiff.py", set(BAD_VALUES)),
+    "opforge.vjp": ("graph/autodiff.py", set(BAD_VALUES)),
+    "opforge.trace": ("graph/trace.py", set(BAD_VALUES)),
+    "opforge.build": ("runtime/build.py", {"None", "float", "object"}),
+    "opforge.load_ops": ("frontends/declarations.py", {"None", "float", "object"}),
+    "opforge.testing.gradcheck": ("testing.py", set(BAD_VALUES)),
+}
+
+
+def _bad_calls():
+    for name, fn in _public_callables():
+        if isinstance(fn, type) and issubclass(fn, BaseException):
+            continue  # error classes take any message
+        parameters = inspect.signature(fn).parameters.values()
+        positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in positional if p.default is p.empty]
+        count = len(required) or min(len(positional), 1) or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+        for kind in BAD_VALUES:
+            owner, leaking = KNOWN_LEAKS.get(name, (None, ()))
+            marks = [pytest.mark.xfail(reason=f"untyped error; owner: src/opforge/{owner}", strict=False)] \
+                if kind in leaking else []
+            yield pytest.param(name, fn, kind, int(count), marks=marks, id=f"{name}({kind})")
+
+
+@pytest.fixture
+def global_settings():
+    """Bad calls may flip process-wide settings (the ISA cap, checked mode); put them back."""
+    cap, checks = opforge.runtime.cpu._cap, opforge.checks_enabled()
+    yield
+    opforge.set_isa_cap(cap)
+    opforge.set_checks(checks)
+
+
+@pytest.mark.parametrize("name, fn, kind, count", list(_bad_calls()))
+def test_public_callables_raise_only_typed_errors(global_settings, name, fn, kind, count):
+    """Every required positional parameter (or the first one) gets the bad value.
+    Calls that do not match a signature at all are never made: Python's own
+    TypeError for those is the one untyped error allowed."""
+    try:
+        fn(*[BAD_VALUES[kind]] * count)
+    except OpforgeError:
+        pass
+
+
+@pytest.mark.parametrize("name", dir(opforge.ops))
+def test_ops_raise_only_typed_errors_for_bad_calls(name):
+    function = getattr(opforge.ops, name)
+    op = function.op
+    n = len(op.inputs)
+    x = np.ones((2, 3), np.float32)
+    calls = [(), ("not an array",) * n, (object(),) * n, ([[1.0], [1.0, 2.0]],) * n]
+    if not op.variadic:
+        calls.append((x,) * (n + 3))
+    keywords = [{"bogus": 1}] + [{a: bad} for a in op.attrs for bad in (object(), "zz", 10**400, [None])]
+    for target in (function, op):
+        for args in calls:
+            with pytest.raises(OpforgeError):
+                target(*args)
+        for attrs in keywords:
+            with pytest.raises(OpforgeError):
+                target(*(x,) * n, **attrs)
+        with pytest.raises(OpforgeError):
+            op.infer(*("not a spec",) * n)
+
+
+@pytest.mark.xfail(reason="None for a required tensor; owner: src/opforge/operator.py (Op.bind / Op.infer)",
+                   strict=False)
+@pytest.mark.parametrize("name", ["reduce_sum", "matmul"])
+def test_none_for_a_required_tensor_is_typed_in_inference_and_check_op(name):
+    op = opforge.lookup(name)
+    with pytest.raises(OpforgeError):
+        op.infer(*[None] * len(op.inputs))
+    with pytest.raises(OpforgeError):
+        opforge.testing.check_op(op, *[None] * len(op.inputs))
+
+
+@pytest.mark.xfail(reason="pathlib.Path is exported as opforge.Path; owner: src/opforge/__init__.py", strict=False)
+def test_the_package_exports_only_opforge_names():
+    exported = {name: getattr(opforge, name) for name in dir(opforge) if not name.startswith("_")}
+    foreign = [name for name, obj in exported.items() if not inspect.ismodule(obj)
+               and not (getattr(obj, "__module__", None) or "opforge").startswith("opforge")]
+    assert foreign == []

@@ -8,14 +8,20 @@ Unknown dims (-1) and unknown rank ([-2]) propagate.
 """
 from __future__ import annotations
 
-from .errors import ShapeError
-from .spec import UNKNOWN_RANK, TensorSpec
+import numbers
+from collections.abc import Iterable
+
+from .errors import InferenceError, ShapeError
+from .spec import UNKNOWN_RANK, TensorSpec, normalize_shape
 
 
 def same_as(input_index=0, dtype=None):
     """Output has the shape and dtype of input ``input_index`` (dtype overridable)."""
 
     def infer(*specs, **attrs):
+        if not -len(specs) <= input_index < len(specs) or specs[input_index] is None:
+            raise InferenceError(f"same_as({input_index}): the op has no input {input_index} here "
+                                 f"(got {len(specs)} input spec(s): {list(specs)})")
         spec = specs[input_index]
         return TensorSpec(spec.shape, dtype or spec.dtype, spec.layout)
 
@@ -23,7 +29,8 @@ def same_as(input_index=0, dtype=None):
 
 
 def broadcast_shapes(*shapes):
-    """NumPy broadcasting over shapes that may hold -1 dims or be [-2]."""
+    """NumPy broadcasting over shapes that may hold -1 dims or be [-2] (None is [-2])."""
+    shapes = [normalize_shape(s) for s in shapes]
     if any(s == UNKNOWN_RANK for s in shapes):
         return UNKNOWN_RANK
     rank = max((len(s) for s in shapes), default=0)
@@ -43,18 +50,34 @@ def broadcast_shapes(*shapes):
 
 
 def broadcast(dtype=None):
-    """Output shape is the broadcast of all inputs; dtype that of the first input."""
+    """Output shape is the broadcast of the inputs given (an absent optional one
+    takes no part); dtype that of the first."""
 
     def infer(*specs, **attrs):
-        return TensorSpec(broadcast_shapes(*[s.shape for s in specs]), dtype or specs[0].dtype)
+        present = [s for s in specs if s is not None]
+        if not present:
+            raise InferenceError("broadcast(): the op was given no input")
+        return TensorSpec(broadcast_shapes(*[s.shape for s in present]), dtype or present[0].dtype)
 
     return infer
 
 
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def normalize_axes(axes, rank, op_name="op"):
-    axes = [axes] if isinstance(axes, int) else list(axes)
+    """``axes`` (an int or ints, negative ones from the end) as sorted distinct axes of a rank-``rank`` tensor."""
+    if not _is_int(rank) or rank < 0:
+        raise ShapeError(f"op '{op_name}': a rank is an int >= 0, got {rank!r}")
+    if _is_int(axes):
+        axes = [axes]
+    elif isinstance(axes, (str, bytes)) or not isinstance(axes, Iterable):
+        raise ShapeError(f"op '{op_name}': axes are an int or a sequence of ints, got {axes!r}")
     result = []
     for axis in axes:
+        if not _is_int(axis):
+            raise ShapeError(f"op '{op_name}': axes are ints, got {axis!r} in {axes!r}")
         if not -rank <= axis < max(rank, 1):
             raise ShapeError(f"op '{op_name}': axis {axis} is out of range for rank {rank}")
         result.append(axis % rank if rank else 0)
@@ -62,11 +85,12 @@ def normalize_axes(axes, rank, op_name="op"):
 
 
 def reduce_shape(shape, axes, keep_dims, op_name="op"):
-    """Shape after reducing ``axes`` (empty = all axes)."""
+    """Shape after reducing ``axes`` (an int, or a sequence: empty = all axes)."""
+    shape = normalize_shape(shape)
     if shape == UNKNOWN_RANK:
         return UNKNOWN_RANK
     rank = len(shape)
-    axes = normalize_axes(axes, rank, op_name) if len(axes) else list(range(rank))
+    axes = normalize_axes(axes, rank, op_name) or list(range(rank))
     if keep_dims:
         return tuple(1 if k in axes else d for k, d in enumerate(shape))
     return tuple(d for k, d in enumerate(shape) if k not in axes)
@@ -76,6 +100,10 @@ def reduce(axes_attr="axes", keep_dims_attr="keep_dims"):
     """Reduction of input 0 over the attribute ``axes_attr`` (empty = all)."""
 
     def infer(x, *rest, **attrs):
+        missing = [name for name in (axes_attr, keep_dims_attr) if name not in attrs]
+        if missing:
+            raise InferenceError(f"reduce(): the op has no attribute {' or '.join(map(repr, missing))} "
+                                 f"(attributes: {', '.join(attrs) or 'none'})")
         return TensorSpec(reduce_shape(x.shape, attrs[axes_attr], attrs[keep_dims_attr]), x.dtype)
 
     return infer

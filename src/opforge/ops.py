@@ -112,6 +112,7 @@ def function_for(op):
     exec(compile(source, f"<opforge.ops.{short}>", "exec"), namespace)
     function = namespace["_function"]
     function.__name__ = function.__qualname__ = short  # may be a Python keyword: 'mylib::def' is ops.mylib.def
+    function.__module__ = __name__
     function.__signature__ = signature
     function.__doc__ = docstring_of(op)
     function.op = op

@@ -39,6 +39,8 @@ def unregister(name: str) -> None:
 
 
 def lookup(name: str) -> Op | None:
+    if not isinstance(name, str):
+        raise SchemaError(f"an op name is a string such as 'add' or 'mylib::scale', got {name!r}")
     return _ops.get(name)
 
 
