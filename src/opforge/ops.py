@@ -70,6 +70,9 @@ def docstring_of(op) -> str:
     return "\n".join(lines)
 
 
+_MISSING = object()  # an argument the call did not give
+
+
 def function_for(op):
     """The generated Python function of an op (cached per op object)."""
     cached = _functions.get(op.name)
@@ -92,7 +95,10 @@ def function_for(op):
     pieces += [f"{name}={'_MISSING' if name in required else f'_defaults[{name!r}]'}" for name in keyword]
     pieces.append("**_unknown")
     off_path = ["_unknown"] + ([] if op.variadic else ["_extra"]) + [f"{name} is _MISSING" for name in required]
-    given = "(" + "".join(f"{name}, " for name in positional) + ")" + ("" if op.variadic else " + _extra")
+    if op.variadic:
+        given = op.inputs[0].name
+    else:
+        given = "(" + "".join(f"{name}, " for name in positional) + ") + _extra"
     by_name = "{" + ", ".join(f"{name!r}: {name}" for name in keyword) + "}"
     fill = "".join(f"    if {name} is _MISSING:\n        {name} = _defaults[{name!r}]\n"
                    for name in positional if name in defaults)
@@ -118,9 +124,6 @@ def function_for(op):
     function.op = op
     _functions[op.name] = (op, function)
     return function
-
-
-_MISSING = object()  # an argument the call did not give
 
 
 def _bind_by_name(op, given, by_name):
