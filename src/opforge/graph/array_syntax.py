@@ -46,11 +46,10 @@ def _binary(name, reflected=False):
             return NotImplemented  # e.g. == None is False; other types may answer themselves
         return call_builtin(name, *_weak([other, self] if reflected else [self, other]))
 
-    method.__name__ = f"{'r' if reflected else ''}{name}"
     return method
 
 
-def _data_dependent(value, what):
+def _raise_data_dependent(value, what):
     raise TracingError(
         f"{what} of traced %{value.name} ({value.spec}) is only known at run time: Python control flow on tensor "
         "values (if, while, and/or, bool(), float(), int()) cannot be recorded in a graph. Use "
@@ -90,19 +89,19 @@ class ArraySyntax:
                            "result instead (opforge.ops.where to choose elementwise, opforge.ops.concat to join)")
 
     def __bool__(self):
-        _data_dependent(self, "the truth value")
+        _raise_data_dependent(self, "the truth value")
 
     def __float__(self):
-        _data_dependent(self, "the float value")
+        _raise_data_dependent(self, "the float value")
 
     def __int__(self):
-        _data_dependent(self, "the int value")
+        _raise_data_dependent(self, "the int value")
 
     def __index__(self):
-        _data_dependent(self, "the int value (as an index)")
+        _raise_data_dependent(self, "the int value (as an index)")
 
     def __complex__(self):
-        _data_dependent(self, "the complex value")
+        _raise_data_dependent(self, "the complex value")
 
     def __len__(self):
         if self.ndim is None or self.ndim == 0:

@@ -14,7 +14,9 @@ rule Python scalars follow), and ``add`` / ``mul`` combine the terms.
 """
 from __future__ import annotations
 
+import math
 import numbers
+import operator
 
 import numpy as np
 
@@ -52,8 +54,7 @@ class _FloorDiv:
     def __init__(self, numerator, divisor):
         self.numerator, self.divisor = numerator, divisor
         self.key = ("floordiv", _key(numerator), _key(divisor))
-        low = _lower_bound(_terms(numerator))
-        self.nonnegative = low is not None and low >= 0 and isinstance(divisor, int) and divisor > 0
+        self.nonnegative = _bounds(_terms(numerator))[0] >= 0 and isinstance(divisor, int) and divisor > 0
 
     def __repr__(self):
         return f"({self.numerator!r} // {self.divisor!r})"
@@ -68,31 +69,24 @@ class _FloorDiv:
         return floor if np.dtype(dtype) == np.int64 else call_builtin("cast", floor, dtype=dtype)
 
 
+def _key_of(monomial):
+    return tuple(atom.key for atom in monomial)
+
+
 def _terms(x):
     """{monomial: coefficient} of an int or SymDim; a monomial is a tuple of atoms sorted by key."""
     return dict(x.terms) if isinstance(x, SymDim) else ({(): int(x)} if x else {})
 
 
 def _key(x):
-    return tuple(sorted(((tuple(a.key for a in m), c) for m, c in _terms(x).items())))
+    return tuple(sorted((_key_of(m), c) for m, c in _terms(x).items()))
 
 
-def _lower_bound(terms):
-    """The least value the polynomial can take (atoms known non-negative), or None if unbounded."""
-    bound = terms.get((), 0)
-    for monomial, coefficient in terms.items():
-        if monomial and (coefficient < 0 or not all(a.nonnegative for a in monomial)):
-            return None
-    return bound
-
-
-def _integer(x):
-    """x as an int or SymDim, or None when it is neither (a float, a tensor)."""
-    if isinstance(x, SymDim):
-        return x
-    if isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)):
-        return int(x)
-    return None
+def _bounds(terms):
+    """(least, greatest) value of a polynomial whose atoms may be any non-negative size; +-inf if unbounded."""
+    constant = terms.get((), 0)
+    signs = {c > 0 if all(atom.nonnegative for atom in m) else None for m, c in terms.items() if m}
+    return constant if signs <= {True} else -math.inf, constant if signs <= {False} else math.inf
 
 
 def _make(terms):
@@ -107,6 +101,10 @@ def _add(a, b, sign=1):
     for monomial, coefficient in _terms(b).items():
         terms[monomial] = terms.get(monomial, 0) + sign * coefficient
     return _make(terms)
+
+
+def _sub(a, b):
+    return _add(a, b, -1)
 
 
 def _mul(a, b):
@@ -127,9 +125,69 @@ def _floordiv(a, b):
     return SymDim({(_FloorDiv(a, b),): 1})
 
 
+def _mod(a, b):
+    return _sub(a, _mul(_floordiv(a, b), b))
+
+
+def _integer(x):
+    """x as an int or SymDim, or None when it is neither (a float, a tensor)."""
+    if isinstance(x, SymDim):
+        return x
+    if isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)):
+        return int(x)
+    return None
+
+
 def _tensor(x):
-    """Whether x is a concrete tensor (array or NumPy scalar) a SymDim combines with as graph ops."""
+    """Whether x is a concrete tensor (an array, a NumPy float) that a SymDim meets as graph ops."""
     return isinstance(x, (np.ndarray, np.generic)) and not isinstance(x, (np.integer, np.bool_))
+
+
+def _operator(symbol, symbolic, builtin, reflected=False):
+    """A binary operator of SymDim: ``symbolic(a, b)`` with ints and SymDims, the op ``builtin`` with a tensor."""
+
+    def method(self, other):
+        value = _integer(other)
+        if value is not None:
+            if symbolic is None:
+                raise TracingError(f"{self!r} {symbol} {other!r}: true division of an unknown dim gives a float, "
+                                   "with no dtype to record it in; use // for a size, or divide a tensor "
+                                   "(x / x.shape[0])")
+            return symbolic(value, self) if reflected else symbolic(self, value)
+        if _tensor(other):
+            if builtin is None:
+                raise TracingError(f"{self!r} {symbol} a tensor: no built-in op records it")
+            lowered = self.as_tensor(np.asarray(other).dtype)
+            return call_builtin(builtin, other, lowered) if reflected else call_builtin(builtin, lowered, other)
+        if isinstance(other, float):
+            raise TracingError(f"{self!r} {symbol} {other!r}: an unknown dim with a Python float has no dtype to "
+                               "record it in; combine it with a tensor instead (x * 0.5 * x.shape[0]), or use a "
+                               "NumPy scalar (np.float32(0.5))")
+        return NotImplemented  # a traced Value answers with its reflected operator
+
+    return method
+
+
+def _comparison(symbol, test):
+    """A comparison of SymDim, answered when it holds for every size or for none."""
+
+    def method(self, other):
+        value = _integer(other)
+        if value is None:
+            return NotImplemented
+        low, high = _bounds(_terms(_sub(self, value)))
+        if test is None:  # == and !=
+            answer = True if low == high == 0 else False if not low <= 0 <= high else None
+            answer = answer if answer is None or symbol == "==" else not answer
+        else:  # monotone in the difference: the same at both ends means the same everywhere
+            answer = test(low, 0) if test(low, 0) == test(high, 0) else None
+        if answer is None:
+            raise TracingError(f"{self!r} {symbol} {other!r} depends on the size of an unknown dim, which exists "
+                               "only at run time: Python control flow on it cannot be recorded. Trace with a "
+                               "static shape, or compute on tensors (opforge.ops.where chooses elementwise)")
+        return answer
+
+    return method
 
 
 class SymDim:
@@ -158,51 +216,16 @@ class SymDim:
     def __hash__(self):
         return hash(_key(self))
 
-    # -- integer arithmetic: stays symbolic; with a tensor: graph ops --------
-    def _binary(self, other, integer, tensor):
-        value = _integer(other)
-        if value is not None:
-            return integer(value)
-        if _tensor(other):
-            return tensor(self.as_tensor(np.asarray(other).dtype), other)
-        if isinstance(other, float):
-            raise TracingError(f"{self!r} is an unknown dim; mixing it with the float {other!r} has no dtype to "
-                               "record it in: combine it with a tensor instead (x * 0.5 * x.shape[0]), or use "
-                               "a NumPy scalar (np.float32(0.5))")
-        return NotImplemented  # a traced Value answers with its reflected operator
+    __add__, __radd__ = _operator("+", _add, "add"), _operator("+", _add, "add", True)
+    __sub__, __rsub__ = _operator("-", _sub, "sub"), _operator("-", _sub, "sub", True)
+    __mul__, __rmul__ = _operator("*", _mul, "mul"), _operator("*", _mul, "mul", True)
+    __floordiv__, __rfloordiv__ = _operator("//", _floordiv, None), _operator("//", _floordiv, None, True)
+    __mod__, __rmod__ = _operator("%", _mod, None), _operator("%", _mod, None, True)
+    __truediv__, __rtruediv__ = _operator("/", None, "div"), _operator("/", None, "div", True)
 
-    def __add__(self, other):
-        return self._binary(other, lambda o: _add(self, o), lambda s, o: call_builtin("add", s, o))
-
-    def __radd__(self, other):
-        return self._binary(other, lambda o: _add(o, self), lambda s, o: call_builtin("add", o, s))
-
-    def __sub__(self, other):
-        return self._binary(other, lambda o: _add(self, o, -1), lambda s, o: call_builtin("sub", s, o))
-
-    def __rsub__(self, other):
-        return self._binary(other, lambda o: _add(o, self, -1), lambda s, o: call_builtin("sub", o, s))
-
-    def __mul__(self, other):
-        return self._binary(other, lambda o: _mul(self, o), lambda s, o: call_builtin("mul", s, o))
-
-    def __rmul__(self, other):
-        return self._binary(other, lambda o: _mul(o, self), lambda s, o: call_builtin("mul", o, s))
-
-    def __floordiv__(self, other):
-        return self._binary(other, lambda o: _floordiv(self, o), self._no_tensor("//"))
-
-    def __rfloordiv__(self, other):
-        return self._binary(other, lambda o: _floordiv(o, self), self._no_tensor("//"))
-
-    def __mod__(self, other):
-        return self._binary(other, lambda o: _add(self, _mul(_floordiv(self, o), o), -1), self._no_tensor("%"))
-
-    def __truediv__(self, other):
-        return self._binary(other, self._no_int("/"), lambda s, o: call_builtin("div", s, o))
-
-    def __rtruediv__(self, other):
-        return self._binary(other, self._no_int("/"), lambda s, o: call_builtin("div", o, s))
+    __eq__, __ne__ = _comparison("==", None), _comparison("!=", None)
+    __lt__, __le__ = _comparison("<", operator.lt), _comparison("<=", operator.le)
+    __gt__, __ge__ = _comparison(">", operator.gt), _comparison(">=", operator.ge)
 
     def __neg__(self):
         return _mul(self, -1)
@@ -210,62 +233,9 @@ class SymDim:
     def __pos__(self):
         return self
 
-    def _no_tensor(self, symbol):
-        def refuse(lowered, other):
-            raise TracingError(f"{self!r} {symbol} a tensor has no built-in op to record it")
-        return refuse
-
-    def _no_int(self, symbol):
-        def refuse(other):
-            raise TracingError(f"{self!r} {symbol} {other!r}: true division of an unknown dim by an int gives a "
-                               "float with no dtype to record it in; use // for a size, or divide a tensor "
-                               "(x / x.shape[0])")
-        return refuse
-
-    # -- comparisons: answered when the answer holds for every size --------
-    def _compare(self, other, symbol, holds):
-        value = _integer(other)
-        if value is None:
-            return NotImplemented
-        difference = _terms(_add(self, value, -1))
-        low = _lower_bound(difference)
-        high = _lower_bound({m: -c for m, c in difference.items()})
-        high = None if high is None else -high
-        answer = holds(low, high)
-        if answer is None:
-            raise TracingError(f"{self!r} {symbol} {other!r} depends on the size of an unknown dim, which exists "
-                               "only at run time: Python control flow on it cannot be recorded. Trace with a "
-                               "static shape, or compute on tensors (opforge.ops.where chooses elementwise)")
-        return answer
-
-    def __eq__(self, other):
-        return self._compare(other, "==", lambda low, high: False if (low is not None and low > 0) or
-                             (high is not None and high < 0) else (True if low == high == 0 else None))
-
-    def __ne__(self, other):
-        result = self.__eq__(other)
-        return result if result is NotImplemented else not result
-
-    def __lt__(self, other):
-        return self._compare(other, "<", lambda low, high: True if high is not None and high < 0 else
-                             (False if low is not None and low >= 0 else None))
-
-    def __le__(self, other):
-        return self._compare(other, "<=", lambda low, high: True if high is not None and high <= 0 else
-                             (False if low is not None and low > 0 else None))
-
-    def __gt__(self, other):
-        return self._compare(other, ">", lambda low, high: True if low is not None and low > 0 else
-                             (False if high is not None and high <= 0 else None))
-
-    def __ge__(self, other):
-        return self._compare(other, ">=", lambda low, high: True if low is not None and low >= 0 else
-                             (False if high is not None and high < 0 else None))
-
     def __bool__(self):
         return self != 0
 
-    # -- what needs a concrete int ------------------------------------------
     def _no_python_number(self, *_):
         raise TracingError(f"{self!r} is an unknown dim: its size exists only at run time, so it cannot become a "
                            "Python number (an op attribute, a shape, range(), an index). Use -1 for it in a "
@@ -289,10 +259,6 @@ class SymDim:
             total = term if total is None else call_builtin("add", total, term)
         constant = self.terms.get((), 0)
         return call_builtin("add", total, np.asarray(constant, dtype)) if constant else total
-
-
-def _key_of(monomial):
-    return tuple(a.key for a in monomial)
 
 
 numbers.Integral.register(SymDim)  # so int-expecting code calls __int__/__index__ and gets a TracingError
