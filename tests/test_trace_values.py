@@ -350,3 +350,9 @@ def test_backward_through_a_symbolic_dim_on_an_unknown_length():
         want[1:] -= 1.0 / n
         np.testing.assert_allclose(backward(x, np.float64(1.0))[0], want, rtol=1e-12)
     opforge.testing.gradcheck(lambda x: ops.reduce_sum(x * x.shape[0]), rng(3).standard_normal(4))
+
+
+def test_a_traced_function_may_return_a_symbolic_dim():
+    graph = opforge.trace(lambda x: (x.shape[0], x.shape[0] * x.shape[1] + 1, x.shape[1]), TensorSpec([None, None]))
+    n, size, m = graph(np.ones((4, 5), np.float32))
+    assert n.dtype == np.int64 and (int(n), int(size), int(m)) == (4, 21, 5)

@@ -2,7 +2,7 @@
 the op calls as a ``Graph``.
 
 Ops see tracing through their one entry point: when a call's arguments
-include a ``Value``, the runtime hands the call to ``_record`` (registered in
+include a ``Value`` (or a symbolic dim), the runtime hands the call to ``_record`` (registered in
 ``runtime.dispatch.INTERCEPTORS``), which infers the outputs' specs before
 any data exists and appends a node.  Arrays mixed into a traced call become
 constant nodes; Python scalars take the traced operand's dtype; a symbolic
@@ -82,14 +82,11 @@ def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
     _builders().append(builder)
     try:
         result = fn(*inputs)
+        several = isinstance(result, (tuple, list))
+        outputs = [item if isinstance(item, Value) else item.as_tensor("int64") if isinstance(item, SymDim)
+                   else builder.constant(np.asarray(item)) for item in (result if several else [result])]
     finally:
         _builders().pop()
-    several = isinstance(result, (tuple, list))
-    outputs = []
-    for item in (result if several else [result]):
-        if not isinstance(item, Value):
-            item = builder.constant(np.asarray(item))
-        outputs.append(item)
     graph = Graph(inputs, builder.nodes, outputs, name=name or getattr(fn, "__name__", "graph"))
     graph.tuple_output = several
     if optimize:
