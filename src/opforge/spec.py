@@ -2,7 +2,8 @@
 
 A shape is a tuple of ints where -1 marks an unknown dim; an unknown rank is
 the one-element shape ``(-2,)``, as in the kernel ABI.  ``None`` in a shape
-given by the user means -1.
+given by the user means -1.  Anything else that is not an int below 2**63
+(2.7, NaN, True) is a ShapeError, never silently converted.
 """
 from __future__ import annotations
 
