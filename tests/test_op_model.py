@@ -259,7 +259,7 @@ def test_functional_api_signature_doc_and_checking(fresh):
     a, b = np.zeros(3), np.ones(3)
     np.testing.assert_allclose(f(a, b, w=0.25), 0.25 * b)
     np.testing.assert_allclose(f(a, b=b), 0.5 * b)
-    with pytest.raises(TypeError):
+    with pytest.raises(AttrError, match="no input or attribute 'weight'"):
         f(a, b, weight=1.0)
     with pytest.raises(AttrError, match="'w' expects float"):
         f(a, b, w="heavy")
