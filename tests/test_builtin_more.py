@@ -118,7 +118,9 @@ def test_where_agrees_with_numpy(dtype, shapes):
 def test_where_inference_and_dtype_errors():
     out = ops.where.op.infer(TensorSpec([None, 1], "bool"), TensorSpec([4], "float64"), TensorSpec([], "float64"))
     assert out == TensorSpec([-1, 4], "float64")
-    with pytest.raises(DTypeError, match="'condition' has dtype float32"):
+    with pytest.raises(DTypeError, match="'condition' has dtype float32; it must be bool"):
+        ops.where.op.infer(TensorSpec([3], "float32"), TensorSpec([3], "float64"), TensorSpec([3], "float64"))
+    with pytest.raises((DTypeError, NoKernelError), match="op 'where'"):
         ops.where(np.ones(3, np.float32), np.ones(3), np.ones(3))
     with pytest.raises(DTypeError, match="'x' .float32. and 'y' .float64."):
         ops.where.op.infer(TensorSpec([3], "bool"), TensorSpec([3], "float32"), TensorSpec([3], "float64"))

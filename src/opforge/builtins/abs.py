@@ -8,6 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import NUMERIC, every_dtype
 
 abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Absolute value, elementwise.")
@@ -48,5 +49,5 @@ extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, co
 
 # std::abs has float, double and integer overloads (the smallest integer's
 # abs overflows in C++ and wraps in NumPy: keep values in range).
-abs.kernel(function="Unary", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=UNARY_ELEMENTWISE,
+abs.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", NUMERIC), dtypes=[(d,) for d in NUMERIC],
            name="Abs", cflags=["-DOPFORGE_UNARY(x)=std::abs(x)"])

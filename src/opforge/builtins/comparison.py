@@ -1,14 +1,15 @@
 """equal, not_equal, less, less_equal, greater, greater_equal: y = a <op> b,
 elementwise with NumPy broadcasting; y is bool.
 
-Six ops, one per comparison, compiling add.py's broadcasting source with
-their own operation and a bool output.  Comparisons have no gradient.
+Six ops, one per comparison, compiling add.py's broadcasting source (for
+every dtype in one library) with their own operation and a bool output.  Comparisons have no gradient.
 """
 import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES
+from opforge.builtins.add import BINARY_BROADCAST
+from opforge.builtins.common import NUMERIC, every_dtype
 
 # op name -> (NumPy function, C++ operator)
 COMPARISONS = {
@@ -19,7 +20,7 @@ COMPARISONS = {
     "greater": (np.greater, ">"),
     "greater_equal": (np.greater_equal, ">="),
 }
-_BOOL_OUTPUT = {**BINARY_DTYPES, "y": ["bool"] * len(BINARY_DTYPES["a"])}
+_EVERY_DTYPE = every_dtype(BINARY_BROADCAST, "Binary", NUMERIC)
 
 
 def comparison(name, numpy_fn, operator):
@@ -32,8 +33,8 @@ def comparison(name, numpy_fn, operator):
 
     reference.__name__ = f"{name}_reference"
     op.reference(reference)
-    op.kernel(function="Binary", dtypes=_BOOL_OUTPUT, code=BINARY_BROADCAST, name=name.title().replace("_", ""),
-              cflags=[f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
+    op.kernel(function="Binary", code=_EVERY_DTYPE, dtypes=[(d, d) for d in NUMERIC],
+              name=name.title().replace("_", ""), cflags=["-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
     return op
 
 

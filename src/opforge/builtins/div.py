@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")
@@ -27,5 +27,5 @@ def div_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(opforge.ops.neg(da * saved.y), saved.b)
 
 
-div.kernel(function="Binary", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
-           code=BINARY_BROADCAST, name="Div", cflags=["-DOPFORGE_BINARY(x,y)=((x)/(y))"])
+div.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", FLOATS), dtypes=[(d, d) for d in FLOATS],
+           name="Div", cflags=["-DOPFORGE_BINARY(x,y)=((x)/(y))"])

@@ -7,7 +7,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect"],
                  doc="Natural logarithm, elementwise (floating-point inputs).")
@@ -25,5 +25,6 @@ def log_grad(saved, dy):
     return opforge.ops.div(dy, saved.x)
 
 
-log.kernel(function="Unary", dtypes={"x": ["float32", "float64"]}, code=UNARY_ELEMENTWISE, name="Log",
+log.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+           name="Log",
            cflags=["-DOPFORGE_UNARY(x)=std::log(x)"])

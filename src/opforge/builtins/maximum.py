@@ -7,7 +7,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, sum_to
+from opforge.builtins.common import NUMERIC, every_dtype
 
 maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                      doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
@@ -36,5 +37,6 @@ def maximum_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(db, saved.b)
 
 
-maximum.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Maximum",
+maximum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
+               dtypes=[(d, d) for d in NUMERIC], name="Maximum",
                cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])

@@ -9,7 +9,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.spec import UNKNOWN_RANK
-from opforge.builtins.common import floating_point, known_dims, zeros_like
+from opforge.builtins.common import FLOATS, every_dtype, floating_point, known_dims, zeros_like
 from opforge.builtins.reduce_sum import REDUCE_SUM, reduce_sum_check, spread
 
 mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
@@ -48,5 +48,5 @@ def mean_grad(saved, dy, *, axes, keep_dims):
     return spread(opforge.ops.div(dy, count), x, axes, keep_dims)
 
 
-mean.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64"]}, code=REDUCE_SUM, name="Mean",
-            cflags=["-DOPFORGE_MEAN=1"])
+mean.kernel(function="ReduceSum", code=every_dtype(REDUCE_SUM, "ReduceSum", FLOATS), dtypes=[(d,) for d in FLOATS],
+            name="Mean", cflags=["-DOPFORGE_MEAN=1"])

@@ -7,7 +7,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, sum_to
+from opforge.builtins.common import NUMERIC, every_dtype
 from opforge.builtins.maximum import split_by
 
 minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
@@ -27,5 +28,6 @@ def minimum_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(db, saved.b)
 
 
-minimum.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Minimum",
+minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
+               dtypes=[(d, d) for d in NUMERIC], name="Minimum",
                cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])

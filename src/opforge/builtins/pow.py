@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Elementwise power with NumPy broadcasting (floating-point); y has the dtype of a.")
@@ -33,5 +33,5 @@ def pow_grad(saved, dy):
     return sum_to(da, a), sum_to(db, b)
 
 
-pow.kernel(function="Binary", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
-           code=BINARY_BROADCAST, name="Pow", cflags=["-include", "cmath", "-DOPFORGE_BINARY(x,y)=std::pow(x,y)"])
+pow.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", FLOATS), dtypes=[(d, d) for d in FLOATS],
+           name="Pow", cflags=["-include", "cmath", "-DOPFORGE_BINARY(x,y)=std::pow(x,y)"])

@@ -7,7 +7,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect"],
                   doc="Square root, elementwise (floating-point inputs).")
@@ -25,5 +25,6 @@ def sqrt_grad(saved, dy):
     return opforge.ops.div(dy, saved.y * 2)
 
 
-sqrt.kernel(function="Unary", dtypes={"x": ["float32", "float64"]}, code=UNARY_ELEMENTWISE, name="Sqrt",
+sqrt.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+            name="Sqrt",
             cflags=["-DOPFORGE_UNARY(x)=std::sqrt(x)"])

@@ -8,6 +8,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.add import BROADCAST_HELPERS, sum_to
+from opforge.builtins.common import NUMERIC, every_dtype
 from opforge.infer import broadcast_shapes
 
 where = opforge.op("where(Tensor condition, Tensor x, Tensor y) -> Tensor out", traits=["no_side_effect"],
@@ -82,5 +83,6 @@ extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, co
   return 0;
 }
 """
-VALUE_DTYPES = ["float32", "float64", "int32", "int64", "bool"]
-where.kernel(function="Where", dtypes={"x": VALUE_DTYPES, "y": VALUE_DTYPES}, code=WHERE)
+VALUE_DTYPES = NUMERIC + ["bool"]
+where.kernel(function="Where", code=every_dtype(WHERE, "Where", VALUE_DTYPES, by=1),
+             dtypes=[("bool", d, d) for d in VALUE_DTYPES])
