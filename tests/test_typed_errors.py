@@ -195,8 +195,6 @@ KNOWN_LEAKS = {
     "opforge.backward": ("graph/autodiff.py", set(BAD_VALUES)),
     "opforge.vjp": ("graph/autodiff.py", set(BAD_VALUES)),
     "opforge.trace": ("graph/trace.py", set(BAD_VALUES)),
-    "opforge.build": ("runtime/build.py", {"None", "float", "object"}),
-    "opforge.load_ops": ("frontends/declarations.py", {"None", "float", "object"}),
     "opforge.testing.gradcheck": ("testing.py", set(BAD_VALUES)),
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -137,6 +138,8 @@ def _declare(entry, path: Path, index: int, replace: bool):
 
 def load_ops(path, *, replace=False):
     """Declare every op in the file; returns them in file order."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise SchemaError(f"load_ops() takes the path of a YAML or JSON file, got {path!r}")
     path = Path(path)
     document = _read(path)
     entries = document.get("ops") if isinstance(document, dict) else document

@@ -225,6 +225,8 @@ def build(source, *, extra_cflags: Iterable[str] | str = (), include_dirs: Itera
     for a path that is not a kernel source (load it as a prebuilt library instead)
     or an unreadable ``cuda_arch``.
     """
+    if not isinstance(source, (str, os.PathLike)):
+        raise BuildError(f"build() takes the path of a kernel source, got {source!r}")
     source = Path(source)
     if not is_source(source):
         raise BuildError(
