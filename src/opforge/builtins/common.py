@@ -2,6 +2,7 @@
 import numpy as np
 
 import opforge
+from opforge.runtime.aot import C_TYPES  # what OPFORGE_T stands for, per dtype
 
 
 def floating_point(op_name, input_name):
@@ -36,7 +37,6 @@ def zeros_like(x, dtype):
 
 FLOATS = ["float32", "float64"]
 NUMERIC = FLOATS + ["int32", "int64"]
-C_TYPES = {"bool": "bool", "int32": "int32_t", "int64": "int64_t", "float32": "float", "float64": "double"}
 
 
 def every_dtype(source, function, dtypes, by=0):
