@@ -199,6 +199,9 @@ def test_set_checks_switches_checked_mode():
     finally:
         opforge.set_checks(False)
     assert not opforge.checks_enabled()
+    with pytest.raises(OpforgeError, match="set_checks takes True or False"):
+        opforge.set_checks("yes")
+    assert not opforge.checks_enabled()
 
 
 def test_outputs_are_ordinary_arrays(fresh):

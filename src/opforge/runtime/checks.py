@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from .. import _native
-from ..errors import AllocationError, KernelError
+from ..errors import AllocationError, KernelError, OpforgeError
 
 #: The error kinds the native side reports for memory problems (see csrc/native.cc).
 MEMORY_KINDS = frozenset({"overrun", "guard", "alloc"})
@@ -22,6 +22,8 @@ MEMORY_KINDS = frozenset({"overrun", "guard", "alloc"})
 
 def set_checks(enabled: bool = True):
     """Turn checked mode (guard pages and poison for every native kernel call) on or off."""
+    if enabled not in (True, False):  # (1 and 0 too) a string or None here is a mistake, not a switch
+        raise OpforgeError(f"set_checks takes True or False, got {enabled!r}")
     _native.set_checked(bool(enabled))
 
 
@@ -61,4 +63,4 @@ def memory_error(op, function, where, error):
                        "at its guard page by checked mode)", **about)
 
 
-set_checks(os.environ.get("OPFORGE_CHECK", "").strip() not in ("", "0"))
+set_checks(os.environ.get("OPFORGE_CHECK", "").strip().lower() not in ("", "0", "false", "no", "off"))
