@@ -207,6 +207,13 @@ def test_slice_agrees_with_numpy_slicing(starts, ends, axes, steps):
     assert native_kernels_ran(checks) or 0 in x[tuple(index)].shape
 
 
+def test_slice_and_squeeze_of_a_0d_tensor_say_it_has_no_axes():
+    with pytest.raises(CheckError, match="op 'slice': axis 0 in 'axes' is out of range .*it is 0-d and has no axes"):
+        ops.slice(np.float64(1.0), starts=[0], ends=[1])
+    with pytest.raises(CheckError, match="op 'squeeze': axis 0 is out of range .*it is 0-d and has no axes"):
+        ops.squeeze(np.float64(1.0), axes=[0])
+
+
 def test_slice_inference_keeps_unknown_dims_unknown():
     infer = ops.slice.op.infer
     assert infer(TensorSpec([None, 10]), starts=[1, -3], ends=[2, 100]) == TensorSpec([-1, 3])

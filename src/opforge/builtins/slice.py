@@ -35,7 +35,8 @@ def slice_problem(x, starts, ends, axes, steps):
     axes = axes or range(len(starts))
     for axis in axes:
         if not -rank <= axis < rank:
-            return f"axis {axis} in 'axes' is out of range for input 'x' of rank {rank} (valid: {-rank}..{rank - 1})"
+            valid = f"valid: {-rank}..{rank - 1}" if rank else "it is 0-d and has no axes"
+            return f"axis {axis} in 'axes' is out of range for input 'x' of rank {rank} ({valid})"
     if len({axis % rank for axis in axes}) != len(axes):
         return f"'axes' {list(axes)} names the same axis more than once"
     return None

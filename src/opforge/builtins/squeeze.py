@@ -18,7 +18,8 @@ def normalized_axes(axes, rank, tensor="input 'x'"):
     """``axes`` in 0..rank-1, or the reason they are not valid axes of a rank-``rank`` tensor."""
     for axis in axes:
         if not -rank <= axis < rank:
-            return f"axis {axis} is out of range for {tensor} of rank {rank} (valid: {-rank}..{rank - 1})"
+            valid = f"valid: {-rank}..{rank - 1}" if rank else "it is 0-d and has no axes"
+            return f"axis {axis} is out of range for {tensor} of rank {rank} ({valid})"
     normalized = [axis % rank for axis in axes]
     if len(set(normalized)) != len(normalized):
         return f"axes {list(axes)} name the same axis more than once"
