@@ -314,6 +314,11 @@ def test_concat_gradient_with_one_unknown_length():
     dx, dy = backward(x, y, dout)
     np.testing.assert_array_equal(dx, dout[1:4])
     np.testing.assert_array_equal(dy, dout[0:1] + dout[4:5])
+    graph = opforge.trace(lambda x, y: ops.concat(y, y, x, y, axis=1),
+                          TensorSpec([2, None], "float64"), TensorSpec([2, 0], "float64"))
+    dx, dy = opforge.backward(graph)(np.ones((2, 3)), np.ones((2, 0)), dout[:2, :2].repeat(2, axis=1)[:, :3])
+    np.testing.assert_array_equal(dx, dout[:2, :2].repeat(2, axis=1)[:, :3])
+    assert dy.shape == (2, 0)
     two_unknown = opforge.trace(lambda x: ops.concat(x, x, axis=0), TensorSpec([None, 2], "float64"))
     with pytest.raises(opforge.ShapeError, match="op 'concat': its gradient needs"):
         opforge.backward(two_unknown)

@@ -11,6 +11,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
+from opforge.spec import UNKNOWN_RANK
 
 concat = opforge.op("concat(Tensor[] inputs, *, int axis=0) -> Tensor y",
                     # always_compute: an empty input among others still leaves the rest to copy
@@ -73,21 +74,17 @@ def concat_grad(saved, dy, *, axis):
     """Each input's part of dy, sliced at its offset along the axis.  Offsets
     before an input of unknown length count from the start, those after it
     from the end, so one unknown length is fine; two are not."""
-    lengths = [known_dims(x)[axis] for x in saved.inputs]
+    lengths = [-1 if dims == UNKNOWN_RANK else dims[axis] for dims in map(known_dims, saved.inputs)]
     if lengths.count(-1) > 1:
         raise opforge.ShapeError(f"op 'concat': its gradient needs every input's length along axis {axis} but "
                                  f"one to be known; got {lengths}")
     grads, start = [], 0
     for k, length in enumerate(lengths):
-        if length == -1:  # the rest are counted back from the end
-            after = sum(lengths[k + 1:])
-            end = -after if after else np.iinfo(np.int64).max
-            grads.append(opforge.ops.slice(dy, starts=[start], ends=[end], axes=[axis]))
-            start = -after
-            continue
-        end = start + length if start >= 0 or start + length < 0 else np.iinfo(np.int64).max
+        end = -sum(lengths[k + 1:]) if length == -1 else start + length
+        if end == 0 and (length == -1 or start < 0):  # counted back from the end, to the end
+            end = np.iinfo(np.int64).max
         grads.append(opforge.ops.slice(dy, starts=[start], ends=[end], axes=[axis]))
-        start += length
+        start = end
     return tuple(grads)
 
 

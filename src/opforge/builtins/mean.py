@@ -8,9 +8,9 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.spec import UNKNOWN_RANK
 from opforge.builtins.common import FLOATS, every_dtype, floating_point, known_dims, zeros_like
 from opforge.builtins.reduce_sum import REDUCE_SUM, reduce_sum_check, spread
+from opforge.spec import UNKNOWN_RANK
 
 mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                   # always_compute: an empty x gives NaN means, which the kernel computes
