@@ -314,3 +314,32 @@ def test_optional_and_variadic_inputs_are_counted_by_the_schema(scaled, fresh):
     np.testing.assert_array_equal(load(data)(np.ones(2), np.full(2, 5.0)), [7.0, 7.0])
     data["nodes"][0]["inputs"][1] = None
     rejected(data, "(tgraph_errors::total)", "'inputs'", "variadic input 'xs'")
+
+
+def test_bad_arguments_to_graphs_and_gradients_are_typed_errors():
+    x = np.ones(3, np.float32)
+    for bad in (None, 2.5, object(), "g.json\0"):
+        with pytest.raises(GraphError):
+            Graph.load(bad)
+    with pytest.raises(GraphError, match="inputs must be a list of Values"):
+        Graph(None, [], [])
+    with pytest.raises(GraphError, match="nodes must be a list of Nodes"):
+        Graph([], [2.5], [])
+    for bad in (None, 2.5, "relu"):
+        with pytest.raises(opforge.GradientError, match="backward takes a Graph"):
+            opforge.backward(bad)
+        with pytest.raises(opforge.GradientError, match="vjp differentiates a function"):
+            opforge.vjp(bad, x)
+        with pytest.raises(opforge.GradientError, match="grad differentiates a function"):
+            opforge.grad(bad)
+    total = lambda x: ops.reduce_sum(x)  # noqa: E731
+    for argnums in (1, -2, 2.5, (0, 1), True, "0"):
+        with pytest.raises(opforge.GradientError, match="takes 1 input"):
+            opforge.grad(total, argnums=argnums)(x)
+    np.testing.assert_array_equal(opforge.grad(total, argnums=-1)(x), np.ones(3))
+    with pytest.raises(opforge.GradientError, match="takes 1 input"):
+        opforge.backward(opforge.trace(total, x), wrt=[3])
+    with pytest.raises(opforge.DTypeError, match="rectangular"):
+        opforge.vjp(total, [[1.0], [1.0, 2.0]])
+    with pytest.raises(opforge.DTypeError, match="must be an array"):
+        opforge.grad(total)(object())

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GradientError, ShapeError
+from ..errors import DTypeError, GradientError, ShapeError
 from ..spec import TensorSpec
-from .ir import Value
+from .ir import Graph, Value
 from .trace import trace
 
 
@@ -94,13 +94,45 @@ def _replay_and_differentiate(graph, inputs, cotangents, wrt):
                  for k in wrt)
 
 
+def _indices(graph, wrt):
+    """``wrt`` (None: all, an index or indices, negative from the end) as a list of input indices."""
+    n = len(graph.inputs)
+    if wrt is None:
+        return list(range(n))
+    indices = [wrt] if isinstance(wrt, int) else list(wrt) if isinstance(wrt, (tuple, list, range)) else None
+    if indices is None or not all(type(k) is int and -n <= k < n for k in indices):
+        raise GradientError(f"'{graph.name}' takes {n} input(s): gradients are taken with respect to indices "
+                            f"of them, got {wrt!r}")
+    return [k % n for k in indices]
+
+
+def _function(name, fn):
+    if not callable(fn):
+        raise GradientError(f"{name} differentiates a function of arrays (or a Graph), got {type(fn).__name__}")
+    return fn
+
+
+def _arrays(name, arrays):
+    """The arguments as arrays: gradients are taken with respect to tensors."""
+    result = []
+    for k, value in enumerate(arrays):
+        try:
+            array = np.asarray(value)
+        except ValueError as error:  # ragged nested lists
+            raise DTypeError(f"{name}: argument {k} is not a rectangular array: {error}") from None
+        if array.dtype == object:
+            raise DTypeError(f"{name}: argument {k} must be an array, got {type(value).__name__}")
+        result.append(array)
+    return result
+
+
 def backward(graph, wrt=None):
     """The backward graph: inputs (x..., dy...) -> gradients of the inputs
     selected by ``wrt`` (indices; default all)."""
-    wrt = range(len(graph.inputs)) if wrt is None else wrt
+    if not isinstance(graph, Graph):
+        raise GradientError(f"backward takes a Graph (from opforge.trace or Graph.load), got {type(graph).__name__}")
+    wrt = _indices(graph, wrt)
     n = len(graph.inputs)
-
-    wrt = list(wrt)
 
     def pullback(*args):
         return _replay_and_differentiate(graph, args[:n], args[n:], wrt)
@@ -114,8 +146,8 @@ def backward(graph, wrt=None):
 def vjp(fn, *arrays):
     """``(outputs, pullback)``: ``pullback(*cotangents)`` returns the gradient
     of every argument of ``fn``."""
-    arrays = [np.asarray(a) for a in arrays]
-    forward = trace(fn, *arrays)
+    arrays = _arrays("vjp", arrays)
+    forward = trace(_function("vjp", fn), *arrays)
     outputs = forward(*arrays)
     backward_graph = None
 
@@ -139,11 +171,11 @@ def value_and_grad(fn, argnums=0):
     its closure become constants of that trace, so a later call sees their
     new values.  To reuse the graphs, trace once yourself and call
     ``backward(graph)``."""
+    _function("grad", fn)
     single = isinstance(argnums, int)
-    indices = (argnums,) if single else tuple(argnums)
 
     def wrapped(*arrays):
-        arrays = [np.asarray(a) for a in arrays]
+        arrays = _arrays("grad", arrays)
         forward = trace(fn, *arrays)
         if forward.tuple_output or len(forward.outputs) != 1:
             raise GradientError(f"grad needs '{forward.name}' to return one tensor")
@@ -151,7 +183,7 @@ def value_and_grad(fn, argnums=0):
         if spec.is_static and int(np.prod(spec.shape)) != 1:
             raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
         value = forward(*arrays)
-        grads = backward(forward, wrt=indices)(*arrays, np.ones_like(value))
+        grads = backward(forward, wrt=argnums)(*arrays, np.ones_like(value))
         return value, (grads[0] if single else tuple(grads))
 
     return wrapped

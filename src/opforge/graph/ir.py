@@ -118,13 +118,22 @@ def compatible(declared: TensorSpec, given: TensorSpec) -> bool:
         a == b or -1 in (a, b) for a, b in zip(declared.shape, given.shape))
 
 
+def _list_of(kind, items, field, graph_name):
+    from ..errors import GraphError
+
+    items = list(items) if isinstance(items, (list, tuple)) else None
+    if items is None or not all(isinstance(item, kind) for item in items):
+        raise GraphError(f"graph '{graph_name}': {field} must be a list of {kind.__name__}s")
+    return items
+
+
 class Graph:
     """Inputs, nodes in topological order, outputs.  Call it on arrays."""
 
     def __init__(self, inputs, nodes, outputs, name="graph"):
-        self.inputs = list(inputs)
-        self.nodes = list(nodes)
-        self.outputs = list(outputs)
+        self.inputs = _list_of(Value, inputs, "inputs", name)
+        self.nodes = _list_of(Node, nodes, "nodes", name)
+        self.outputs = _list_of(Value, outputs, "outputs", name)
         self.name = name
         self.tuple_output = True
         self._executor = None

@@ -78,11 +78,13 @@ def save(graph: Graph, path) -> None:
 # -- reading -------------------------------------------------------------------
 
 def load(path) -> Graph:
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise GraphError(f"Graph.load takes the path of a graph file, got {type(path).__name__}")
     try:
         with open(path, "rb") as handle:
             data = handle.read()
-    except OSError as error:
-        raise GraphError(f"cannot read graph file '{path}': {error.strerror or error}") from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the path
+        raise GraphError(f"cannot read graph file '{path}': {getattr(error, 'strerror', None) or error}") from None
     try:
         return from_json(data)
     except GraphError as error:
