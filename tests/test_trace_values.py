@@ -356,3 +356,10 @@ def test_a_traced_function_may_return_a_symbolic_dim():
     graph = opforge.trace(lambda x: (x.shape[0], x.shape[1]), TensorSpec([None, None]))
     n, m = graph(np.ones((4, 5), np.float32))
     assert n.dtype == np.int64 and (int(n), int(m)) == (4, 5)
+
+
+@pytest.mark.parametrize("args", [(None,), ("f",), (lambda x: x, None), (lambda x: x, "abc"),
+                                  (lambda x: x, [[1.0], [1.0, 2.0]]), (lambda x: x, object())])
+def test_trace_given_no_function_or_no_tensor_raises_tracing_error(args):
+    with pytest.raises(TracingError, match="opforge.trace"):
+        opforge.trace(*args)

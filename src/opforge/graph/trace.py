@@ -71,13 +71,22 @@ def _record(op, attrs, args):
 dispatch.INTERCEPTORS.append(_record)
 
 
+def _input_spec(k, arg):
+    if isinstance(arg, TensorSpec):
+        return arg
+    try:
+        return TensorSpec.of(np.asarray(arg))
+    except (ValueError, TypeError) as error:  # ragged lists, dtypes the kernel ABI lacks
+        raise TracingError(f"opforge.trace: input {k} must be a TensorSpec or an array, got "
+                           f"{type(arg).__name__}: {error}") from None
+
+
 def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
     """Trace ``fn`` into a Graph.  Each argument is a ``TensorSpec`` (shape with
     -1 / None for unknown dims) or an example array (its spec is used)."""
-    inputs = []
-    for k, arg in enumerate(specs_or_arrays):
-        spec = arg if isinstance(arg, TensorSpec) else TensorSpec.of(np.asarray(arg))
-        inputs.append(Value(spec, name=f"x{k}"))
+    if not callable(fn):
+        raise TracingError(f"opforge.trace takes the function to trace first, got {type(fn).__name__}")
+    inputs = [Value(_input_spec(k, arg), name=f"x{k}") for k, arg in enumerate(specs_or_arrays)]
     builder = _Builder()
     _builders().append(builder)
     try:
