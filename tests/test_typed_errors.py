@@ -186,12 +186,6 @@ def _public_callables():
 
 
 BAD_VALUES = {"None": None, "str": "not an array", "float": 2.5, "object": object()}
-# Found by this test in files other engineers own; xfail until they are fixed.
-# (name -> (owner file, the bad values that still leak an untyped exception))
-KNOWN_LEAKS = {
-    "opforge.Op": ("operator.py", {"None", "float", "object"}),
-    "opforge.testing.gradcheck": ("testing.py", set(BAD_VALUES)),
-}
 
 
 def _bad_calls():
@@ -203,10 +197,7 @@ def _bad_calls():
         required = [p for p in positional if p.default is p.empty]
         count = len(required) or min(len(positional), 1) or any(p.kind == p.VAR_POSITIONAL for p in parameters)
         for kind in BAD_VALUES:
-            owner, leaking = KNOWN_LEAKS.get(name, (None, ()))
-            marks = [pytest.mark.xfail(reason=f"untyped error; owner: src/opforge/{owner}", strict=False)] \
-                if kind in leaking else []
-            yield pytest.param(name, fn, kind, int(count), marks=marks, id=f"{name}({kind})")
+            yield pytest.param(name, fn, kind, int(count), id=f"{name}({kind})")
 
 
 @pytest.fixture
@@ -250,8 +241,6 @@ def test_ops_raise_only_typed_errors_for_bad_calls(name):
             op.infer(*("not a spec",) * n)
 
 
-@pytest.mark.xfail(reason="None for a required tensor; owner: src/opforge/operator.py (Op.bind / Op.infer)",
-                   strict=False)
 @pytest.mark.parametrize("name", ["reduce_sum", "matmul"])
 def test_none_for_a_required_tensor_is_typed_in_inference_and_check_op(name):
     op = opforge.lookup(name)
@@ -261,7 +250,6 @@ def test_none_for_a_required_tensor_is_typed_in_inference_and_check_op(name):
         opforge.testing.check_op(op, *[None] * len(op.inputs))
 
 
-@pytest.mark.xfail(reason="pathlib.Path is exported as opforge.Path; owner: src/opforge/__init__.py", strict=False)
 def test_the_package_exports_only_opforge_names():
     exported = {name: getattr(opforge, name) for name in dir(opforge) if not name.startswith("_")}
     foreign = [name for name, obj in exported.items() if not inspect.ismodule(obj)

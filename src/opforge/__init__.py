@@ -5,7 +5,7 @@
                         reg_info=opforge.CustomRegOp("add_reduce").attr("axis", "required", "all", value=1)...)
     y = op(x1, x2)
 """
-from pathlib import Path
+import pathlib
 
 from . import errors, infer, ops
 from .attrs import AttrDef
@@ -31,4 +31,4 @@ __version__ = "0.1.0"
 
 def include_dir() -> str:
     """Folder holding ``custom_aot_extra.h``; pass it to your compiler with -I."""
-    return str(Path(__file__).resolve().parent / "include")
+    return str(pathlib.Path(__file__).resolve().parent / "include")

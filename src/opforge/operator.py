@@ -119,6 +119,23 @@ class PyKernel(Kernel):
         return checked
 
 
+def _check_names(name, inputs, outputs, attrs):
+    """SchemaError unless the op's name is a string and its inputs, outputs and
+    attributes are sequences (not strings) of names / InputDefs / AttrDefs."""
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"an op's name is a non-empty string such as 'mylib::scale', got {name!r}")
+    for what, items, kinds in (("inputs", inputs, (str, InputDef)), ("outputs", outputs, (str,)),
+                               ("attrs", attrs, (AttrDef,))):
+        if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+            raise SchemaError(f"op '{name}': {what} must be a list, got {items!r}")
+        bad = [item for item in items if not isinstance(item, kinds)]
+        if bad:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise SchemaError(f"op '{name}': {what} must hold {expected} items, got {bad[0]!r}")
+    if not outputs:
+        raise SchemaError(f"op '{name}' needs at least one output")
+
+
 class Op(OpBase):
     """An operator: schema, inference and kernels.  Call it on arrays.
 
@@ -139,6 +156,7 @@ class Op(OpBase):
             op._forget_plans()
 
     def __init__(self, name, inputs, outputs, attrs=(), *, traits=(), doc=None, tuple_output=None):
+        _check_names(name, inputs, outputs, attrs)
         self.name = name
         self.inputs = tuple(i if isinstance(i, InputDef) else InputDef(i) for i in inputs)
         self.outputs = tuple(outputs)
@@ -333,6 +351,7 @@ class Op(OpBase):
                     f"op '{self.name}' takes {n_in} tensor input(s) ({', '.join(i.name for i in self.inputs)}), "
                     f"got {len(tensors)}; missing: {', '.join(missing)}")
             tensors += [None] * (n_in - len(tensors))
+        self.check_present(tensors)
         positional = [a for a in self.attrs.values() if a.positional]
         if len(extra) > len(positional):
             raise ArityError(
