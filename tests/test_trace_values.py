@@ -1,6 +1,7 @@
 """Traced values: symbolic dims, operators, indexing, NumPy ufuncs and functions,
 and the TracingError raised where Python asks a trace for data it does not have.
 Every traced result is compared with NumPy on concrete arrays."""
+import math
 import operator
 
 import numpy as np
@@ -50,6 +51,18 @@ def test_integer_arithmetic_on_symbolic_dims_simplifies():
     assert repr(2 * d + 1) == "2*x0.shape[0] + 1" and repr(-d) == "-x0.shape[0]"
     assert repr(d // 2) == "(x0.shape[0] // 2)" and repr(d * d - d) == "x0.shape[0]*x0.shape[0] - x0.shape[0]"
     assert hash(d + 1) == hash(1 + d)
+
+
+def test_powers_abs_and_divmod_of_symbolic_dims_are_symbolic():
+    d, results = traced_dims(lambda shape, x: (shape[0], [shape[0] ** 2, shape[0] ** 0, abs(shape[0] + 1),
+                                                          abs(-shape[0]), divmod(shape[0] * 4, 2)]))
+    assert results[0] == d * d and results[1] == 1 and results[2] == d + 1 and results[3] == d
+    assert results[4] == (2 * d, 0)
+    for bad in (lambda d: 2 ** d, lambda d: d ** -1, lambda d: abs(d - 3)):
+        with pytest.raises(TracingError):
+            traced_dims(lambda shape, x: bad(shape[0]))
+    x = np.arange(3.0)
+    np.testing.assert_allclose(opforge.trace(lambda x: x * x.shape[0] ** 2, TensorSpec([None], "float64"))(x), x * 9)
 
 
 def test_comparisons_answer_only_what_holds_for_every_size():
@@ -289,7 +302,9 @@ def test_bad_indices_raise_typed_errors(bad, error):
     lambda x: np.asarray(x),
     lambda x: x.__setitem__(0, 1.0),
     lambda x: x and x,
-], ids=["if", "if-compare", "float", "int", "index", "int-dim", "asarray", "setitem", "and"])
+    lambda x: round(x.sum()),
+    lambda x: math.trunc(x.sum()),
+], ids=["if", "if-compare", "float", "int", "index", "int-dim", "asarray", "setitem", "and", "round", "trunc"])
 def test_data_dependent_python_raises_tracing_error_saying_what_to_use(fn):
     with pytest.raises(TracingError) as caught:
         opforge.trace(fn, TensorSpec([None], "float64"))

@@ -103,6 +103,12 @@ class ArraySyntax:
     def __complex__(self):
         _raise_data_dependent(self, "the complex value")
 
+    def __round__(self, ndigits=None):
+        _raise_data_dependent(self, "round()")
+
+    def __trunc__(self):
+        _raise_data_dependent(self, "math.trunc()")
+
     def __len__(self):
         if self.ndim is None or self.ndim == 0:
             raise TracingError(f"len() of traced %{self.name} ({self.spec}): it has no known leading dim")

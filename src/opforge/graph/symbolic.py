@@ -129,6 +129,16 @@ def _mod(a, b):
     return _sub(a, _mul(_floordiv(a, b), b))
 
 
+def _power(a, b):
+    if isinstance(b, int) and b >= 0:  # a size times itself b times is still a size
+        result = 1
+        for _ in range(b):
+            result = _mul(result, a)
+        return result
+    raise TracingError(f"{a!r} ** {b!r}: only a non-negative int power of an unknown dim is a size; raise a tensor "
+                       "to a power instead (x ** x.shape[0])")
+
+
 def _integer(x):
     """x as an int or SymDim, or None when it is neither (a float, a tensor)."""
     if isinstance(x, SymDim):
@@ -222,6 +232,7 @@ class SymDim:
     __floordiv__, __rfloordiv__ = _operator("//", _floordiv, None), _operator("//", _floordiv, None, True)
     __mod__, __rmod__ = _operator("%", _mod, None), _operator("%", _mod, None, True)
     __truediv__, __rtruediv__ = _operator("/", None, "div"), _operator("/", None, "div", True)
+    __pow__, __rpow__ = _operator("**", _power, "pow"), _operator("**", _power, "pow", True)
 
     __eq__, __ne__ = _comparison("==", None), _comparison("!=", None)
     __lt__, __le__ = _comparison("<", operator.lt), _comparison("<=", operator.le)
@@ -232,6 +243,19 @@ class SymDim:
 
     def __pos__(self):
         return self
+
+    def __abs__(self):
+        low, high = _bounds(self.terms)
+        if low < 0 < high:
+            raise TracingError(f"abs({self!r}) depends on the size of an unknown dim, which exists only at run "
+                               "time; take abs of a tensor instead (abs(x * x.shape[0]))")
+        return self if low >= 0 else -self
+
+    def __divmod__(self, other):
+        return self // other, self % other
+
+    def __rdivmod__(self, other):
+        return other // self, other % self
 
     def __bool__(self):
         return self != 0
