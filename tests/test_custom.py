@@ -730,6 +730,12 @@ def test_out_dtype_agreeing_with_the_registration_runs():
     assert top.dtype == np.float64
 
 
+def test_out_dtype_entry_none_takes_that_output_dtype_from_the_registration():
+    top, where = rowmax(["float64", None])(ROWS)
+    assert top.dtype == np.float64 and where.dtype == np.int64
+    np.testing.assert_array_equal(where, [1, 0])
+
+
 def test_out_dtype_function_is_checked_against_the_registration():
     with pytest.raises(opforge.DTypeError, match="output 'where'"):
         rowmax(lambda x: (x, x))(ROWS)

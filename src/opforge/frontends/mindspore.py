@@ -323,17 +323,16 @@ class Custom(Op):
         given = [None if s is None else s.dtype for s in specs]
         rows = [row for row in self._rows if all(w is None or g is None or w == g for w, g in zip(row, given))]
         fallback = next((d for d in given if d is not None), "float32")
-        if wanted is not None:
-            wanted = [_dtypes.normalize(d) for d in wanted]
+        # A None entry (or out_dtype=None) leaves that output's dtype to the row.
+        wanted = [None if d is None else _dtypes.normalize(d) for d in (wanted or [None] * n_out)]
         if not rows:
-            return wanted or [fallback] * n_out
+            return [d or fallback for d in wanted]
         row_outputs = [(list(row[n_in:]) + [None] * n_out)[:n_out] for row in rows]
-        if wanted is None:
-            return [d or fallback for d in row_outputs[0]]
         for outputs in row_outputs:
-            if all(r is None or r == w for r, w in zip(outputs, wanted)):
-                return wanted
-        index = next(k for k, (r, w) in enumerate(zip(row_outputs[0], wanted)) if r is not None and r != w)
+            if all(r is None or w is None or r == w for r, w in zip(outputs, wanted)):
+                return [w or r or fallback for r, w in zip(outputs, wanted)]
+        index = next(k for k, (r, w) in enumerate(zip(row_outputs[0], wanted))
+                     if r is not None and w is not None and r != w)
         names = [self.input_name(k) for k in range(n_in)] + list(self.outputs)
         described = ", ".join(f"{n}={d or 'any'}" for n, d in zip(names, rows[0]))
         raise DTypeError(f"op '{self.name}': output '{self.outputs[index]}' is {wanted[index]} by out_dtype, but the "
