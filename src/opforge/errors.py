@@ -105,3 +105,16 @@ class CacheError(OpforgeError, OSError):
 
 class BuildError(OpforgeError, ValueError):
     """A build opforge cannot start: not a kernel source, an unknown language or CUDA architecture."""
+
+
+class ModelError(GraphError):
+    """An ONNX model opforge cannot convert: malformed, or a node whose attribute values or inputs opforge does not
+    support (names the node, its op_type, the attribute or input and what is supported)."""
+
+
+class UnsupportedOpError(ModelError):
+    """A model holds nodes no converter covers; ``unsupported`` lists every (domain, op_type, opset) at once."""
+
+    def __init__(self, message, unsupported=()):
+        super().__init__(message)
+        self.unsupported = list(unsupported)

@@ -1,0 +1,2 @@
+"""Run ONNX models with opforge (needs the optional ``onnx`` package)."""
+from ..errors import ModelError, UnsupportedOpError  # noqa: F401

@@ -1,0 +1,10 @@
+"""The converter modules, one per op family; importing one registers its converters."""
+import importlib
+
+CONVERTER_MODULES = [
+]
+
+
+def import_converters():
+    for name in CONVERTER_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
