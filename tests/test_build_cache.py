@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import shutil
+import tempfile
 import signal
 import subprocess
 import sys
@@ -485,17 +486,58 @@ def test_cache_folder_that_refuses_new_files(cache, tmp_path, monkeypatch):
     assert "no permission to write" in build_in_unusable_cache(monkeypatch, tmp_path, Path("/sys"))
 
 
+def build_as_nobody(folder, source) -> str:
+    """As root, folder permissions bind no one: build in a forked child that has dropped to
+    the unprivileged user 'nobody' and return its CacheError's message."""
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        message = "no CacheError"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.environ["OPFORGE_CACHE_DIR"] = str(folder)
+            build(source)
+        except CacheError as exc:
+            message = str(exc)
+        except BaseException as exc:  # noqa: BLE001 - anything else is reported to the parent
+            message = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, message.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return message
+
+
 @needs_gxx
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="root ignores folder permissions, so mode 000 does not stop it")
+@pytest.mark.skipif(os.name != "posix", reason="needs POSIX permissions")
 @pytest.mark.parametrize("mode", [0o000, 0o555])
 def test_cache_folder_without_permissions(cache, tmp_path, monkeypatch, mode):
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=mode)
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=mode)
+        try:
+            assert "no permission to write" in build_in_unusable_cache(monkeypatch, tmp_path, locked)
+        finally:
+            locked.chmod(0o755)
+        return
+    # Root: a world-readable folder (pytest's tmp_path is root's alone) and a child that is not root.
+    base = Path(tempfile.mkdtemp())
     try:
-        assert "no permission to write" in build_in_unusable_cache(monkeypatch, tmp_path, locked)
+        base.chmod(0o755)
+        source = write(base / "src" / "k.cc", ANSWER_CC)
+        for path in (source.parent, source):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        locked = base / "locked"
+        locked.mkdir(mode=mode)
+        locked.chmod(mode)
+        message = build_as_nobody(locked, source)
+        assert "no permission to write" in message and f"cache folder {locked}" in message, message
     finally:
-        locked.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @needs_gxx
