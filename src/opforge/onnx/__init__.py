@@ -1,2 +1,14 @@
-"""Run ONNX models with opforge (needs the optional ``onnx`` package)."""
+"""Run ONNX models with opforge (needs the optional ``onnx`` package).
+
+    graph = opforge.onnx.load("model.onnx")      # an opforge Graph
+    y = graph(x)
+
+Each ONNX op type is converted by a small function (``converter``) chosen by
+the model's opset; nodes of a custom domain ``D`` bind to the opforge op
+``D::op_type`` or to the op given to ``register``.
+"""
 from ..errors import ModelError, UnsupportedOpError  # noqa: F401
+from .load import load  # noqa: F401
+from .registry import converter, find_converter  # noqa: F401
+
+__all__ = ["load", "converter", "find_converter", "ModelError", "UnsupportedOpError"]

@@ -7,6 +7,7 @@ compute at once, so constant subgraphs fold while the model loads.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +26,35 @@ class Converter:
     since: int
     function: Callable
     origin: str  # "builtin", or where a user registered it
+
+    def call(self, node, args):
+        """Run the converter on ``args``; inputs the node omits at the end are passed as None."""
+        wanted = _required_positional(self.function)
+        if wanted is not None and len(args) < wanted:
+            args = list(args) + [None] * (wanted - len(args))
+        return self.function(node, *args)
+
+
+def _required_positional(function):
+    """How many inputs (after ``node``) ``function`` takes without defaults; None when it takes ``*args``."""
+    cached = _ARITY.get(function)
+    if cached is not None or function in _ARITY:
+        return cached
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        count = None
+    else:
+        if any(p.kind is p.VAR_POSITIONAL for p in params):
+            count = None
+        else:
+            count = max(0, sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+                               for p in params) - 1)
+    _ARITY[function] = count
+    return count
+
+
+_ARITY: dict = {}
 
 
 _CONVERTERS: dict[tuple[str, str], list[Converter]] = {}
@@ -65,12 +95,13 @@ def find_converter(domain: str, op_type: str, opset: int) -> Converter | None:
 class NodeContext:
     """What a converter knows of its node."""
 
-    def __init__(self, *, name, op_type, domain, opset, attrs, input_names, output_names):
+    def __init__(self, *, name, op_type, domain, opset, attrs, input_names, output_names, attr_types=None):
         self.name = name
         self.op_type = op_type
         self.domain = domain
         self.opset = opset
         self.attrs = attrs
+        self.attr_types = dict(attr_types or {})  # {name: ONNX AttributeType name, e.g. "INT"}
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         while self.output_names and not self.output_names[-1]:

@@ -1,0 +1,357 @@
+"""``load(model)``: an ONNX model as an opforge ``Graph``.
+
+The loader checks the model's structure (names defined before use, opsets
+for every domain, tensor types opforge has), then lists every node no
+converter covers and refuses the model once, naming them all.  Otherwise it
+traces a function that walks the nodes in order and calls each node's
+converter (``registry``) on traced values and on arrays: initializers,
+``Constant`` outputs and whatever is computed from them only are arrays, so
+constant subgraphs compute while the model loads and leave no node behind.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..dtypes import ABI_DTYPES
+from ..errors import ModelError, OpforgeError, UnsupportedOpError
+from ..graph import trace
+from ..spec import TensorSpec
+from . import converters
+from .registry import NodeContext, find_converter, normalize_domain
+
+__all__ = ["load", "read_model", "onnx_dtype", "attribute_values"]
+
+
+def read_model(model):
+    """A ModelProto from a ModelProto, a file path or the serialized bytes; ModelError otherwise."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as error:  # google.protobuf.message.DecodeError and friends
+            raise ModelError(f"onnx.load: the bytes given are not a serialized ONNX model ({error})") from None
+        return proto
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ModelError(f"onnx.load: no ONNX model file at {path!r}")
+        try:
+            return onnx.load(path)
+        except Exception as error:
+            raise ModelError(f"onnx.load: {path!r} is not a readable ONNX model ({type(error).__name__}: "
+                             f"{error})") from None
+    raise ModelError(f"onnx.load takes an onnx.ModelProto, a file path or the model's bytes, "
+                     f"got {type(model).__name__}")
+
+
+def onnx_dtype(elem_type: int, what: str) -> str:
+    """The opforge dtype name of an ONNX TensorProto element type; ModelError naming ``what`` otherwise."""
+    import onnx
+
+    name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
+        else str(elem_type)
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        dtype = None
+    if name == "BFLOAT16" and "bfloat16" in ABI_DTYPES:
+        return "bfloat16"
+    if dtype not in ABI_DTYPES or name in ("UNDEFINED", "STRING") or name.startswith(("COMPLEX", "FLOAT8",
+                                                                                        "BFLOAT")):
+        raise ModelError(f"{what} has ONNX element type {name}; opforge supports "
+                         f"{', '.join(d for d in ABI_DTYPES)}")
+    return dtype
+
+
+def _array(tensor, what):
+    import onnx.numpy_helper
+
+    onnx_dtype(tensor.data_type, what)
+    try:
+        array = onnx.numpy_helper.to_array(tensor)
+    except Exception as error:
+        raise ModelError(f"{what} cannot be read: {type(error).__name__}: {error}") from None
+    return np.ascontiguousarray(array)
+
+
+# -- attributes -------------------------------------------------------------------
+
+#: ONNX attribute types opforge reads; GRAPH(S) (If, Loop, Scan bodies) make a node unsupported.
+SUBGRAPH_TYPES = ("GRAPH", "GRAPHS")
+
+
+def attribute_values(node, what) -> tuple[dict, dict]:
+    """({name: Python value}, {name: ONNX type name}) of a node's attributes."""
+    import onnx
+
+    values, types = {}, {}
+    kinds = onnx.AttributeProto.AttributeType
+    for attr in node.attribute:
+        kind = kinds.Name(attr.type) if attr.type in kinds.values() else str(attr.type)
+        types[attr.name] = kind
+        label = f"{what}: attribute '{attr.name}'"
+        if kind == "FLOAT":
+            values[attr.name] = float(attr.f)
+        elif kind == "INT":
+            values[attr.name] = int(attr.i)
+        elif kind == "STRING":
+            values[attr.name] = attr.s.decode("utf-8", errors="replace")
+        elif kind == "FLOATS":
+            values[attr.name] = [float(v) for v in attr.floats]
+        elif kind == "INTS":
+            values[attr.name] = [int(v) for v in attr.ints]
+        elif kind == "STRINGS":
+            values[attr.name] = [s.decode("utf-8", errors="replace") for s in attr.strings]
+        elif kind == "TENSOR":
+            values[attr.name] = _array(attr.t, label)
+        elif kind == "TENSORS":
+            values[attr.name] = [_array(t, label) for t in attr.tensors]
+        elif kind == "SPARSE_TENSOR":
+            values[attr.name] = _sparse_to_dense(attr.sparse_tensor, label)
+        else:  # GRAPH(S), TYPE_PROTO(S), SPARSE_TENSORS: kept as protos
+            values[attr.name] = onnx.helper.get_attribute_value(attr)
+    return values, types
+
+
+def _sparse_to_dense(sparse, what):
+    dims = tuple(int(d) for d in sparse.dims)
+    values = _array(sparse.values, what).reshape(-1)
+    dense = np.zeros(dims, values.dtype)
+    indices = _array(sparse.indices, what) if sparse.indices.dims else np.zeros((0,), np.int64)
+    if indices.ndim == 1:  # linearised indices
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+CONSTANT_ATTRIBUTES = ("value", "sparse_value", "value_float", "value_floats", "value_int", "value_ints",
+                       "value_string", "value_strings")
+
+
+def _constant_value(ctx):
+    """The array a Constant node holds (whichever value_* attribute it has)."""
+    given = [name for name in CONSTANT_ATTRIBUTES if name in ctx.attrs]
+    if len(given) != 1:
+        raise ctx.error(f"a Constant needs exactly one of {', '.join(CONSTANT_ATTRIBUTES)}; it has "
+                        f"{', '.join(given) or 'none'}")
+    name = given[0]
+    if name in ("value_string", "value_strings"):
+        raise ctx.error(f"attribute '{name}': string tensors are not supported (opforge supports "
+                        f"{', '.join(ABI_DTYPES)})")
+    value = ctx.attrs[name]
+    if name in ("value_float", "value_floats"):
+        return np.asarray(value, np.float32)
+    if name in ("value_int", "value_ints"):
+        return np.asarray(value, np.int64)
+    return np.asarray(value)
+
+
+# -- the graph's interface ------------------------------------------------------------
+
+def _value_spec(info, what) -> TensorSpec:
+    kind = info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        raise ModelError(f"{what} is of ONNX type {kind or 'unknown'}; opforge supports tensors only")
+    tensor = info.type.tensor_type
+    dtype = onnx_dtype(tensor.elem_type, what)
+    if not tensor.HasField("shape"):
+        return TensorSpec(None, dtype)
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else -1 for d in tensor.shape.dim]
+    return TensorSpec(dims, dtype)
+
+
+def _opsets(model) -> dict:
+    opsets = {}
+    for entry in model.opset_import:
+        opsets[normalize_domain(entry.domain)] = int(entry.version)
+    return opsets
+
+
+class _Plan:
+    """What ``load`` found in the model before converting anything."""
+
+    def __init__(self, model, constants):
+        graph = model.graph
+        self.name = graph.name or "onnx_model"
+        self.opsets = _opsets(model)
+        self.initializers = {}
+        for tensor in graph.initializer:
+            if not tensor.name:
+                raise ModelError(f"model '{self.name}': an initializer has no name")
+            self.initializers[tensor.name] = tensor
+        for sparse in graph.sparse_initializer:
+            name = sparse.values.name
+            if not name:
+                raise ModelError(f"model '{self.name}': a sparse initializer has no name")
+            self.initializers[name] = sparse
+        self.inputs, self.specs, self.bound = [], [], {}
+        declared = set()
+        for info in graph.input:
+            if not info.name:
+                raise ModelError(f"model '{self.name}': graph input {len(declared)} has no name")
+            if info.name in declared:
+                raise ModelError(f"model '{self.name}': graph input '{info.name}' is declared twice")
+            declared.add(info.name)
+            if info.name in self.initializers:
+                continue
+            spec = _value_spec(info, f"model '{self.name}': graph input '{info.name}'")
+            if constants is not None and info.name in constants:
+                self.bound[info.name] = _bound_constant(self.name, info.name, spec, constants[info.name])
+                continue
+            self.inputs.append(info.name)
+            self.specs.append(spec)
+        unknown = sorted(set(constants or ()) - declared)
+        if unknown:
+            raise ModelError(f"model '{self.name}': constants= names {unknown}, which are not graph inputs "
+                             f"(graph inputs: {', '.join(self.inputs) or 'none'})")
+        self.outputs = []
+        for k, info in enumerate(graph.output):
+            if not info.name:
+                raise ModelError(f"model '{self.name}': graph output {k} has no name")
+            self.outputs.append(info.name)
+        if not self.outputs:
+            raise ModelError(f"model '{self.name}' has no outputs")
+        self.nodes = self._check_nodes(graph)
+
+    def _check_nodes(self, graph):
+        defined = set(self.initializers) | set(self.inputs) | set(self.bound)
+        nodes = []
+        for k, node in enumerate(graph.node):
+            label = f"node '{node.name or k}' ({node.op_type})"
+            if not node.op_type:
+                raise ModelError(f"model '{self.name}': node {node.name or k} has no op_type")
+            domain = normalize_domain(node.domain)
+            if domain not in self.opsets:
+                raise ModelError(f"model '{self.name}': {label} is in domain '{node.domain or 'ai.onnx'}', which "
+                                 f"the model's opset_import does not list (it lists: "
+                                 f"{', '.join(repr(d or 'ai.onnx') for d in sorted(self.opsets)) or 'nothing'})")
+            for name in node.input:
+                if name and name not in defined:
+                    raise ModelError(f"model '{self.name}': {label} reads '{name}', which no graph input, "
+                                     f"initializer or earlier node defines")
+            for name in node.output:
+                if name in defined and name:
+                    raise ModelError(f"model '{self.name}': {label} defines '{name}', which is already defined")
+                defined.add(name)
+            nodes.append((label, domain, node))
+        for name in self.outputs:
+            if name not in defined:
+                raise ModelError(f"model '{self.name}': graph output '{name}' is not defined by any input, "
+                                 f"initializer or node")
+        return nodes
+
+    def converters(self):
+        """The converter of every node, in order; UnsupportedOpError listing every node none covers."""
+        chosen, missing = [], set()
+        for label, domain, node in self.nodes:
+            opset = self.opsets[domain]
+            subgraph = any(attr.type in (5, 10) for attr in node.attribute)  # GRAPH, GRAPHS
+            if domain == "" and node.op_type == "Constant":
+                entry = "constant"
+            else:
+                entry = None if subgraph else find_converter(domain, node.op_type, opset)
+            if entry is None:
+                missing.add((domain or "ai.onnx", node.op_type, opset))
+            chosen.append(entry)
+        if missing:
+            listed = sorted(missing)
+            shown = ", ".join(f"{d}::{t} (opset {v})" for d, t, v in listed)
+            raise UnsupportedOpError(f"model '{self.name}': no converter for {len(listed)} op type(s): {shown}",
+                                     unsupported=listed)
+        return chosen
+
+
+def _bound_constant(model_name, name, spec, value):
+    array = np.asarray(value)
+    if array.dtype.name != spec.dtype:
+        raise ModelError(f"model '{model_name}': constants['{name}'] is {array.dtype.name}; the input is "
+                         f"declared {spec.dtype}")
+    if spec.rank is not None and not spec.matches(array.shape):
+        raise ModelError(f"model '{model_name}': constants['{name}'] has shape {list(array.shape)}; the input "
+                         f"is declared {list(spec.shape)}")
+    return np.ascontiguousarray(array)
+
+
+def _is_placeholder(name):
+    return isinstance(name, str) and name[:1] == "v" and name[1:].isdigit()
+
+
+def _outputs_of(ctx, result):
+    """A converter's result as a list of one entry per declared output."""
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(results) < ctx.num_outputs:
+        raise ctx.error(f"the converter returned {len(results)} output(s); the node declares {ctx.num_outputs}")
+    converted = []
+    for value in results:
+        if isinstance(value, (bool, int, float, np.generic)):
+            value = np.asarray(value)
+        converted.append(value)
+    return converted
+
+
+def load(model, *, constants=None):
+    """The ONNX model (a ModelProto, a file path or its bytes) as an opforge ``Graph``.
+
+    The graph's inputs are the model's graph inputs that are not initializers,
+    in order (``graph.input_names``); ``constants={name: array}`` binds some of
+    them to arrays instead, which then fold like initializers.  Unknown dims
+    (``dim_param``) are -1.  Call the graph positionally; it returns one array,
+    or a tuple when the model has several outputs (``graph.output_names``).
+    """
+    if constants is not None and not isinstance(constants, dict):
+        raise ModelError(f"onnx.load: constants= is a dict {{input name: array}}, got {type(constants).__name__}")
+    proto = read_model(model)
+    plan = _Plan(proto, constants)
+    chosen = plan.converters()
+    converters.import_converters()
+
+    def walk(*inputs):
+        env = {}
+        for name, value in zip(plan.inputs, inputs):
+            value.name = name
+            env[name] = value
+        env.update(plan.bound)
+        for name, tensor in plan.initializers.items():
+            label = f"model '{plan.name}': initializer '{name}'"
+            env[name] = _sparse_to_dense(tensor, label) if hasattr(tensor, "values") else _array(tensor, label)
+        for (label, domain, node), entry in zip(plan.nodes, chosen):
+            attrs, types = attribute_values(node, f"model '{plan.name}': {label}")
+            ctx = NodeContext(name=node.name or label, op_type=node.op_type, domain=domain,
+                              opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
+                              output_names=node.output, attr_types=types)
+            args = [env[name] if name else None for name in node.input]
+            try:
+                if entry == "constant":
+                    result = _constant_value(ctx)
+                else:
+                    result = entry.call(ctx, args)
+            except ModelError:
+                raise
+            except OpforgeError as error:
+                raise ModelError(f"model '{plan.name}': {label}: {type(error).__name__}: {error}") from error
+            for name, value in zip(node.output, _outputs_of(ctx, result)):
+                if not name:
+                    continue
+                if value is None:
+                    raise ctx.error(f"the converter gave no value for output '{name}'")
+                if hasattr(value, "spec") and _is_placeholder(getattr(value, "name", None)):
+                    value.name = name
+                env[name] = value
+        return tuple(env[name] for name in plan.outputs)
+
+    graph = trace(walk, *plan.specs, name=plan.name)
+    for value, name in zip(graph.outputs, plan.outputs):
+        if _is_placeholder(value.name):
+            value.name = name
+    graph.tuple_output = len(plan.outputs) > 1
+    graph.input_names = list(plan.inputs)
+    graph.output_names = list(plan.outputs)
+    graph.opsets = dict(plan.opsets)
+    return graph
