@@ -100,6 +100,16 @@ GRADCHECKS = {
     "mean_all": (ops.mean, [r(2, 3, 4)], {}),
     "mean_axes_keep": (ops.mean, [r(2, 3, 4)], {"axes": [0, -1], "keep_dims": True}),
     "dim": (ops.dim, [r(2, 3)], {"axis": 1, "dtype": "float64"}),
+    # sigmoid, hard_sigmoid, clip, erf, gelu, sum
+    "sigmoid": (ops.sigmoid, [r(3, 4)], {}),
+    "hard_sigmoid": (ops.hard_sigmoid, [r(3, 4) * 4], {"alpha": 0.25, "beta": 0.5}),
+    "clip": (ops.clip, [r(3, 4) * 2], {"min": -1.0, "max": 0.5}),
+    "clip_lower_only": (ops.clip, [r(3, 4)], {"min": 0.25}),
+    "erf": (ops.erf, [r(3, 4)], {}),
+    "gelu": (ops.gelu, [r(3, 4) * 2], {}),
+    "gelu_tanh": (ops.gelu, [r(3, 4) * 2], {"approximate": "tanh"}),
+    "sum": (ops.sum, [r(2, 3, 4), r(3, 1, seed=1), r(4, seed=2)], {}),
+    "sum_one": (ops.sum, [r(3, 4)], {}),
 }
 
 

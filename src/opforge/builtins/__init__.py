@@ -31,3 +31,9 @@ from . import unsqueeze  # noqa: F401
 from . import concat  # noqa: F401
 from . import dim  # noqa: F401
 from . import mean  # noqa: F401
+from . import sigmoid  # noqa: F401
+from . import hard_sigmoid  # noqa: F401
+from . import clip  # noqa: F401
+from . import erf  # noqa: F401
+from . import gelu  # noqa: F401
+from . import sum  # noqa: F401

@@ -1,0 +1,55 @@
+"""hard_sigmoid: y = max(0, min(1, alpha * x + beta)), elementwise (floating-point).
+
+The piecewise-linear stand-in for sigmoid (ONNX HardSigmoid).  NaN stays
+NaN.  alpha and beta cross the ABI as 32-bit floats, as leaky_relu's alpha
+does.  The gradient is dy * alpha where the line is not clamped (0 < y < 1).
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
+
+hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta=0.5) -> Tensor y",
+                          traits=["no_side_effect"],
+                          doc="max(0, min(1, alpha * x + beta)), elementwise (floating-point inputs).")
+hard_sigmoid.def_infer(infer.same_as(0))
+hard_sigmoid.check(floating_point("hard_sigmoid", "x"))
+
+
+@hard_sigmoid.reference(fallback=True)
+def hard_sigmoid_reference(x, *, alpha=0.2, beta=0.5):
+    # The kernels' arithmetic: alpha and beta as 32-bit floats, then in x's dtype.
+    line = x.dtype.type(np.float32(alpha)) * x + x.dtype.type(np.float32(beta))
+    return np.clip(line, 0, 1).astype(x.dtype, copy=False)
+
+
+@hard_sigmoid.grad(save=["y"])
+def hard_sigmoid_grad(saved, dy, *, alpha, beta):
+    ops = opforge.ops
+    y = saved.y
+    zero = np.zeros((), dy.dtype)
+    inside = ops.where(ops.less(y, np.ones((), y.dtype)), dy * np.asarray(alpha, dy.dtype), zero)
+    return ops.where(ops.greater(y, np.zeros((), y.dtype)), inside, zero)
+
+
+HARD_SIGMOID = r"""
+#include "custom_aot_extra.h"
+
+extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *stream, void *extra_ptr) {
+  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  const OPFORGE_T alpha = extra->Attr<float>("alpha"), beta = extra->Attr<float>("beta");
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) {
+    const OPFORGE_T v = alpha * x[i] + beta;  // comparisons with NaN are false: NaN passes through
+    y[i] = v < OPFORGE_T(0) ? OPFORGE_T(0) : (v > OPFORGE_T(1) ? OPFORGE_T(1) : v);
+  }
+  return 0;
+}
+"""
+hard_sigmoid.kernel(function="HardSigmoid", code=every_dtype(HARD_SIGMOID, "HardSigmoid", FLOATS),
+                    dtypes=[(d,) for d in FLOATS])

@@ -1,0 +1,48 @@
+"""sigmoid: y = 1 / (1 + e ** -x), elementwise (floating-point).
+
+A unary float op with its gradient written from the saved output:
+dy * y * (1 - y).  The kernel's form saturates cleanly: e ** -x overflows
+to inf for very negative x, giving 0, and underflows to 0 for large x,
+giving 1.
+"""
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
+
+sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect"],
+                     doc="Logistic sigmoid 1 / (1 + exp(-x)), elementwise (floating-point inputs).")
+sigmoid.def_infer(infer.same_as(0))
+sigmoid.check(floating_point("sigmoid", "x"))
+
+
+@sigmoid.reference(fallback=True)
+def sigmoid_reference(x):
+    wide = x.astype(np.promote_types(x.dtype, np.float32), copy=False)  # float16's exp overflows from 11.1 on
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x: 1 / inf = 0, as intended
+        return (1 / (1 + np.exp(-wide))).astype(x.dtype, copy=False)
+
+
+@sigmoid.grad(save=["y"])
+def sigmoid_grad(saved, dy):
+    y = saved.y
+    return dy * (y * (np.ones((), y.dtype) - y))
+
+
+SIGMOID = r"""
+#include <cmath>
+
+#include "custom_aot_extra.h"
+
+extern "C" int Sigmoid(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                       void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_T(1) / (OPFORGE_T(1) + std::exp(-x[i]));
+  return 0;
+}
+"""
+sigmoid.kernel(function="Sigmoid", code=every_dtype(SIGMOID, "Sigmoid", FLOATS), dtypes=[(d,) for d in FLOATS])

@@ -1,0 +1,96 @@
+"""sum: y = inputs[0] + inputs[1] + ..., elementwise with NumPy broadcasting of all.
+
+A variadic op (ONNX Sum): ``sum(a, b, c)``.  Every input has one dtype;
+the output has their broadcast shape.  The kernel writes the first input
+into y and adds the others in, each read through broadcast strides (add.py's
+helpers); the gradient of each input is dy summed back to its shape.
+Integer overflow is undefined in C++ (NumPy wraps): keep sums in range.
+"""
+import functools
+
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.add import BROADCAST_HELPERS, sum_to
+from opforge.builtins.common import NUMERIC, every_dtype
+
+sum = opforge.op("sum(Tensor[] inputs) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
+                 doc="Elementwise sum of one or more tensors of one dtype, with NumPy broadcasting.")
+sum.def_infer(infer.broadcast())
+
+
+@sum.check
+def sum_check(*inputs):
+    if not inputs:
+        return "needs at least one input"
+    for k, spec in enumerate(inputs[1:], 1):
+        if spec.dtype != inputs[0].dtype:
+            raise opforge.DTypeError(f"op 'sum': input 'inputs[{k}]' has dtype {spec.dtype}, "
+                                     f"'inputs[0]' has {inputs[0].dtype}; sum takes one dtype")
+    return None
+
+
+@sum.reference(fallback=True)
+def sum_reference(*inputs):
+    shape = np.broadcast_shapes(*(x.shape for x in inputs))
+    total = functools.reduce(np.add, inputs[1:], np.broadcast_to(inputs[0], shape))
+    return np.array(total, dtype=inputs[0].dtype)  # a copy: never a view of an input
+
+
+@sum.grad(save=["inputs"])
+def sum_grad(saved, dy):
+    return tuple(sum_to(dy, x) for x in saved.inputs)
+
+
+SUM = BROADCAST_HELPERS + r"""
+// y = x (first) or y += x, x read through its broadcast strides at y's shape.
+template <bool First>
+static void Accumulate(const T *x, int ndim, const int64_t *shape, T *y, int rank, const int64_t *out, int64_t n) {
+  const int64_t nx = Count(ndim, shape);
+  if (nx == n) {  // laid out like y (broadcasting only adds size-1 dims)
+    for (int64_t i = 0; i < n; i++) y[i] = First ? x[i] : T(y[i] + x[i]);
+    return;
+  }
+  if (nx == 1) {
+    const T s = x[0];
+    for (int64_t i = 0; i < n; i++) y[i] = First ? s : T(y[i] + s);
+    return;
+  }
+  // rank >= 1 here: a 0-d y has n == 1, and then nx == 1.
+  std::vector<int64_t> strides(rank), index(rank, 0);
+  BroadcastStrides(ndim, shape, rank, strides.data());
+  const int64_t inner = out[rank - 1], step = strides[rank - 1];
+  int64_t offset = 0;
+  for (int64_t start = 0; start < n; start += inner) {
+    T *row = y + start;
+    const T *xs = x + offset;
+    for (int64_t j = 0; j < inner; j++) row[j] = First ? xs[j * step] : T(row[j] + xs[j * step]);
+    for (int d = rank - 2; d >= 0; d--) {
+      offset += strides[d];
+      if (++index[d] < out[d]) break;
+      offset -= strides[d] * out[d];
+      index[d] = 0;
+    }
+  }
+}
+
+extern "C" int Sum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                   void *stream, void *extra) {
+  const int inputs = nparam - 1;  // the inputs, then y
+  if (inputs < 1) return 1;
+  T *y = static_cast<T *>(params[inputs]);
+  const int rank = ndims[inputs];
+  const int64_t *out = shapes[inputs];
+  const int64_t n = Count(rank, out);
+  if (n == 0) return 0;
+  for (int k = 0; k < inputs; k++) {
+    if (ndims[k] > rank) return 2;  // inference gives y the broadcast rank
+    const T *x = static_cast<const T *>(params[k]);
+    if (k == 0) Accumulate<true>(x, ndims[k], shapes[k], y, rank, out, n);
+    else Accumulate<false>(x, ndims[k], shapes[k], y, rank, out, n);
+  }
+  return 0;
+}
+"""
+sum.kernel(function="Sum", code=every_dtype(SUM, "Sum", NUMERIC), dtypes=[(d,) for d in NUMERIC])
