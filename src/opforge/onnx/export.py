@@ -1,0 +1,410 @@
+"""Export an opforge ``Graph`` as an ONNX model: ``opforge.onnx.export(graph, path=None, *, opset=17)``.
+
+Graph inputs and outputs keep their names, dtypes and shapes (an unknown dim
+becomes a ``dim_param``), constants become initializers, and each node
+becomes ONNX nodes:
+
+- a built-in op through ``EXPORTERS``, the table below: opforge op name ->
+  function writing the standard ONNX node(s) from the node's attributes
+  (``reduce_sum`` -> ``ReduceSum`` with its axes as an input from opset 13 on,
+  as an attribute before; ``dim`` -> ``Shape`` + ``Gather``; ...);
+- any other op (a user's) -> one node of its own domain: ``com.example::MyOp``
+  is op_type ``MyOp`` in domain ``com.example``, an op without namespace is in
+  domain ``opforge``; its attributes are written as ONNX attributes and the
+  domain is added to ``opset_import`` (version 1).  opforge ops have no
+  decomposition into other ops, so no ``FunctionProto`` is written: a runtime
+  needs the op itself (``opforge.onnx.load`` binds such a node back to the op
+  of that name).
+
+Layouts do not exist in ONNX: ``reorder`` is an ``Identity``.  A built-in
+op with no ONNX form (``slice_grad``) is a ``ModelError`` listing every such
+op at once, before anything is written.  The model passes
+``onnx.checker.check_model``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..dtypes import to_numpy
+from ..errors import ModelError
+
+__all__ = ["export", "exporter", "EXPORTERS", "MIN_OPSET"]
+
+MIN_OPSET = 11  # Slice, Squeeze and Clip take their inputs as in every later opset
+CUSTOM_DOMAIN_VERSION = 1
+
+#: opforge op name -> function(NodeExport) writing the node's ONNX form.
+EXPORTERS: dict[str, Callable] = {}
+
+
+def exporter(*names):
+    """Register the decorated function as the ONNX form of the opforge ops ``names``."""
+    def register(function):
+        for name in names:
+            EXPORTERS[name] = function
+        return function
+    return register
+
+
+def elem_type(dtype) -> int:
+    """The ONNX TensorProto element type of an opforge dtype name."""
+    return helper.np_dtype_to_tensor_dtype(to_numpy(dtype))
+
+
+class _ModelBuilder:
+    """The ONNX graph being written: nodes, initializers, names in use."""
+
+    def __init__(self, graph, opset):
+        self.graph = graph
+        self.opset = opset
+        self.names = graph.value_names()
+        self.taken = set(self.names.values())
+        self.nodes = []
+        self.initializers = []
+        self.domains = {}
+        self.counter = 0
+
+    def fresh(self, hint):
+        while True:
+            self.counter += 1
+            name = f"{hint}_{self.counter}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+    def constant(self, array, hint="const"):
+        name = self.fresh(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+
+class NodeExport:
+    """What an exporter writes one opforge node with.
+
+    ``inputs`` / ``outputs``: the ONNX names of the node's values ("" for an
+    omitted optional input); ``attrs``: the node's attribute values;
+    ``opset``: the model's ai.onnx opset."""
+
+    def __init__(self, builder: _ModelBuilder, node, inputs, outputs):
+        self.builder = builder
+        self.node = node
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = node.attrs
+        self.opset = builder.opset
+
+    @property
+    def op_name(self):
+        return self.node.op.name
+
+    def error(self, message) -> ModelError:
+        return ModelError(f"export: op '{self.op_name}' (node {self.node.name}): {message}")
+
+    def spec(self, k=0):
+        return self.node.inputs[k].spec
+
+    def rank(self, k=0, why="") -> int:
+        rank = self.spec(k).rank
+        if rank is None:
+            raise self.error(f"input {k} has unknown rank, which its ONNX form needs{why}")
+        return rank
+
+    def dtype(self, k=0):
+        return to_numpy(self.spec(k).dtype)
+
+    def const(self, value, dtype="int64"):
+        """An initializer holding ``value`` (an int64 1-D or 0-d tensor by default); returns its name."""
+        return self.builder.constant(np.asarray(value, dtype=dtype), f"{self.node.name}_c")
+
+    def ints(self, values):
+        return self.const(list(values))
+
+    def emit(self, op_type, inputs, outputs=1, *, domain="", **attrs):
+        """Add one ONNX node; ``outputs`` is a list of names or a count of new ones.  Returns the output names;
+        attributes whose value is None are left out."""
+        if isinstance(outputs, int):
+            outputs = [self.builder.fresh(f"{self.node.name}_{op_type.lower()}") for _ in range(outputs)]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.builder.nodes.append(helper.make_node(op_type, list(inputs), list(outputs),
+                                                   name=self.builder.fresh(self.node.name), domain=domain, **attrs))
+        return list(outputs)
+
+    def result(self, op_type, inputs, **attrs):
+        """Add the node computing this opforge node's outputs."""
+        return self.emit(op_type, inputs, self.outputs, **attrs)
+
+
+# --------------------------------------------------------------------------
+# The table: built-in ops.
+
+def _same(op_type, *attr_names):
+    """An op that is one ONNX node of the same inputs, with attributes copied under the names given as
+    ``onnx_name=opforge_name`` pairs ("alpha" alone keeps the name)."""
+    def write(e: NodeExport):
+        attrs = {}
+        for pair in attr_names:
+            onnx_name, _, name = pair.partition("=")
+            attrs[onnx_name] = e.attrs[name or onnx_name]
+        e.result(op_type, e.inputs, **attrs)
+    return write
+
+
+for _name, _op_type in {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "neg": "Neg",
+                        "abs": "Abs", "sqrt": "Sqrt", "log": "Log", "exp": "Exp", "tanh": "Tanh", "relu": "Relu",
+                        "maximum": "Max", "minimum": "Min", "matmul": "MatMul", "where": "Where",
+                        "equal": "Equal", "less": "Less", "greater": "Greater",
+                        "reorder": "Identity"}.items():  # a layout is storage only: the values are the same
+    EXPORTERS[_name] = _same(_op_type)
+EXPORTERS["leaky_relu"] = _same("LeakyRelu", "alpha")
+EXPORTERS["concat"] = _same("Concat", "axis")
+del _name, _op_type
+
+
+@exporter("not_equal")
+def _(e):
+    e.result("Not", e.emit("Equal", e.inputs))
+
+
+@exporter("less_equal", "greater_equal")
+def _(e):
+    # LessOrEqual / GreaterOrEqual exist from opset 12; before, the negation of the strict opposite.
+    if e.opset >= 12:
+        e.result("LessOrEqual" if e.op_name == "less_equal" else "GreaterOrEqual", e.inputs)
+    else:
+        e.result("Not", e.emit("Greater" if e.op_name == "less_equal" else "Less", e.inputs))
+
+
+@exporter("cast")
+def _(e):
+    e.result("Cast", e.inputs, to=elem_type(e.attrs["dtype"]))
+
+
+@exporter("softmax")
+def _(e):
+    axis = e.attrs["axis"]
+    if e.opset >= 13 or axis == -1:  # before 13, Softmax flattens at axis: the same only for the last axis
+        e.result("Softmax", e.inputs, axis=axis)
+        return
+    rank = e.rank(0, " (softmax over an axis other than the last, at opset < 13)")
+    axis %= rank
+    if axis == rank - 1:
+        e.result("Softmax", e.inputs, axis=axis)
+        return
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    inner = e.emit("Softmax", e.emit("Transpose", e.inputs, perm=perm), axis=rank - 1)
+    e.result("Transpose", inner, perm=perm)
+
+
+def _reduce(op_type, axes_input_since):
+    def write(e: NodeExport):
+        axes, keepdims = list(e.attrs["axes"]), int(e.attrs["keep_dims"])
+        if e.opset >= axes_input_since:
+            e.result(op_type, e.inputs + ([e.ints(axes)] if axes else []), keepdims=keepdims)
+        else:
+            e.result(op_type, e.inputs, axes=axes or None, keepdims=keepdims)
+    return write
+
+
+EXPORTERS["reduce_sum"] = _reduce("ReduceSum", 13)
+EXPORTERS["mean"] = _reduce("ReduceMean", 18)
+
+
+def _axes_op(op_type):
+    def write(e: NodeExport):
+        axes = list(e.attrs["axes"])
+        if e.opset >= 13:
+            e.result(op_type, e.inputs + ([e.ints(axes)] if axes else []))
+        else:
+            e.result(op_type, e.inputs, axes=axes or None)
+    return write
+
+
+EXPORTERS["squeeze"] = _axes_op("Squeeze")
+EXPORTERS["unsqueeze"] = _axes_op("Unsqueeze")
+
+
+@exporter("reshape")
+def _(e):
+    shape = list(e.attrs["shape"])
+    if 0 in shape:  # opforge's 0 is an empty dim; ONNX's copies the input's dim unless allowzero
+        if e.opset < 14:
+            raise e.error(f"shape {shape} has a 0 dim, which ONNX Reshape takes literally only from opset 14 "
+                          "(allowzero)")
+        e.result("Reshape", [e.inputs[0], e.ints(shape)], allowzero=1)
+    else:
+        e.result("Reshape", [e.inputs[0], e.ints(shape)])
+
+
+@exporter("transpose")
+def _(e):
+    perm = list(e.attrs.get("perm") or ())
+    if not perm:  # swap the last two axes
+        rank = e.rank(0, " (transpose of the last two axes)")
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    e.result("Transpose", e.inputs, perm=perm)
+
+
+@exporter("slice")
+def _(e):
+    starts = list(e.attrs["starts"])
+    inputs = [e.inputs[0], e.ints(starts), e.ints(e.attrs["ends"])]
+    axes, steps = list(e.attrs["axes"]), list(e.attrs["steps"])
+    if axes or steps:
+        inputs.append(e.ints(axes or range(len(starts))))
+    if steps:
+        inputs.append(e.ints(steps))
+    e.result("Slice", inputs)
+
+
+@exporter("dim")
+def _(e):
+    shape = e.emit("Shape", e.inputs[:1])
+    if e.attrs["dtype"] == "int64":
+        e.result("Gather", shape + [e.const(e.attrs["axis"])], axis=0)
+    else:
+        e.result("Cast", e.emit("Gather", shape + [e.const(e.attrs["axis"])], axis=0),
+                 to=elem_type(e.attrs["dtype"]))
+
+
+@exporter("relu_grad")
+def _(e):  # dy where y > 0, else 0
+    dy, y = e.inputs
+    zero = e.const(0, e.dtype(1))
+    e.result("Where", e.emit("Greater", [y, zero]) + [dy, e.const(0, e.dtype(0))])
+
+
+@exporter("leaky_relu_grad")
+def _(e):  # dy where x > 0, else alpha * dy
+    dy, x = e.inputs
+    scaled = e.emit("Mul", [dy, e.const(np.float32(e.attrs["alpha"]), e.dtype(0))])
+    e.result("Where", e.emit("Greater", [x, e.const(0, e.dtype(1))]) + [dy] + scaled)
+
+
+# --------------------------------------------------------------------------
+# User ops: a node of their own domain.
+
+def split_name(name: str):
+    """``com.example::MyOp`` -> (``com.example``, ``MyOp``); ``a::b::op`` -> (``a.b``, ``op``); no namespace ->
+    domain ``opforge``."""
+    namespace, _, op_type = name.rpartition("::")
+    return (namespace.replace("::", ".") or "opforge"), op_type
+
+
+def onnx_attribute(value):
+    """An opforge attribute value as something ``helper.make_attribute`` writes with the matching ONNX type:
+    bool -> INT, DType and str -> STRING, Shape / int[] -> INTS, float[] -> FLOATS.  Nested lists have no ONNX
+    attribute type: None."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        if any(isinstance(v, tuple) for v in value):
+            return None
+        if any(isinstance(v, float) for v in value):
+            return [float(v) for v in value]
+        return [int(v) for v in value]
+    return None
+
+
+def _user_op(e: NodeExport):
+    domain, op_type = split_name(e.op_name)
+    attrs = {}
+    for name, value in e.attrs.items():
+        if value is None:  # an optional attribute not given
+            continue
+        converted = onnx_attribute(value)
+        if converted is None:
+            raise e.error(f"attribute '{name}' = {value!r} has no ONNX attribute type (nested lists and "
+                          "None-valued attributes are not exportable)")
+        if isinstance(converted, list) and not converted:  # an empty list has no element type in ONNX
+            attr_def = e.node.op.attrs.get(name)
+            kind = onnx.AttributeProto.FLOATS if attr_def is not None and attr_def.type == "float[]" \
+                else onnx.AttributeProto.INTS
+            attrs[name] = helper.make_attribute(name, [], attr_type=kind)
+            continue
+        attrs[name] = converted
+    e.builder.domains[domain] = CUSTOM_DOMAIN_VERSION
+    made = [a for a in attrs.values() if isinstance(a, onnx.AttributeProto)]
+    plain = {k: v for k, v in attrs.items() if not isinstance(v, onnx.AttributeProto)}
+    e.result(op_type, e.inputs, domain=domain, **plain)
+    e.builder.nodes[-1].attribute.extend(made)
+
+
+def is_builtin(op) -> bool:
+    """Whether ``op`` is one of opforge's built-in ops (declared in ``opforge.builtins``)."""
+    functions = [op.infer_fn, op.check_fn, op.grad_rule] + [getattr(k, "fn", None) for k in op.kernels]
+    return any(getattr(f, "__module__", "").startswith("opforge.builtins") for f in functions if f is not None)
+
+
+# --------------------------------------------------------------------------
+
+def _value_info(name, spec):
+    shape = None if spec.rank is None else [d if d >= 0 else f"{name}_dim{k}" for k, d in enumerate(spec.shape)]
+    return helper.make_tensor_value_info(name, elem_type(spec.dtype), shape)
+
+
+def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
+    """The ONNX model of ``graph`` (an opforge ``Graph``); written to ``path`` when given.
+
+    ``opset`` is the ai.onnx opset the model imports (from ``MIN_OPSET`` to the installed onnx's newest).  Raises
+    ``ModelError`` listing every op with no ONNX form, or for an attribute value ONNX cannot express."""
+    from ..graph.ir import Graph
+
+    if not isinstance(graph, Graph):
+        raise ModelError(f"export takes an opforge Graph, got {type(graph).__name__}")
+    newest = onnx.defs.onnx_opset_version()
+    if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
+        raise ModelError(f"export: opset must be an int from {MIN_OPSET} to {newest}, got {opset!r}")
+    missing = sorted({node.op.name for node in graph.nodes if not node.is_constant
+                      and node.op.name not in EXPORTERS and is_builtin(node.op)})
+    if missing:
+        raise ModelError(f"export: graph '{graph.name}' holds op(s) with no ONNX form: {', '.join(missing)}")
+
+    builder = _ModelBuilder(graph, opset)
+    names = builder.names
+    for node in graph.nodes:
+        if node.is_constant:
+            builder.initializers.append(numpy_helper.from_array(node.value, names[node.outputs[0].id]))
+            continue
+        inputs = ["" if v is None else names[v.id] for v in node.inputs]
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        entry = NodeExport(builder, node, inputs, [names[v.id] for v in node.outputs])
+        EXPORTERS.get(node.op.name, _user_op)(entry)
+
+    # ONNX graph outputs must be node outputs with distinct names: an output that is a graph input, a constant
+    # or listed twice is copied by an Identity.
+    outputs, seen = [], set()
+    plain = {names[v.id] for n in graph.nodes if not n.is_constant for v in n.outputs}
+    for value in graph.outputs:
+        name = names[value.id]
+        if name in seen or name not in plain:
+            copy = builder.fresh(f"{name}_out")
+            builder.nodes.append(helper.make_node("Identity", [name], [copy], name=builder.fresh("identity")))
+            name = copy
+        seen.add(name)
+        outputs.append(_value_info(name, value.spec))
+
+    onnx_graph = helper.make_graph(builder.nodes, graph.name, [_value_info(names[v.id], v.spec) for v in graph.inputs],
+                                   outputs, initializer=builder.initializers)
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in sorted(builder.domains.items())]
+    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="opforge",
+                              ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        raise ModelError(f"export: graph '{graph.name}' gives an invalid ONNX model: {str(error).splitlines()[0]}") \
+            from None
+    if path is not None:
+        try:
+            onnx.save(model, os.fspath(path))
+        except OSError as error:
+            raise ModelError(f"export: cannot write '{path}': {error.strerror or error}") from None
+    return model

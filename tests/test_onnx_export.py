@@ -1,0 +1,215 @@
+"""opforge.onnx.export: traced graphs of built-ins become ONNX models that pass the checker and compute in
+onnxruntime what the opforge graph computes; user ops become nodes of their own domain."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import opforge
+from opforge import TensorSpec
+from opforge.errors import ModelError
+from opforge.onnx.export import EXPORTERS, export, split_name
+
+ops = opforge.ops
+OPSETS = [11, 13, 17, 18]
+
+
+def run_ort(model, arrays):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: a for i, a in zip(session.get_inputs(), arrays)})
+
+
+def check_against_ort(graph, arrays, opset=17, rtol=1e-5):
+    model = export(graph, opset=opset)
+    onnx.checker.check_model(model, full_check=True)
+    expected = graph(*arrays)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = run_ort(model, arrays)
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        assert a.dtype == b.dtype, f"output {k}: {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"output {k}: {a.shape} != {b.shape}"
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-6, err_msg=f"output {k}")
+    return model
+
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((4, 3, 5)).astype(np.float32)
+Y = rng.standard_normal((3, 5)).astype(np.float32)
+
+
+def elementwise(x, y):
+    a = ops.add(x, y) * y - ops.div(x, ops.abs(y) + 1.0)
+    b = ops.pow(ops.abs(x) + 0.5, ops.abs(y))
+    c = ops.maximum(ops.relu(x), ops.minimum(x, y)) + ops.neg(ops.tanh(x))
+    d = ops.sqrt(ops.exp(ops.log(ops.abs(x) + 1.0)))
+    return a, b, ops.leaky_relu(c, alpha=0.2), d
+
+
+def comparisons(x, y):
+    return (ops.equal(x, x), ops.not_equal(x, y), ops.less(x, y), ops.less_equal(x, y), ops.greater(x, y),
+            ops.greater_equal(x, y), ops.where(ops.greater(x, y), x, y))
+
+
+def reductions(x, y):
+    return (ops.reduce_sum(x, axes=[1], keep_dims=True), ops.reduce_sum(x), ops.mean(x, axes=[0, -1]),
+            ops.mean(x, keep_dims=True), ops.softmax(x), ops.softmax(x, axis=1), ops.softmax(x, axis=0))
+
+
+def shapes(x, y):
+    r = ops.reshape(x, shape=[4, -1])
+    t = ops.transpose(x)
+    s = ops.slice(x, starts=[1, -1], ends=[100, 0], axes=[0, 2], steps=[2, -2])
+    u = ops.unsqueeze(ops.squeeze(ops.slice(x, starts=[0], ends=[1]), axes=[0]), axes=[1, -1])
+    c = ops.concat(x, x * 2.0, axis=1)
+    return r, t, s, u, c, ops.cast(x, dtype="float64"), ops.cast(x, dtype="int32")
+
+
+def matmul(x, y):
+    return ops.matmul(x, ops.transpose(ops.unsqueeze(y, axes=[0]) + ops.reshape(x, shape=[4, 3, 5])))
+
+
+def gradient_ops(x, y):
+    return ops.relu_grad(x * y, ops.relu(x)), ops.leaky_relu_grad(x * y, x, alpha=0.3)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("fn", [elementwise, comparisons, reductions, shapes, matmul, gradient_ops])
+def test_builtin_graph_matches_onnxruntime(fn, opset):
+    graph = opforge.trace(fn, TensorSpec(X.shape), TensorSpec(Y.shape))
+    check_against_ort(graph, (X, Y), opset=opset)
+
+
+def test_dynamic_dims_become_dim_params_and_run_at_two_sizes():
+    def f(x):
+        n = x.shape[0]  # a symbolic dim: dim ops at run time
+        return ops.reshape(ops.softmax(x), shape=[-1]), ops.mul(ops.cast(ops.dim(x, axis=0), dtype="float32"),
+                                                                 ops.reduce_sum(x, axes=[1])), n * 2
+    graph = opforge.trace(f, TensorSpec([None, 3]))
+    model = export(graph)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and not dims[0].HasField("dim_value") and dims[1].dim_value == 3
+    assert model.graph.output[0].type.tensor_type.shape.dim[0].dim_param
+    for n in (2, 7):
+        check_against_ort(graph, (rng.standard_normal((n, 3)).astype(np.float32),))
+
+
+def test_constants_become_initializers_and_path_is_written(tmp_path):
+    w = rng.standard_normal((5, 2)).astype(np.float32)
+    graph = opforge.trace(lambda x: ops.matmul(x, w) + np.float32(1.5), TensorSpec([3, 5]))
+    path = tmp_path / "m.onnx"
+    model = export(graph, path)
+    assert path.exists() and onnx.load(str(path)) == model
+    initializers = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert any(a.shape == (5, 2) and np.array_equal(a, w) for a in initializers.values())
+    assert [o.domain for o in model.opset_import] == [""] and model.opset_import[0].version == 17
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(model, [x])[0], x @ w + 1.5, rtol=1e-5)
+
+
+def test_outputs_that_are_inputs_or_repeated_get_their_own_names():
+    graph = opforge.trace(lambda x: (x, ops.relu(x)), TensorSpec([2, 5]))
+    graph.outputs = [graph.outputs[0], graph.outputs[1], graph.outputs[1]]
+    graph.invalidate()
+    model = check_against_ort(graph, (X[0, :2],))
+    names = [o.name for o in model.graph.output]
+    assert len(set(names)) == 3 and model.graph.input[0].name not in names
+
+
+def test_reduce_axes_are_an_input_from_opset_13_and_an_attribute_before():
+    graph = opforge.trace(lambda x: ops.reduce_sum(x, axes=[1]), TensorSpec([2, 3]))
+    old, new = export(graph, opset=11), export(graph, opset=13)
+    (node_old,), (node_new,) = old.graph.node, new.graph.node
+    assert node_old.op_type == node_new.op_type == "ReduceSum"
+    assert [a.name for a in node_old.attribute if a.name == "axes"] == ["axes"] and len(node_old.input) == 1
+    assert len(node_new.input) == 2 and "axes" not in [a.name for a in node_new.attribute]
+
+
+def test_layout_reorder_is_identity():
+    x = rng.standard_normal((1, 20, 3, 3)).astype(np.float32)
+    graph = opforge.trace(lambda x: ops.reorder(ops.relu(ops.reorder(x, layout="nchw16c")), layout="ndarray"),
+                          TensorSpec(x.shape))
+    model = check_against_ort(graph, (x,))
+    assert [n.op_type for n in model.graph.node].count("Identity") == 2
+
+
+user_scale = opforge.op("export_test::scale(Tensor x, Tensor? bias, *, float factor=2.0, int[] axes=[], "
+                        "bool flag=False, str mode='fast', DType out='float32', float[] weights=[0.5, 1.5]) "
+                        "-> Tensor y", traits=["no_side_effect"])
+user_scale.def_infer(opforge.infer.same_as(0))
+
+
+@user_scale.reference(fallback=True)
+def _(x, bias=None, *, factor, axes, flag, mode, out, weights):
+    return (x * factor if bias is None else x * factor + bias).astype(x.dtype)
+
+
+plain_op = opforge.op("export_test_plain(Tensor x) -> Tensor y")
+plain_op.def_infer(opforge.infer.same_as(0))
+plain_op.reference(fallback=True)(lambda x: x + 1)
+
+
+def test_user_op_exports_as_a_node_of_its_domain():
+    def f(x):
+        return plain_op(ops.export_test.scale(ops.relu(x), factor=3.0, axes=[1, 2], flag=True))
+    graph = opforge.trace(f, TensorSpec([2, 3]))
+    model = export(graph)
+    relu, scale, plain = model.graph.node
+    assert (relu.domain, relu.op_type) == ("", "Relu")
+    assert (scale.domain, scale.op_type) == ("export_test", "scale")
+    assert list(scale.input) == [relu.output[0]]  # the omitted optional input is left out
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in scale.attribute}
+    assert attrs == {"factor": pytest.approx(3.0), "axes": [1, 2], "flag": 1, "mode": b"fast", "out": b"float32",
+                     "weights": [0.5, 1.5]}
+    assert (plain.domain, plain.op_type) == ("opforge", "export_test_plain")
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", 17), ("export_test", 1), ("opforge", 1)}
+
+
+def test_empty_list_attribute_keeps_its_type():
+    graph = opforge.trace(lambda x: ops.export_test.scale(x, weights=[]), TensorSpec([2]))
+    (node,) = export(graph).graph.node
+    kinds = {a.name: a.type for a in node.attribute}
+    assert kinds["axes"] == onnx.AttributeProto.INTS and kinds["weights"] == onnx.AttributeProto.FLOATS
+
+
+def test_split_name():
+    assert split_name("com.example::MyOp") == ("com.example", "MyOp")
+    assert split_name("a::b::op") == ("a.b", "op")
+    assert split_name("op") == ("opforge", "op")
+
+
+def test_builtin_without_onnx_form_is_model_error_listing_them():
+    def f(x, dy):
+        return ops.slice_grad(dy, x, starts=[0], ends=[1]), ops.relu(x)
+    graph = opforge.trace(f, TensorSpec([3]), TensorSpec([1]))
+    assert "slice_grad" not in EXPORTERS
+    with pytest.raises(ModelError, match="no ONNX form: slice_grad"):
+        export(graph)
+
+
+@pytest.mark.parametrize("opset", [10, 1000, "17", True])
+def test_bad_opset_is_model_error(opset):
+    graph = opforge.trace(ops.relu, TensorSpec([3]))
+    with pytest.raises(ModelError, match="opset must be an int"):
+        export(graph, opset=opset)
+
+
+def test_non_graph_is_model_error():
+    with pytest.raises(ModelError, match="takes an opforge Graph, got function"):
+        export(ops.relu)
+
+
+def test_unwritable_path_is_model_error(tmp_path):
+    graph = opforge.trace(ops.relu, TensorSpec([3]))
+    with pytest.raises(ModelError, match="cannot write"):
+        export(graph, tmp_path / "missing" / "m.onnx")
+
+
+def test_zero_dim_reshape_needs_allowzero():
+    graph = opforge.trace(lambda x: ops.reshape(x, shape=[0, 4]), TensorSpec([0, 2]))
+    with pytest.raises(ModelError, match="allowzero"):
+        export(graph, opset=13)
+    model = check_against_ort(graph, (np.zeros((0, 2), np.float32),), opset=14)
+    assert any(a.name == "allowzero" and a.i == 1 for a in model.graph.node[0].attribute)
