@@ -47,6 +47,14 @@ def closing_over(fn, fixed, at=0):
     return closed
 
 
+def scaled_by_shape(x):
+    """x times its last dim, read by the shape op (whose rule gives x no gradient)."""
+    return ops.mul(x, ops.cast(ops.shape(x, start=-1), dtype="float64"))
+
+
+scaled_by_shape.op = ops.shape.op
+
+
 GRADCHECKS = {
     "add": (ops.add, [r(3, 4), r(3, 4, seed=1)], {}),
     "add_broadcast_b": (ops.add, [r(2, 3, 4), r(3, 1, seed=1)], {}),
@@ -110,6 +118,10 @@ GRADCHECKS = {
     "gelu_tanh": (ops.gelu, [r(3, 4) * 2], {"approximate": "tanh"}),
     "sum": (ops.sum, [r(2, 3, 4), r(3, 1, seed=1), r(4, seed=2)], {}),
     "sum_one": (ops.sum, [r(3, 4)], {}),
+    # transpose with perm, shape, constant_of_shape, gather, tile, expand, topk
+    "transpose_perm": (ops.transpose, [r(2, 3, 4)], {"perm": [2, 0, -2]}),
+    "shape": (scaled_by_shape, [r(3, 4)], {}),
+    "constant_of_shape": (ops.constant_of_shape, [r(1)], {"shape": [2, 3]}),
 }
 
 

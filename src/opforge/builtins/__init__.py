@@ -37,3 +37,5 @@ from . import clip  # noqa: F401
 from . import erf  # noqa: F401
 from . import gelu  # noqa: F401
 from . import sum  # noqa: F401
+from . import shape  # noqa: F401
+from . import constant_of_shape  # noqa: F401

@@ -2,6 +2,7 @@
 import importlib
 
 CONVERTER_MODULES = [
+    "shape",
 ]
 
 

@@ -1,0 +1,76 @@
+"""constant_of_shape: y = a tensor of ``shape`` filled with value's one element.
+
+ONNX ConstantOfShape.  The fill value is a one-element tensor (not a float
+attribute), so every dtype keeps its exact value -- an int64 above 2**53, a
+float64 -- and y has value's dtype.  The kernel copies the element's bytes,
+one library for every dtype.  The gradient of the value is the sum of dy.
+"""
+from pathlib import Path
+
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+
+constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
+                               # always_compute: value is never empty, but y may be (shape with a 0)
+                               traits=["no_side_effect", "always_compute"],
+                               doc="A tensor of the given shape (dims >= 0) filled with the one element of "
+                                   "value, in value's dtype.")
+
+
+@constant_of_shape.check
+def constant_of_shape_check(value, *, shape):
+    bad = [d for d in shape if d < 0]
+    if bad:
+        return f"attribute 'shape' {list(shape)} has negative dims; dims are >= 0"
+    if value.rank is not None and -1 not in value.shape and int(np.prod(value.shape)) != 1:
+        return f"input 'value' has shape {list(value.shape)}; it must hold exactly one element"
+    return None
+
+
+@constant_of_shape.infer
+def constant_of_shape_infer(value, *, shape):
+    return TensorSpec(shape, value.dtype)
+
+
+@constant_of_shape.reference(fallback=True)
+def constant_of_shape_reference(value, *, shape):
+    return np.full(shape, value.reshape(-1)[0], value.dtype)
+
+
+@constant_of_shape.grad(save=["value"])
+def constant_of_shape_grad(saved, dy, *, shape):
+    total = opforge.ops.reduce_sum(dy)  # every element of y is the value
+    return opforge.ops.reshape(total, shape=list(saved.value.spec.shape))
+
+
+constant_of_shape.kernel(function="ConstantOfShape", include_dirs=[str(Path(__file__).parent)], code=r"""
+#include <cstdint>
+#include <cstring>
+
+#include "custom_aot_extra.h"
+#include "elements.h"
+
+extern "C" int ConstantOfShape(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra) {
+  if (ElementCount(ndims[0], shapes[0]) != 1) return 1;  // the op's check rejects this first
+  const int64_t size = ElementSize(dtypes[0]), n = ElementCount(ndims[1], shapes[1]);
+  const char *value = static_cast<const char *>(params[0]);
+  char *y = static_cast<char *>(params[1]);
+  bool zero = true;  // all-zero bytes (0, 0.0, false): one memset
+  for (int64_t b = 0; b < size; b++) zero = zero && value[b] == 0;
+  if (zero) {
+    std::memset(y, 0, n * size);
+    return 0;
+  }
+  if (n == 0) return 0;
+  std::memcpy(y, value, size);  // then double the filled prefix until it covers y
+  for (int64_t filled = 1; filled < n;) {
+    const int64_t more = filled < n - filled ? filled : n - filled;
+    std::memcpy(y + filled * size, y, more * size);
+    filled += more;
+  }
+  return 0;
+}
+""")

@@ -1,0 +1,237 @@
+"""Converters of ONNX's shape and indexing ops: Reshape, Transpose, Concat,
+Squeeze, Unsqueeze, Slice, Shape, ConstantOfShape, Constant, Gather, Split,
+Tile, TopK, Flatten, Expand.
+
+Inputs that become opforge attributes (Reshape's shape, Slice's starts, the
+axes of Squeeze from opset 13, ...) must be known when the model loads
+(``node.constant``).  Shape of a tensor whose dims are all known is a
+constant, so the Shape -> Gather -> Concat -> Reshape chains exporters
+write fold away while the model loads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import opforge
+from ..spec import UNKNOWN_RANK
+from .registry import converter
+
+ops = opforge.ops
+INT64_MAX = 2**63 - 1
+
+
+def dims_of(x):
+    """x's shape, with -1 for unknown dims; (-2,) for an unknown rank."""
+    spec = getattr(x, "spec", None)
+    return tuple(spec.shape) if spec is not None else tuple(np.shape(x))
+
+
+def rank_of(node, x, what="input 'data'"):
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK:
+        raise node.error(f"the rank of {what} must be known when the model is loaded")
+    return len(dims)
+
+
+def ints(node, x, what):
+    """A constant input as a list of Python ints."""
+    return [int(v) for v in np.asarray(node.constant(x, what)).reshape(-1)]
+
+
+# -- Reshape, Flatten --------------------------------------------------------------
+
+def reshaped(node, data, shape, allowzero=False):
+    """data reshaped to ONNX ``shape``: 0 copies data's dim (unless allowzero), one -1 is inferred."""
+    dims = dims_of(data)
+    target = list(shape)
+    if target.count(-1) > 1:
+        raise node.error(f"input 'shape' {target} has more than one -1")
+    if any(d < -1 for d in target):
+        raise node.error(f"input 'shape' {target} has a dim below -1")
+    copied = [] if allowzero else [k for k, d in enumerate(target) if d == 0]
+    if copied:
+        if dims == UNKNOWN_RANK or max(copied) >= len(dims):
+            raise node.error(f"input 'shape' {target} copies dims (0 entries) of input 'data' of shape "
+                             f"{'unknown rank' if dims == UNKNOWN_RANK else list(dims)}, which it does not have")
+        for k in copied:
+            target[k] = dims[k]
+    unknown = [k for k, d in enumerate(target) if d == -1]
+    if len(unknown) > 1 and dims != UNKNOWN_RANK:
+        # A -1 beside copied unknown dims: its size is what the dims not copied hold, if they are known.
+        rest = [d for k, d in enumerate(dims) if k not in copied]
+        fixed = [d for k, d in enumerate(target) if k not in copied and d != -1]
+        if -1 not in rest and len(unknown) - 1 == sum(dims[k] == -1 for k in copied):
+            size, known = int(np.prod(rest)), int(np.prod(fixed))
+            if known == 0 or size % known:
+                raise node.error(f"cannot reshape input 'data' of shape {list(dims)} into {list(shape)}")
+            target[next(k for k in unknown if k not in copied)] = size // known
+            unknown = [k for k in unknown if k in copied]
+    if len(unknown) > 1:
+        raise node.error(f"reshaping input 'data' of shape {list(dims)} into {list(shape)} leaves "
+                         f"{len(unknown)} dims unknown when the model is loaded; opforge's reshape takes one")
+    return ops.reshape(data, shape=target)
+
+
+@converter("Reshape", since=1)
+def reshape_v1(node, data):
+    return reshaped(node, data, node.attr("shape", []))
+
+
+@converter("Reshape", since=5)
+def reshape_v5(node, data, shape):
+    return reshaped(node, data, ints(node, shape, "input 'shape'"), bool(node.attr("allowzero", 0)))
+
+
+@converter("Flatten", since=1)
+def flatten(node, x):
+    dims = dims_of(x)
+    rank = rank_of(node, x, "input 'input'")
+    axis = node.attr("axis", 1)
+    if not -rank <= axis <= rank:
+        raise node.error(f"attribute 'axis' {axis} is out of range for input of rank {rank} "
+                         f"(valid: {-rank}..{rank})")
+    axis += rank if axis < 0 else 0
+    halves = [dims[:axis], dims[axis:]]
+    target = [-1 if -1 in half else int(np.prod(half)) for half in halves]
+    if target == [-1, -1]:
+        raise node.error(f"flattening input of shape {list(dims)} at axis {axis} leaves both output dims "
+                         "unknown when the model is loaded; opforge's reshape takes one")
+    return ops.reshape(x, shape=target)
+
+
+# -- Transpose, Concat -------------------------------------------------------------
+
+@converter("Transpose", since=1)
+def transpose(node, data):
+    perm = node.attr("perm")
+    if perm is None:  # ONNX's default reverses the axes
+        perm = list(range(rank_of(node, data)))[::-1]
+    if not perm:  # a 0-d tensor: nothing moves
+        return data
+    return ops.transpose(data, perm=list(perm))
+
+
+@converter("Concat", since=1)
+def concat(node, *inputs):
+    present = [x for x in inputs if x is not None]
+    if not present:
+        raise node.error("Concat needs at least one input")
+    return ops.concat(*present, axis=node.attr("axis", 1))
+
+
+@converter("Concat", since=4)
+def concat_v4(node, *inputs):
+    if "axis" not in node.attrs:
+        raise node.error("attribute 'axis' is required from opset 4")
+    return concat(node, *inputs)
+
+
+# -- Squeeze, Unsqueeze ------------------------------------------------------------
+
+def squeezed(node, data, axes):
+    if axes is None:  # every size-1 dim, so they must be known
+        dims = dims_of(data)
+        if dims == UNKNOWN_RANK or -1 in dims:
+            raise node.error(f"Squeeze without axes needs every dim of input 'data' known when the model is "
+                             f"loaded; its shape is {'unknown' if dims == UNKNOWN_RANK else list(dims)}")
+        axes = [k for k, d in enumerate(dims) if d == 1]
+    return ops.squeeze(data, axes=list(axes))
+
+
+@converter("Squeeze", since=1)
+def squeeze_v1(node, data):
+    return squeezed(node, data, node.attr("axes"))
+
+
+@converter("Squeeze", since=13)
+def squeeze_v13(node, data, axes=None):
+    return squeezed(node, data, None if axes is None else ints(node, axes, "input 'axes'"))
+
+
+@converter("Unsqueeze", since=1)
+def unsqueeze_v1(node, data):
+    axes = node.attr("axes")
+    if axes is None:
+        raise node.error("attribute 'axes' is required")
+    return ops.unsqueeze(data, axes=list(axes))
+
+
+@converter("Unsqueeze", since=13)
+def unsqueeze_v13(node, data, axes):
+    return ops.unsqueeze(data, axes=ints(node, axes, "input 'axes'"))
+
+
+# -- Slice ---------------------------------------------------------------------------
+
+def sliced(node, data, starts, ends, axes, steps):
+    if len(starts) != len(ends):
+        raise node.error(f"'starts' has {len(starts)} entries and 'ends' {len(ends)}; they must match")
+    if not starts:
+        return data
+    return ops.slice(data, starts=list(starts), ends=list(ends), axes=list(axes or []), steps=list(steps or []))
+
+
+@converter("Slice", since=1)
+def slice_v1(node, data):
+    return sliced(node, data, node.attr("starts", []), node.attr("ends", []), node.attr("axes"), None)
+
+
+@converter("Slice", since=10)
+def slice_v10(node, data, starts, ends, axes=None, steps=None):
+    def read(x, what):
+        return None if x is None else ints(node, x, f"input '{what}'")
+    return sliced(node, data, read(starts, "starts"), read(ends, "ends"), read(axes, "axes"), read(steps, "steps"))
+
+
+# -- Shape, ConstantOfShape, Constant ---------------------------------------------------
+
+def shape_of(node, data, start=0, end=None):
+    dims = dims_of(data)
+    end = INT64_MAX if end is None else end
+    if dims != UNKNOWN_RANK and -1 not in dims:  # known now: a constant
+        return np.asarray(dims[start:end] if (start, end) != (0, INT64_MAX) else dims, np.int64).reshape(-1)
+    return ops.shape(data, start=start, end=end)
+
+
+@converter("Shape", since=1)
+def shape(node, data):
+    return shape_of(node, data)
+
+
+@converter("Shape", since=15)
+def shape_v15(node, data):
+    return shape_of(node, data, node.attr("start", 0), node.attr("end"))
+
+
+@converter("ConstantOfShape", since=9)
+def constant_of_shape(node, shape):
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    if value.size != 1:
+        raise node.error(f"attribute 'value' has {value.size} elements; it must hold exactly one")
+    target = ints(node, shape, "input 'input'")
+    if any(d < 0 for d in target):
+        raise node.error(f"input 'input' {target} has negative dims")
+    return ops.constant_of_shape(np.ascontiguousarray(value.reshape(1)), shape=target)
+
+
+def constant_value(node):
+    """The array a Constant node holds, from whichever value_* attribute it has."""
+    given = [name for name in node.attrs if name.startswith("value") or name == "sparse_value"]
+    if len(given) != 1:
+        raise node.error(f"a Constant needs exactly one value attribute (value, sparse_value, value_float(s), "
+                         f"value_int(s)); it has {', '.join(given) or 'none'}")
+    name = given[0]
+    value = node.attrs[name]
+    if name in ("value_float", "value_floats"):
+        return np.asarray(value, np.float32)
+    if name in ("value_int", "value_ints"):
+        return np.asarray(value, np.int64)
+    if name in ("value_string", "value_strings"):
+        raise node.error(f"attribute '{name}': string tensors are not supported")
+    return np.asarray(value)
+
+
+for _since in (1, 9, 11, 12, 13):
+    converter("Constant", since=_since)(lambda node: constant_value(node))
+del _since

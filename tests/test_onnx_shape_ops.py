@@ -1,0 +1,205 @@
+"""ONNX shape and indexing ops (src/opforge/onnx/shape.py): one-node models run
+by opforge and by onnxruntime must agree, for every opset behaviour the
+converters distinguish."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import opforge
+import opforge.onnx
+import opforge.onnx.shape  # noqa: F401  (registers the converters under test)
+
+rng = np.random.default_rng(0)
+
+
+def model_of(op_type, inputs, constants=(), attrs=None, n_outputs=1, opset=13, dynamic=()):
+    """A one-node model: ``inputs`` is a list of (name, array or None); names in ``constants`` become
+    initializers, the rest graph inputs (their dims listed in ``dynamic`` unknown)."""
+    graph_inputs, initializers, names = [], [], []
+    for name, array in inputs:
+        names.append(name if array is not None else "")
+        if array is None:
+            continue
+        if name in constants:
+            initializers.append(numpy_helper.from_array(array, name))
+        else:
+            dims = [None if k in dynamic else d for k, d in enumerate(array.shape)]
+            elem = helper.np_dtype_to_tensor_dtype(array.dtype)
+            graph_inputs.append(helper.make_tensor_value_info(name, elem, dims))
+    outputs = [f"y{k}" for k in range(n_outputs)]
+    node = helper.make_node(op_type, names, outputs, **(attrs or {}))
+    graph = helper.make_graph([node], "g", graph_inputs, [onnx.ValueInfoProto(name=o) for o in outputs],
+                              initializer=initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def check(op_type, inputs, constants=(), attrs=None, n_outputs=1, opset=13, dynamic=(), exact=True):
+    model = model_of(op_type, inputs, constants, attrs, n_outputs, opset, dynamic)
+    feeds = {name: array for name, array in inputs if array is not None and name not in constants}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    graph = opforge.onnx.load(model)
+    got = graph(*[feeds[name] for name in graph.input_names])
+    got = list(got) if isinstance(got, tuple) else [got]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        g = np.asarray(g)
+        assert g.dtype == e.dtype and g.shape == e.shape, (g.dtype, g.shape, e.dtype, e.shape)
+        if exact:
+            np.testing.assert_array_equal(g, e)
+        else:
+            np.testing.assert_allclose(g, e, rtol=1e-6)
+    return graph
+
+
+def r(*shape, dtype=np.float32):
+    return (rng.standard_normal(shape) * 5).astype(dtype)
+
+
+def i64(*values):
+    return np.asarray(values, np.int64)
+
+
+# -- Reshape / Flatten ----------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [[4, -1], [0, 12], [2, 0, -1], [24], [-1], [1, 2, 3, 4]])
+def test_reshape(shape):
+    check("Reshape", [("x", r(2, 3, 4)), ("s", i64(*shape))], constants={"s"})
+
+
+def test_reshape_allowzero():
+    check("Reshape", [("x", r(0, 3)), ("s", i64(3, 0))], constants={"s"}, attrs={"allowzero": 1}, opset=14)
+
+
+def test_reshape_opset1_attribute():
+    check("Reshape", [("x", r(2, 6))], attrs={"shape": [3, 4]}, opset=1)
+
+
+def test_reshape_unknown_batch():
+    graph = check("Reshape", [("x", r(5, 3, 4)), ("s", i64(0, -1))], constants={"s"}, dynamic={0})
+    np.testing.assert_array_equal(graph(np.ones((2, 3, 4), np.float32)), np.ones((2, 12), np.float32))
+
+
+def test_reshape_shape_at_run_time_is_a_model_error():
+    with pytest.raises(opforge.onnx.ModelError, match="known when the model is loaded"):
+        opforge.onnx.load(model_of("Reshape", [("x", r(2, 3)), ("s", i64(3, 2))]))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+def test_flatten(axis):
+    check("Flatten", [("x", r(2, 3, 4))], attrs={"axis": axis}, opset=13)
+
+
+def test_flatten_unknown_batch():
+    check("Flatten", [("x", r(2, 3, 4))], dynamic={0}, opset=11)
+
+
+# -- Transpose / Concat / Squeeze / Unsqueeze ----------------------------------------
+
+@pytest.mark.parametrize("perm", [None, [0, 2, 1, 3], [3, 1, 0, 2], [0, 1, 2, 3]])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.bool_])
+def test_transpose(perm, dtype):
+    attrs = {} if perm is None else {"perm": perm}
+    check("Transpose", [("x", r(2, 3, 4, 5, dtype=dtype))], attrs=attrs)
+
+
+def test_transpose_channel_shuffle():  # shufflenet's reshape / transpose / reshape
+    check("Transpose", [("x", r(1, 4, 6, 7, 7))], attrs={"perm": [0, 2, 1, 3, 4]}, opset=9)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(axis):
+    check("Concat", [("a", r(2, 3, 4)), ("b", r(2, 3, 4)), ("c", r(2, 3, 4))], attrs={"axis": axis})
+
+
+def test_concat_of_constants_folds():
+    graph = check("Concat", [("a", i64(1, 2)), ("b", i64(3))], constants={"a", "b"}, attrs={"axis": 0})
+    assert not [n for n in graph.nodes if getattr(n.op, "name", None) == "concat"]
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_squeeze_unsqueeze(opset):
+    x = r(1, 3, 1, 4)
+    if opset < 13:
+        check("Squeeze", [("x", x)], attrs={"axes": [0, -2]}, opset=opset)
+        check("Unsqueeze", [("x", r(3, 4))], attrs={"axes": [0, -1]}, opset=opset)
+    else:
+        check("Squeeze", [("x", x), ("a", i64(0, -2))], constants={"a"}, opset=opset)
+        check("Unsqueeze", [("x", r(3, 4)), ("a", i64(0, -1))], constants={"a"}, opset=opset)
+    check("Squeeze", [("x", x)], opset=opset)  # no axes: every size-1 dim
+
+
+def test_squeeze_without_axes_needs_known_dims():
+    with pytest.raises(opforge.onnx.ModelError, match="Squeeze without axes"):
+        opforge.onnx.load(model_of("Squeeze", [("x", r(1, 3))], dynamic={0}))
+
+
+# -- Slice ------------------------------------------------------------------------------
+
+SLICES = [  # starts, ends, axes, steps
+    ([0, 1], [2, 3], None, None),
+    ([1], [1000], [1], None),
+    ([-1], [-2**63], [2], [-1]),
+    ([10], [-10], [0], [-2]),
+    ([0, 0, 3], [-1, 2**63 - 1, 0], [0, 1, 2], [1, 2, -1]),
+    ([2], [1], [0], None),
+]
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", SLICES)
+def test_slice(starts, ends, axes, steps):
+    inputs = [("x", r(4, 5, 6)), ("s", i64(*starts)), ("e", i64(*ends)),
+              ("a", None if axes is None else i64(*axes)), ("t", None if steps is None else i64(*steps))]
+    check("Slice", inputs, constants={"s", "e", "a", "t"})
+
+
+def test_slice_opset1():
+    check("Slice", [("x", r(4, 5))], attrs={"starts": [1, -3], "ends": [3, 100], "axes": [0, 1]}, opset=9)
+
+
+# -- Shape / ConstantOfShape / Constant ---------------------------------------------------
+
+def test_shape_of_known_dims_folds():
+    graph = check("Shape", [("x", r(2, 3, 4))])
+    assert not [n for n in graph.nodes if getattr(n.op, "name", None) == "shape"]
+
+
+@pytest.mark.parametrize("start,end", [(0, None), (1, None), (-1, None), (0, -1), (5, None), (-9, 2)])
+def test_shape_start_end(start, end):
+    attrs = {"start": start} if end is None else {"start": start, "end": end}
+    check("Shape", [("x", r(2, 3, 4))], attrs=attrs, opset=15)
+    check("Shape", [("x", r(2, 3, 4))], attrs=attrs, opset=15, dynamic={0})
+
+
+def test_shape_of_unknown_dims_runs():
+    graph = check("Shape", [("x", r(2, 3))], dynamic={0, 1})
+    np.testing.assert_array_equal(graph(np.ones((7, 5), np.float32)), [7, 5])
+
+
+@pytest.mark.parametrize("value", [None, np.array([2.5], np.float32), np.array([7], np.int64),
+                                   np.array([2**60 + 1], np.int64), np.array([True]), np.array([-1.25])])
+def test_constant_of_shape(value):
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    check("ConstantOfShape", [("s", i64(2, 3))], constants={"s"}, attrs=attrs, opset=9)
+
+
+def test_constant_of_shape_empty_and_scalar():
+    check("ConstantOfShape", [("s", i64(2, 0))], constants={"s"}, opset=9)
+    check("ConstantOfShape", [("s", np.zeros(0, np.int64))], constants={"s"}, opset=9)
+
+
+def test_constant_converter_values():
+    from opforge.onnx.registry import NodeContext, find_converter
+
+    def run(**attrs):
+        node = NodeContext(name="c", op_type="Constant", domain="", opset=13, attrs=attrs, input_names=[],
+                           output_names=["y"])
+        return find_converter("", "Constant", 13).call(node, [])
+
+    assert run(value_float=1.5).dtype == np.float32
+    np.testing.assert_array_equal(run(value_ints=[1, 2]), i64(1, 2))
+    np.testing.assert_array_equal(run(value=np.arange(3.0)), np.arange(3.0))
+    with pytest.raises(opforge.onnx.ModelError, match="exactly one value"):
+        run(value_int=1, value_float=2.0)
