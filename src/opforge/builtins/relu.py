@@ -40,7 +40,8 @@ extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, con
 #else
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
 #endif
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] > OPFORGE_T(0) ? x[i] : OPFORGE_T(0);
+  // NaN (x != x) passes through, as in the reference (np.maximum)
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] > OPFORGE_T(0) || x[i] != x[i] ? x[i] : OPFORGE_T(0);
   return 0;
 }
 """

@@ -3,6 +3,8 @@ import importlib
 
 CONVERTER_MODULES = [
     "shape",
+    "elementwise",
+    "reduce",
 ]
 
 

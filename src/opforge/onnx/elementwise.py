@@ -1,0 +1,411 @@
+"""Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Sum
+Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
+HardSigmoid HardSwish Elu Selu Celu Softplus Softsign Erf Gelu Clip), unary
+math (Exp Log Sqrt Abs Neg), comparisons and Where, and the pass-through ops
+(Identity, Dropout, Cast, CastLike).
+
+Binary ops broadcast NumPy-style from opset 7; before it, ``broadcast=1``
+lets the second operand match a run of the first's dims starting at
+``axis``, which the converters turn into NumPy broadcasting by giving it
+trailing size-1 dims.  A dtype ONNX allows but an opforge op has no kernel
+or reference for (float16 for div, int8 for maximum, bool for equal, ...)
+is computed in a wider dtype that holds every value exactly and cast back.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import opforge
+from ..spec import UNKNOWN_RANK
+from .load import onnx_dtype
+from .registry import converter
+
+ops = opforge.ops
+FLOATS = ("float32", "float64")
+NUMERIC = FLOATS + ("int32", "int64")
+# A dtype with no kernel of its own -> one that holds each of its values exactly.
+WIDER = {"float16": "float32", "bfloat16": "float32", "bool": "int32", "int8": "int32", "int16": "int32",
+         "uint8": "int32", "uint16": "int32", "uint32": "int64"}
+
+
+def dtype_of(x) -> str:
+    spec = getattr(x, "spec", None)
+    return spec.dtype if spec is not None else np.asarray(x).dtype.name
+
+
+def dims_of(x) -> tuple:
+    spec = getattr(x, "spec", None)
+    return tuple(spec.shape) if spec is not None else tuple(np.shape(x))
+
+
+def scalar(value, like):
+    """A 0-d array of ``like``'s dtype (operands of opforge ops share one dtype)."""
+    return np.asarray(value, dtype_of(like))
+
+
+def widened(node, fn, inputs, takes, keep_bool=True):
+    """``fn(*inputs)``, computed in a wider dtype when the inputs' dtype is not in ``takes`` and cast back
+    (a bool result, from a comparison, stays bool)."""
+    dtype = dtype_of(inputs[0])
+    if dtype in takes:
+        return fn(*inputs)
+    wider = WIDER.get(dtype)
+    if wider is None or wider not in takes:
+        raise node.error(f"input dtype {dtype} is not supported (supported: "
+                         f"{', '.join(sorted(set(takes) | {d for d, w in WIDER.items() if w in takes}))})")
+    result = fn(*(ops.cast(x, dtype=wider) if x is not None and dtype_of(x) == dtype else x for x in inputs))
+    return result if keep_bool and dtype_of(result) == "bool" else ops.cast(result, dtype=dtype)
+
+
+def same_dtype(node, *inputs):
+    dtypes = [dtype_of(x) for x in inputs]
+    if len(set(dtypes)) > 1:
+        raise node.error(f"inputs have dtypes {dtypes}; the op takes one dtype")
+
+
+# -- binary arithmetic --------------------------------------------------------------
+
+def legacy_operand(node, a, b):
+    """Opsets before 7: b as NumPy broadcasting sees it.  Without ``broadcast`` the shapes must match;
+    with it, b's dims line up with a's from ``axis`` on (default: a's last dims), so b gets the trailing
+    size-1 dims that NumPy needs."""
+    if not node.attr("broadcast", 0):
+        ad, bd = dims_of(a), dims_of(b)
+        if UNKNOWN_RANK not in (ad, bd) and len(ad) == len(bd) and all(
+                x == y or -1 in (x, y) for x, y in zip(ad, bd)):
+            return b
+        if ad == UNKNOWN_RANK or bd == UNKNOWN_RANK:
+            return b
+        raise node.error(f"inputs of shapes {list(ad)} and {list(bd)} differ and attribute 'broadcast' is 0")
+    if "axis" not in node.attrs:
+        return b
+    ad, bd = dims_of(a), dims_of(b)
+    if ad == UNKNOWN_RANK or bd == UNKNOWN_RANK:
+        raise node.error("attribute 'axis' needs the ranks of both inputs when the model is loaded")
+    axis = node.attr("axis")
+    axis = axis + len(ad) if axis < 0 else axis
+    trailing = len(ad) - axis - len(bd)
+    if axis < 0 or trailing < 0:
+        raise node.error(f"attribute 'axis' {node.attr('axis')} does not fit input B of rank {len(bd)} into input A "
+                         f"of rank {len(ad)}")
+    return ops.unsqueeze(b, axes=list(range(len(bd), len(bd) + trailing))) if trailing else b
+
+
+def binary(op_type, fn, *, versions=(1, 7)):
+    """Register ``fn(node, a, b)`` for op_type: before opset 7 through ``legacy_operand``."""
+    old, new = versions
+
+    @converter(op_type, since=old)
+    def legacy(node, a, b):
+        return fn(node, a, legacy_operand(node, a, b))
+
+    @converter(op_type, since=new)
+    def numpy_style(node, a, b):
+        return fn(node, a, b)
+
+    legacy.__name__ = f"{op_type.lower()}_v{old}"
+    numpy_style.__name__ = f"{op_type.lower()}_v{new}"
+
+
+def add(node, a, b):
+    same_dtype(node, a, b)
+    return ops.add(a, b)
+
+
+def sub(node, a, b):
+    same_dtype(node, a, b)
+    return ops.sub(a, b)
+
+
+def mul(node, a, b):
+    same_dtype(node, a, b)
+    return ops.mul(a, b)
+
+
+def div(node, a, b):
+    """Integers divide truncating toward zero (as C does): in float64, then cast back."""
+    same_dtype(node, a, b)
+    dtype = dtype_of(a)
+    if np.dtype(dtype).kind in "iub":
+        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):  # exact, whatever the magnitude
+            if np.any(b == 0):
+                raise node.error("integer division by zero")
+            quotient = np.abs(a) // np.abs(b)
+            return np.where((a < 0) != (b < 0), -quotient, quotient).astype(dtype)
+        # (float64 holds integers up to 2**53 exactly; beyond, a quotient may be off by one)
+        wide = ops.div(ops.cast(a, dtype="float64"), ops.cast(b, dtype="float64"))
+        return ops.cast(wide, dtype=dtype)
+    return widened(node, ops.div, [a, b], FLOATS)
+
+
+def power(node, a, b):
+    """The result has the base's dtype; the exponent may have another (cast to the base's).  Integer
+    bases are raised in float64 and cast back."""
+    dtype = dtype_of(a)
+    if np.dtype(dtype).kind in "iu":
+        wide = ops.pow(ops.cast(a, dtype="float64"), b if dtype_of(b) == "float64" else ops.cast(b, dtype="float64"))
+        return ops.cast(wide, dtype=dtype)
+    if dtype_of(b) != dtype:
+        b = ops.cast(b, dtype=dtype)
+    return widened(node, ops.pow, [a, b], FLOATS)
+
+
+binary("Add", add)
+binary("Sub", sub)
+binary("Mul", mul)
+binary("Div", div)
+binary("Pow", power)
+
+
+@converter("Reciprocal", since=1)
+def reciprocal(node, x):
+    return widened(node, lambda v: ops.div(scalar(1, v), v), [x], FLOATS)
+
+
+# -- variadic: Sum, Mean, Max, Min ---------------------------------------------------
+
+@converter("Sum", since=1)
+def sum_(node, *inputs):
+    same_dtype(node, *inputs)
+    return ops.sum(*inputs)
+
+
+@converter("Mean", since=1)
+def mean(node, *inputs):
+    same_dtype(node, *inputs)
+    total = ops.sum(*inputs)
+    return widened(node, lambda t: ops.div(t, scalar(len(inputs), t)), [total], FLOATS)
+
+
+def folded(node, fn, inputs):
+    same_dtype(node, *inputs)
+    if len(inputs) == 1:
+        return ops.sum(inputs[0])  # a copy, as the other results are
+    result = inputs[0]
+    for x in inputs[1:]:
+        result = widened(node, fn, [result, x], NUMERIC)
+    return result
+
+
+@converter("Max", since=1)
+def max_(node, *inputs):
+    return folded(node, ops.maximum, inputs)
+
+
+@converter("Min", since=1)
+def min_(node, *inputs):
+    return folded(node, ops.minimum, inputs)
+
+
+# -- unary math and activations -----------------------------------------------------
+
+def unary(op_type, fn, takes=None, since=1):
+    """Register a one-input converter calling the opforge op ``fn`` (widening dtypes outside ``takes``)."""
+    @converter(op_type, since=since)
+    def convert(node, x):
+        return fn(x) if takes is None else widened(node, fn, [x], takes)
+
+    convert.__name__ = op_type.lower()
+    return convert
+
+
+unary("Relu", ops.relu)  # relu, exp, tanh, neg: their references take every dtype
+unary("Exp", ops.exp)
+unary("Tanh", ops.tanh)
+unary("Neg", ops.neg)
+unary("Sigmoid", ops.sigmoid)
+unary("Erf", ops.erf)
+unary("Sqrt", ops.sqrt, FLOATS)
+unary("Log", ops.log, FLOATS)
+unary("Abs", ops.abs, NUMERIC)
+
+
+@converter("LeakyRelu", since=1)
+def leaky_relu(node, x):
+    return ops.leaky_relu(x, alpha=node.attr("alpha", 0.01))
+
+
+@converter("HardSigmoid", since=1)
+def hard_sigmoid(node, x):
+    return ops.hard_sigmoid(x, alpha=node.attr("alpha", 0.2), beta=node.attr("beta", 0.5))
+
+
+@converter("HardSwish", since=14)
+def hard_swish(node, x):
+    return ops.mul(x, ops.hard_sigmoid(x, alpha=1 / 6, beta=0.5))
+
+
+@converter("Gelu", since=20)
+def gelu(node, x):
+    approximate = node.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise node.error(f"attribute 'approximate' is {approximate!r}; supported: 'none', 'tanh'")
+    return ops.gelu(x, approximate=approximate)
+
+
+@converter("PRelu", since=1)
+def prelu(node, x, slope):
+    """x where x >= 0, slope * x elsewhere; slope broadcasts to x (before opset 7, along x's dims from 1)."""
+    if node.opset < 7:
+        xd, sd = dims_of(x), dims_of(slope)
+        if xd != UNKNOWN_RANK and sd != UNKNOWN_RANK and len(sd) == 1 and len(xd) > 2:
+            slope = ops.unsqueeze(slope, axes=list(range(1, len(xd) - 1)))  # one slope per channel
+    zero = scalar(0, x)
+    return ops.where(ops.less(x, zero), ops.mul(x, slope), x)
+
+
+@converter("Elu", since=1)
+def elu(node, x):
+    alpha = node.attr("alpha", 1.0)
+    negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
+    return ops.where(ops.greater(x, scalar(0, x)), x, negative)
+
+
+@converter("Selu", since=1)
+def selu(node, x):
+    alpha = node.attr("alpha", 1.67326319217681884765625)
+    gamma = node.attr("gamma", 1.05070102214813232421875)
+    negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
+    return ops.mul(ops.where(ops.greater(x, scalar(0, x)), x, negative), scalar(gamma, x))
+
+
+@converter("Celu", since=12)
+def celu(node, x):
+    alpha = node.attr("alpha", 1.0)
+    scaled = ops.div(ops.minimum(x, scalar(0, x)), scalar(alpha, x))
+    negative = ops.mul(ops.sub(ops.exp(scaled), scalar(1, x)), scalar(alpha, x))
+    return ops.add(ops.maximum(x, scalar(0, x)), ops.minimum(scalar(0, x), negative))
+
+
+@converter("Softplus", since=1)
+def softplus(node, x):
+    # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow for large x
+    tail = ops.log(ops.add(ops.exp(ops.neg(ops.abs(x))), scalar(1, x)))
+    return ops.add(ops.maximum(x, scalar(0, x)), tail)
+
+
+@converter("Softsign", since=1)
+def softsign(node, x):
+    return ops.div(x, ops.add(ops.abs(x), scalar(1, x)))
+
+
+@converter("ThresholdedRelu", since=10)
+def thresholded_relu(node, x):
+    return ops.where(ops.greater(x, scalar(node.attr("alpha", 1.0), x)), x, scalar(0, x))
+
+
+# -- Clip -----------------------------------------------------------------------------
+
+def clipped(node, x, low, high):
+    """x clipped to [low, high] (None: unbounded).  Bounds known at load time become clip's attributes;
+    in float64, bounds a 32-bit float cannot hold exactly, and bounds known only at run time, clip
+    through maximum / minimum instead, exactly."""
+    bounds = {}
+    runtime = False
+    for name, bound in (("min", low), ("max", high)):
+        if bound is None:
+            continue
+        if not isinstance(bound, np.ndarray):
+            runtime = True
+            continue
+        if bound.size != 1:
+            raise node.error(f"input '{name}' must be a scalar; it has shape {list(bound.shape)}")
+        bounds[name] = bound.reshape(())
+    dtype = dtype_of(x)
+    exact = all(np.float32(v) == v for v in bounds.values()) or dtype != "float64"
+    if not runtime and exact:
+        return ops.clip(x, **{name: float(v) for name, v in bounds.items()})
+    result = x
+    if low is not None:
+        result = widened(node, ops.maximum, [result, ops.cast(low, dtype=dtype)], NUMERIC)
+    if high is not None:
+        result = widened(node, ops.minimum, [result, ops.cast(high, dtype=dtype)], NUMERIC)
+    return result
+
+
+@converter("Clip", since=1)
+def clip_v1(node, x):
+    low, high = node.attr("min"), node.attr("max")
+    return ops.clip(x, **{k: v for k, v in (("min", low), ("max", high)) if v is not None})
+
+
+@converter("Clip", since=11)
+def clip_v11(node, x, low=None, high=None):
+    return clipped(node, x, low, high)
+
+
+# -- comparisons and Where -------------------------------------------------------------
+
+def comparison(op_type, fn, since=1):
+    def compare(node, a, b):
+        same_dtype(node, a, b)
+        return widened(node, fn, [a, b], NUMERIC)
+
+    binary(op_type, compare, versions=(since, max(since, 7)))
+
+
+comparison("Equal", ops.equal)
+comparison("Less", ops.less)
+comparison("Greater", ops.greater)
+comparison("LessOrEqual", ops.less_equal, since=12)
+comparison("GreaterOrEqual", ops.greater_equal, since=12)
+
+
+@converter("Where", since=9)
+def where(node, condition, x, y):
+    same_dtype(node, x, y)
+    if dtype_of(condition) != "bool":
+        raise node.error(f"input 'condition' has dtype {dtype_of(condition)}; it must be bool")
+    return widened(node, lambda a, b: ops.where(condition, a, b), [x, y], NUMERIC + ("bool",))
+
+
+# -- Identity, Dropout, Cast ----------------------------------------------------------
+
+@converter("Identity", since=1)
+def identity(node, x):
+    return x
+
+
+def ones_like(x, dtype):
+    """Ones (True for bool) of x's shape, known now or only at run time."""
+    dims = dims_of(x)
+    if dims != UNKNOWN_RANK and -1 not in dims:
+        return np.ones(dims, dtype)
+    zero = ops.cast(ops.less(x, x), dtype="int32")  # x < x: false everywhere, NaN included
+    return ops.cast(ops.equal(zero, zero), dtype=dtype)
+
+
+@converter("Dropout", since=1)
+def dropout(node, x, ratio=None, training_mode=None):
+    """Inference: the identity; the optional mask is all ones (bool from opset 10, x's dtype before).
+    Training mode (a constant True from opset 12) with a non-zero ratio is refused."""
+    if training_mode is not None:
+        training = bool(np.asarray(node.constant(training_mode, "input 'training_mode'")).reshape(-1)[0])
+        rate = 0.5 if ratio is None else float(np.asarray(node.constant(ratio, "input 'ratio'")).reshape(-1)[0])
+        if training and rate != 0:
+            raise node.error(f"training_mode is true with ratio {rate}: opforge runs dropout in inference mode "
+                             "only (random masks are not supported)")
+    if node.num_outputs < 2:
+        return x
+    return x, ones_like(x, "bool" if node.opset >= 10 else dtype_of(x))
+
+
+@converter("Cast", since=1)
+def cast(node, x):
+    to = node.attr("to")
+    if to is None:
+        raise node.error("attribute 'to' is required")
+    if isinstance(to, str):  # opset 1-5 name the type: "FLOAT", "INT64", ...
+        import onnx
+
+        if to.upper() not in onnx.TensorProto.DataType.keys():
+            raise node.error(f"attribute 'to' names {to!r}, which is not an ONNX tensor type")
+        to = onnx.TensorProto.DataType.Value(to.upper())
+    dtype = onnx_dtype(to, f"{node!r}: attribute 'to'")
+    return x if dtype_of(x) == dtype else ops.cast(x, dtype=dtype)
+
+
+@converter("CastLike", since=15)
+def cast_like(node, x, target):
+    dtype = dtype_of(target)
+    return x if dtype_of(x) == dtype else ops.cast(x, dtype=dtype)
