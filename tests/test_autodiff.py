@@ -55,6 +55,13 @@ def scaled_by_shape(x):
 scaled_by_shape.op = ops.shape.op
 
 
+def topk_values(x, **attrs):
+    return ops.topk(x, **attrs)[0]
+
+
+topk_values.op = ops.topk.op
+
+
 GRADCHECKS = {
     "add": (ops.add, [r(3, 4), r(3, 4, seed=1)], {}),
     "add_broadcast_b": (ops.add, [r(2, 3, 4), r(3, 1, seed=1)], {}),
@@ -122,6 +129,13 @@ GRADCHECKS = {
     "transpose_perm": (ops.transpose, [r(2, 3, 4)], {"perm": [2, 0, -2]}),
     "shape": (scaled_by_shape, [r(3, 4)], {}),
     "constant_of_shape": (ops.constant_of_shape, [r(1)], {"shape": [2, 3]}),
+    "gather": (closing_over(ops.gather, np.array([[0, 3], [3, -1]]), at=1), [r(2, 4, 3)], {"axis": 1}),
+    "gather_grad": (closing_over(closing_over(ops.gather_grad, np.array([2, -1, 2]), at=1), r(4, 3), at=2),
+                    [r(3, 3)], {"axis": 0}),
+    "tile": (ops.tile, [r(3, 2)], {"repeats": [2, 3]}),
+    "expand": (ops.expand, [r(3, 1)], {"shape": [2, 1, 4]}),
+    "topk": (topk_values, [r(3, 5, 2)], {"k": 2, "axis": 1}),
+    "topk_smallest": (topk_values, [r(4, 3)], {"k": 3, "axis": 0, "largest": False}),
 }
 
 

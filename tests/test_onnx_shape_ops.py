@@ -55,7 +55,7 @@ def check(op_type, inputs, constants=(), attrs=None, n_outputs=1, opset=13, dyna
 
 
 def r(*shape, dtype=np.float32):
-    return (rng.standard_normal(shape) * 5).astype(dtype)
+    return np.asarray(rng.standard_normal(shape) * 5).astype(dtype)
 
 
 def i64(*values):
@@ -203,3 +203,60 @@ def test_constant_converter_values():
     np.testing.assert_array_equal(run(value=np.arange(3.0)), np.arange(3.0))
     with pytest.raises(opforge.onnx.ModelError, match="exactly one value"):
         run(value_int=1, value_float=2.0)
+
+
+# -- Gather / Tile / Expand / TopK / Split --------------------------------------------------
+
+@pytest.mark.parametrize("axis,indices", [(0, [[0, -1], [2, 1]]), (1, [3, -4, 0]), (-1, 2), (2, [[4]])])
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_gather(axis, indices, index_dtype):
+    check("Gather", [("x", r(3, 4, 5)), ("i", np.asarray(indices, index_dtype))], attrs={"axis": axis})
+    if np.ndim(indices):  # (a 0-d initializer reaches converters as 1-d: a loader matter)
+        check("Gather", [("x", r(3, 4, 5)), ("i", np.asarray(indices, index_dtype))], constants={"i"},
+              attrs={"axis": axis}, dynamic={0} if axis else {1})
+
+
+def test_gather_of_a_shape_folds():  # Shape -> Gather, as exporters write
+    graph = check("Gather", [("x", i64(2, 3, 4)), ("i", i64(1, -1))], constants={"x", "i"})
+    assert not [n for n in graph.nodes if getattr(n.op, "name", None) == "gather"]
+
+
+@pytest.mark.parametrize("repeats", [[2, 3], [1, 1], [0, 2], [3, 1]])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_tile(repeats, dtype):
+    check("Tile", [("x", r(2, 3, dtype=dtype)), ("r", i64(*repeats))], constants={"r"})
+
+
+@pytest.mark.parametrize("x_shape,shape", [((3, 1), (2, 1, 6)), ((3, 4), (4,)), ((1,), (2, 3)), ((2, 1, 3), (1, 1)),
+                                           ((2, 1, 3), (2, 4, 3)), ((), (3,))])
+def test_expand(x_shape, shape):
+    check("Expand", [("x", r(*x_shape)), ("s", i64(*shape))], constants={"s"})
+
+
+@pytest.mark.parametrize("largest,axis", [(1, -1), (0, 1), (1, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32])
+def test_topk(largest, axis, dtype):
+    x = rng.integers(-3, 4, (4, 5, 6)).astype(dtype)  # many ties: lower index first
+    check("TopK", [("x", x), ("k", i64(3))], constants={"k"}, attrs={"axis": axis, "largest": largest},
+          n_outputs=2, opset=11)
+
+
+def test_topk_opset1_and_10():
+    check("TopK", [("x", r(3, 7))], attrs={"k": 2}, n_outputs=2, opset=1)
+    check("TopK", [("x", r(3, 7)), ("k", i64(7))], constants={"k"}, n_outputs=2, opset=10)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_split(opset):
+    x = r(4, 6)
+    check("Split", [("x", x)], attrs={"axis": 1}, n_outputs=3, opset=opset)
+    if opset < 13:
+        check("Split", [("x", x)], attrs={"axis": 1, "split": [1, 2, 3]}, n_outputs=3, opset=opset)
+    else:
+        check("Split", [("x", x), ("s", i64(1, 0, 5))], constants={"s"}, attrs={"axis": -1}, n_outputs=3,
+              opset=opset)
+
+
+def test_split_opset18_num_outputs():
+    check("Split", [("x", r(7, 2))], attrs={"num_outputs": 4}, n_outputs=4, opset=18)
+    check("Split", [("x", r(6, 2))], attrs={"num_outputs": 3}, n_outputs=3, opset=18)

@@ -39,3 +39,7 @@ from . import gelu  # noqa: F401
 from . import sum  # noqa: F401
 from . import shape  # noqa: F401
 from . import constant_of_shape  # noqa: F401
+from . import gather  # noqa: F401
+from . import expand  # noqa: F401
+from . import tile  # noqa: F401
+from . import topk  # noqa: F401

@@ -235,3 +235,90 @@ def constant_value(node):
 for _since in (1, 9, 11, 12, 13):
     converter("Constant", since=_since)(lambda node: constant_value(node))
 del _since
+
+
+# -- Gather, Tile, Expand, TopK, Split ---------------------------------------------------
+
+@converter("Gather", since=1)
+def gather(node, data, indices):
+    return ops.gather(data, indices, axis=node.attr("axis", 0))
+
+
+@converter("Tile", since=6)
+def tile(node, x, repeats):
+    return ops.tile(x, repeats=ints(node, repeats, "input 'repeats'"))
+
+
+@converter("Expand", since=8)
+def expand(node, x, shape):
+    return ops.expand(x, shape=ints(node, shape, "input 'shape'"))
+
+
+def top_k(node, x, k):
+    return ops.topk(x, k=k, axis=node.attr("axis", -1), largest=bool(node.attr("largest", 1)),
+                    sorted=bool(node.attr("sorted", 1)))
+
+
+@converter("TopK", since=1)
+def topk_v1(node, x):
+    return top_k(node, x, node.attr("k"))
+
+
+@converter("TopK", since=10)
+def topk_v10(node, x, k):
+    count = ints(node, k, "input 'K'")
+    if len(count) != 1:
+        raise node.error(f"input 'K' must hold one value, got {count}")
+    return top_k(node, x, count[0])
+
+
+def split_pieces(node, x, axis, sizes, count):
+    """The Split outputs as slices of x along axis: ``sizes`` given, or ``count`` pieces of equal size
+    (the last smaller when the dim does not divide, from opset 18)."""
+    rank = rank_of(node, x, "input 'input'")
+    if not -rank <= axis < rank:
+        raise node.error(f"attribute 'axis' {axis} is out of range for input of rank {rank}")
+    dim = dims_of(x)[axis]
+    if sizes is None:
+        if count < 1:
+            raise node.error("Split needs at least one output")
+        if dim == -1:
+            raise node.error(f"splitting axis {axis} into equal parts needs its size known when the model is "
+                             "loaded; it is unknown (give the 'split' sizes)")
+        if node.opset < 18 and dim % count:
+            raise node.error(f"axis {axis} of size {dim} does not split into {count} equal parts")
+        piece = -(-dim // count)
+        sizes = [max(0, min(piece, dim - k * piece)) for k in range(count)]
+    if any(s < 0 for s in sizes):
+        raise node.error(f"'split' {sizes} has negative sizes")
+    if dim != -1 and sum(sizes) != dim:
+        raise node.error(f"'split' {sizes} adds up to {sum(sizes)}, but axis {axis} has size {dim}")
+    if len(sizes) < node.num_outputs:
+        raise node.error(f"'split' has {len(sizes)} sizes for {node.num_outputs} outputs")
+    outputs, start = [], 0
+    for size in sizes:
+        outputs.append(ops.slice(x, starts=[start], ends=[start + size], axes=[axis]))
+        start += size
+    return tuple(outputs)
+
+
+@converter("Split", since=1)
+def split_v1(node, x, split=None):
+    sizes = node.attr("split")
+    if split is not None:
+        sizes = ints(node, split, "input 'split'")
+    return split_pieces(node, x, node.attr("axis", 0), sizes or None, node.num_outputs)
+
+
+@converter("Split", since=2)
+def split_v2(node, x):
+    return split_pieces(node, x, node.attr("axis", 0), node.attr("split") or None, node.num_outputs)
+
+
+@converter("Split", since=13)
+def split_v13(node, x, split=None):
+    sizes = None if split is None else ints(node, split, "input 'split'")
+    count = node.attr("num_outputs", node.num_outputs) if node.opset >= 18 else node.num_outputs
+    if node.opset >= 18 and sizes is None and "num_outputs" not in node.attrs:
+        raise node.error("from opset 18, Split needs input 'split' or attribute 'num_outputs'")
+    return split_pieces(node, x, node.attr("axis", 0), sizes, count)

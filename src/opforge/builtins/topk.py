@@ -1,0 +1,206 @@
+"""topk: the k largest (or smallest) elements along ``axis`` and their indices (ONNX TopK).
+
+Two outputs: ``values`` (x's dtype) and ``indices`` (int64), both x's shape
+with the axis cut to k.  Equal values keep the lower index first, as ONNX
+says; NaN counts as larger than every number.  Results are always sorted
+(``sorted=False`` allows any order, and sorted is one of them).  The C++
+kernel covers float32, float64, int32 and int64; other dtypes run the NumPy
+reference.  The gradient puts dy back at the indices (``topk_grad``).
+"""
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.common import NUMERIC, every_dtype
+
+topk = opforge.op("topk(Tensor x, *, int k, int axis=-1, bool largest=True, bool sorted=True) "
+                  "-> (Tensor values, Tensor indices)",
+                  traits=["no_side_effect"],
+                  doc="The k largest (largest=False: smallest) elements along axis, sorted, with their int64 "
+                      "indices; equal values keep the lower index first, NaN counts as the largest.")
+
+
+def topk_problem(x, k, axis):
+    if k < 0:
+        return f"attribute 'k' is {k}; it must be >= 0"
+    if x.rank is None:
+        return None
+    if x.rank == 0:
+        return "input 'x' is 0-d; topk needs rank >= 1"
+    if not -x.rank <= axis < x.rank:
+        return f"axis {axis} is out of range for input 'x' of rank {x.rank} (valid: {-x.rank}..{x.rank - 1})"
+    size = x.shape[axis]
+    if size != -1 and k > size:
+        return f"attribute 'k' is {k}, but input 'x' has only {size} elements along axis {axis}"
+    return None
+
+
+@topk.check
+def topk_check(x, *, k, axis, largest, sorted):
+    return topk_problem(x, k, axis)
+
+
+@topk.infer
+def topk_infer(x, *, k, axis, largest, sorted):
+    if x.rank is None:
+        return TensorSpec(None, x.dtype), TensorSpec(None, "int64")
+    shape = list(x.shape)
+    shape[axis] = k
+    return TensorSpec(shape, x.dtype), TensorSpec(shape, "int64")
+
+
+@topk.reference(fallback=True)
+def topk_reference(x, *, k, axis, largest, sorted):
+    moved = np.moveaxis(x, axis, -1)
+    values = moved.astype(np.uint8) if moved.dtype == np.bool_ else moved
+    if values.dtype.kind == "f":  # NaN ranks first (largest) or last: a key of its own, sorted on first
+        wide = values.astype(np.float64)
+        nan = np.isnan(wide)
+        key = np.where(nan, 0.0, -wide if largest else wide)
+        order = np.lexsort((key, ~nan if largest else nan), axis=-1)  # stable: ties keep index order
+    else:  # ~v reverses the order of integers without overflow
+        order = np.argsort(~values if largest else values, axis=-1, kind="stable")
+    order = order[..., :k]
+    taken = np.take_along_axis(moved, order, axis=-1)
+    return np.moveaxis(taken, -1, axis).copy(), np.moveaxis(order, -1, axis).astype(np.int64)
+
+
+@topk.grad(save=["x", "indices"])
+def topk_grad(saved, dvalues, dindices, *, k, axis, largest, sorted):
+    return opforge.ops.topk_grad(dvalues, saved.indices, saved.x, axis=axis)
+
+
+TOPK_CC = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "custom_aot_extra.h"
+
+typedef OPFORGE_T T;
+
+template <typename V>
+static bool IsNan(V v) { return v != v; }
+
+// params: x, values, indices.  Each line along the axis (stride inner) is
+// ranked with partial_sort: a before b when a ranks higher, ties by index.
+extern "C" int TopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                    void *stream, void *extra_ptr) {
+  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+  const int rank = ndims[0];
+  int64_t axis = extra->Attr<int64_t>("axis");
+  const int64_t k = extra->Attr<int64_t>("k");
+  const bool largest = extra->Attr<bool>("largest");
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank) return 1;  // the op's check rejects these first
+  const int64_t n = shapes[0][axis];
+  if (k < 0 || k > n) return 1;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < rank; d++) {
+    if (d < axis) outer *= shapes[0][d];
+    if (d > axis) inner *= shapes[0][d];
+  }
+  const T *x = static_cast<const T *>(params[0]);
+  T *values = static_cast<T *>(params[1]);
+  int64_t *indices = static_cast<int64_t *>(params[2]);
+  std::vector<int64_t> order(n);
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t i = 0; i < inner; i++) {
+      const T *line = x + o * n * inner + i;
+      auto before = [&](int64_t a, int64_t b) {
+        const T va = line[a * inner], vb = line[b * inner];
+        const bool na = IsNan(va), nb = IsNan(vb);
+        if (na || nb) {  // NaN is the largest value
+          if (na && nb) return a < b;
+          return largest ? na : nb;
+        }
+        if (va != vb) return largest ? va > vb : va < vb;
+        return a < b;
+      };
+      for (int64_t j = 0; j < n; j++) order[j] = j;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      const int64_t base = o * k * inner + i;
+      for (int64_t j = 0; j < k; j++) {
+        values[base + j * inner] = line[order[j] * inner];
+        indices[base + j * inner] = order[j];
+      }
+    }
+  }
+  return 0;
+}
+"""
+topk.kernel(function="TopK", code=every_dtype(TOPK_CC, "TopK", NUMERIC), dtypes=[(d,) for d in NUMERIC])
+
+
+# The gradient is an op too: dx = zeros of x's shape with dy at the indices topk took.
+topk_grad_op = opforge.op("topk_grad(Tensor dvalues, Tensor indices, Tensor x, *, int axis=-1) -> Tensor dx",
+                          traits=["no_side_effect", "always_compute"],  # k = 0 still gives x's zeros
+                          doc="Gradient of topk: zeros of x's shape with dvalues put back at indices along axis "
+                              "(x only lends its shape).")
+
+
+@topk_grad_op.check
+def topk_grad_check(dvalues, indices, x, *, axis):
+    if dvalues.dtype != x.dtype:
+        raise opforge.DTypeError(f"op 'topk_grad': inputs 'dvalues' ({dvalues.dtype}) and 'x' ({x.dtype}) must "
+                                 "have one dtype")
+    if indices.dtype != "int64":
+        raise opforge.DTypeError(f"op 'topk_grad': input 'indices' has dtype {indices.dtype}; expected int64")
+    if x.rank is not None and x.rank and not -x.rank <= axis < x.rank:
+        return f"axis {axis} is out of range for input 'x' of rank {x.rank} (valid: {-x.rank}..{x.rank - 1})"
+    if None not in (dvalues.rank, indices.rank) and dvalues.shape != indices.shape:
+        if not TensorSpec(indices.shape).matches(dvalues.shape) or dvalues.rank != indices.rank:
+            return f"inputs 'dvalues' {list(dvalues.shape)} and 'indices' {list(indices.shape)} differ in shape"
+    return None
+
+
+@topk_grad_op.infer
+def topk_grad_infer(dvalues, indices, x, *, axis):
+    return TensorSpec(x.shape, dvalues.dtype)
+
+
+@topk_grad_op.reference(fallback=True)
+def topk_grad_reference(dvalues, indices, x, *, axis):
+    dx = np.zeros_like(x)
+    np.put_along_axis(dx, indices, dvalues, axis=axis)
+    return dx
+
+
+TOPK_GRAD_CC = r"""
+#include <algorithm>
+#include <cstdint>
+
+#include "custom_aot_extra.h"
+
+// params: dvalues, indices, x (shape only), dx.
+extern "C" int TopKGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  const int rank = ndims[2];
+  int64_t axis = static_cast<AotExtra *>(extra)->Attr<int64_t>("axis");
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank || ndims[0] != rank) return 1;
+  int64_t outer = 1, inner = 1, total = 1;
+  for (int d = 0; d < rank; d++) {
+    if (d < axis) outer *= shapes[2][d];
+    if (d > axis) inner *= shapes[2][d];
+    total *= shapes[2][d];
+  }
+  const int64_t n = shapes[2][axis], k = shapes[0][axis];
+  const OPFORGE_T *dy = static_cast<const OPFORGE_T *>(params[0]);
+  const int64_t *indices = static_cast<const int64_t *>(params[1]);
+  OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[3]);
+  std::fill(dx, dx + total, OPFORGE_T(0));
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < k; j++)
+      for (int64_t i = 0; i < inner; i++) {
+        const int64_t from = (o * k + j) * inner + i, at = indices[from];
+        if (at < 0 || at >= n) return 4;  // not an index topk gives
+        dx[(o * n + at) * inner + i] += dy[from];
+      }
+  return 0;
+}
+"""
+FLOATS = ["float32", "float64"]
+topk_grad_op.kernel(function="TopKGrad", code=every_dtype(TOPK_GRAD_CC, "TopKGrad", FLOATS),
+                    dtypes=[(d, "int64", d) for d in FLOATS])
