@@ -173,6 +173,12 @@ def test_shape_start_end(start, end):
     check("Shape", [("x", r(2, 3, 4))], attrs=attrs, opset=15, dynamic={0})
 
 
+def test_size():
+    check("Size", [("x", r(2, 3, 4))])
+    graph = check("Size", [("x", r(2, 3, 4))], dynamic={0, 2})
+    np.testing.assert_array_equal(graph(np.ones((5, 3, 1), np.float32)), 15)
+
+
 def test_shape_of_unknown_dims_runs():
     graph = check("Shape", [("x", r(2, 3))], dynamic={0, 1})
     np.testing.assert_array_equal(graph(np.ones((7, 5), np.float32)), [7, 5])

@@ -1,6 +1,6 @@
 """Converters of ONNX's shape and indexing ops: Reshape, Transpose, Concat,
-Squeeze, Unsqueeze, Slice, Shape, ConstantOfShape, Constant, Gather, Split,
-Tile, TopK, Flatten, Expand.
+Squeeze, Unsqueeze, Slice, Shape, Size, ConstantOfShape, Constant, Gather,
+Split, Tile, TopK, Flatten, Expand.
 
 Inputs that become opforge attributes (Reshape's shape, Slice's starts, the
 axes of Squeeze from opset 13, ...) must be known when the model loads
@@ -201,6 +201,15 @@ def shape(node, data):
 @converter("Shape", since=15)
 def shape_v15(node, data):
     return shape_of(node, data, node.attr("start", 0), node.attr("end"))
+
+
+@converter("Size", since=1)
+def size(node, data):
+    dims = dims_of(data)
+    if dims != UNKNOWN_RANK and -1 not in dims:
+        return np.asarray(int(np.prod(dims)), np.int64)
+    # Known at run time: the length of data flattened, as a 0-d tensor.
+    return ops.reshape(ops.shape(ops.reshape(data, shape=[-1])), shape=[])
 
 
 @converter("ConstantOfShape", since=9)
