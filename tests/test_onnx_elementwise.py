@@ -19,7 +19,7 @@ ELEM = {np.dtype(k): v for k, v in [("float32", TensorProto.FLOAT), ("float64", 
                                      ("int64", TensorProto.INT64), ("int8", TensorProto.INT8),
                                      ("uint8", TensorProto.UINT8), ("bool", TensorProto.BOOL),
                                      ("int16", TensorProto.INT16), ("uint16", TensorProto.UINT16),
-                                     ("uint32", TensorProto.UINT32)]}
+                                     ("uint32", TensorProto.UINT32), ("uint64", TensorProto.UINT64)]}
 
 
 def rng(seed=0):
@@ -435,3 +435,90 @@ def test_traced_graph_records_opforge_ops():
     model = one_node_model("Sum", [sample((2, 3)), sample((3,))], opset=13)
     assert [node.op.name for node in ox.load(model).nodes] == ["sum"]
     assert opforge.lookup("sum") is not None
+
+
+# -- composites, logic, uint64 --------------------------------------------------------------------
+
+COMPOSITES = [("Mish", {}, 18), ("Shrink", {"lambd": 0.7, "bias": 0.2}, 9), ("Sign", {}, 13), ("IsNaN", {}, 13),
+              ("IsInf", {}, 10), ("IsInf", {"detect_negative": 0}, 10), ("IsInf", {"detect_positive": 0}, 10),
+              ("Elu", {}, 6), ("Softplus", {}, 1), ("HardSwish", {}, 14)]
+
+
+@pytest.mark.parametrize("op_type, attrs, opset", COMPOSITES)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_composites_match_ort(op_type, attrs, opset, dtype):
+    x = sample((3, 5), dtype, low=-4, high=4)
+    x[0, :4] = [np.inf, -np.inf, np.nan, 0] if op_type in ("IsNaN", "IsInf", "Sign") else x[0, :4]
+    if dtype == "float16" and op_type in ("Shrink", "IsInf", "Sign", "Elu", "Softplus"):  # (onnxruntime lacks them)
+        got = run_opforge(one_node_model(op_type, [x], attrs, opset=opset), [x])[0]
+        want = run_ort(one_node_model(op_type, [x.astype(np.float32)], attrs, opset=opset), [x.astype(np.float32)])[0]
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+    else:
+        assert_matches_ort(op_type, [x], attrs, opset=opset, rtol=2e-3 if dtype == "float16" else 1e-5)
+
+
+@pytest.mark.parametrize("op_type", ["And", "Or", "Xor"])
+def test_logic_matches_ort(op_type):
+    a, b = sample((3, 4), bool), sample((4,), bool, seed=1)
+    assert_matches_ort(op_type, [a, b], opset=7)
+    assert_matches_ort("Not", [a], opset=1)
+
+
+def test_logic_refuses_non_bool():
+    with pytest.raises(ox.ModelError, match="bool"):
+        ox.load(one_node_model("And", [sample((3,)), sample((3,))], opset=7))
+
+
+@pytest.mark.parametrize("op_type", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Max", "Min"])
+def test_uint64_compares_across_the_sign_bit(op_type):
+    a = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 1, 5, 2**63 + 7], np.uint64)
+    b = np.array([1, 0, 2**63, 2**63 - 1, 2**64 - 2, 5, 2**63 + 7], np.uint64)
+    got = assert_matches_ort(op_type, [a, b], opset=16 if op_type not in ("Max", "Min") else 13)
+    want = {"Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+            "GreaterOrEqual": np.greater_equal, "Max": np.maximum, "Min": np.minimum}[op_type](a, b)
+    np.testing.assert_array_equal(got[0], want)
+
+
+# -- ReduceMax, ReduceMin, ReduceLogSumExp, LogSoftmax --------------------------------------------
+
+@pytest.mark.parametrize("op_type", ["ReduceMax", "ReduceMin", "ReduceLogSumExp"])
+@pytest.mark.parametrize("axes", [None, [0], [1], [-1, 0]])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("shape", [(5, 7), (4, 1, 3)])
+def test_extremes_match_ort(op_type, axes, keepdims, shape):
+    x = sample(shape, low=-50, high=50)
+    attrs = {"keepdims": keepdims, **({} if axes is None else {"axes": axes})}
+    assert_matches_ort(op_type, [x], attrs, opset=13)
+    inputs = [x] if axes is None else [x, np.asarray(axes, np.int64)]
+    assert_matches_ort(op_type, inputs, {"keepdims": keepdims}, opset=18, constant=("x1",))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float16", "float64"])
+def test_extremes_dtypes_match_ort(dtype):
+    x = sample((3, 6), dtype, low=0, high=100)
+    for op_type in ("ReduceMax", "ReduceMin"):
+        assert_matches_ort(op_type, [x], {"axes": [1]}, opset=13)
+
+
+def test_extremes_of_nothing_and_with_an_unknown_reduced_dim():
+    x = np.zeros((2, 0), np.float32)
+    got = assert_matches_ort("ReduceMax", [x, np.asarray([1], np.int64)], {"keepdims": 1}, opset=18, constant=("x1",))
+    assert (got[0] == -np.inf).all() and got[0].shape == (2, 1)
+    node = helper.make_node("ReduceMax", ["x"], ["y"], axes=[0])
+    graph = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_empty_tensor_value_info("y")])
+    with pytest.raises(ox.ModelError, match="known when the model is loaded"):
+        ox.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+def test_reduce_log_sum_exp_does_not_overflow():
+    x = np.array([[1000.0, 1000.0], [-1000.0, 0.0]], np.float32)
+    got = assert_matches_ort("ReduceLogSumExp", [x], {"axes": [1], "keepdims": 0}, opset=13)
+    np.testing.assert_allclose(got[0], [1000 + np.log(2), 0.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_log_softmax_matches_ort(axis, opset):
+    x = sample((2, 3, 4), low=-200, high=200)
+    assert_matches_ort("LogSoftmax", [x], {} if axis is None else {"axis": axis}, opset=opset, rtol=1e-5, atol=1e-4)

@@ -183,7 +183,40 @@ def folded(node, fn, inputs):
         return ops.sum(inputs[0])  # a copy, as the other results are
     result = inputs[0]
     for x in inputs[1:]:
-        result = widened(node, fn, [result, x], NUMERIC)
+        if dtype_of(x) == "uint64":
+            result = unsigned_extreme(result, x, largest=fn is ops.maximum)
+        else:
+            result = widened(node, fn, [result, x], NUMERIC)
+    return result
+
+
+# uint64 has no wider dtype: its values are compared as int64 (the same bits), where a comparison of two
+# values on either side of 2**63 comes out inverted.
+
+def unsigned_less(a, b):
+    """a < b for uint64 tensors (bool)."""
+    sa, sb = ops.cast(a, dtype="int64"), ops.cast(b, dtype="int64")
+    zero = np.zeros((), np.int64)
+    signed = ops.cast(ops.less(sa, sb), dtype="int32")
+    straddle = ops.not_equal(ops.cast(ops.less(sa, zero), dtype="int32"), ops.cast(ops.less(sb, zero), dtype="int32"))
+    return ops.not_equal(signed, ops.cast(straddle, dtype="int32"))
+
+
+def unsigned_extreme(a, b, largest):
+    pick_b = unsigned_less(a, b) if largest else unsigned_less(b, a)
+    chosen = ops.where(pick_b, ops.cast(b, dtype="int64"), ops.cast(a, dtype="int64"))
+    return ops.cast(chosen, dtype="uint64")
+
+
+def unsigned_compare(op_type, a, b):
+    if op_type == "Equal":
+        return ops.equal(ops.cast(a, dtype="int64"), ops.cast(b, dtype="int64"))
+    if op_type in ("Less", "GreaterOrEqual"):
+        result = unsigned_less(a, b)
+    else:
+        result = unsigned_less(b, a)
+    if op_type in ("GreaterOrEqual", "LessOrEqual"):
+        result = ops.equal(ops.cast(result, dtype="int32"), np.zeros((), np.int32))
     return result
 
 
@@ -230,7 +263,21 @@ def hard_sigmoid(node, x):
     return ops.hard_sigmoid(x, alpha=node.attr("alpha", 0.2), beta=node.attr("beta", 0.5))
 
 
-@converter("HardSwish", since=14)
+def composite(op_type, since=1):
+    """Register ``fn(node, x)``, built from several opforge ops, for op_type; float16 and bfloat16
+    inputs are computed in float32 (every op involved has a kernel there) and cast back."""
+    def register(fn):
+        @converter(op_type, since=since)
+        def convert(node, x, *rest):
+            return widened(node, lambda v, *r: fn(node, v, *r), [x, *rest], FLOATS)
+
+        convert.__name__ = fn.__name__
+        return fn
+
+    return register
+
+
+@composite("HardSwish", since=14)
 def hard_swish(node, x):
     return ops.mul(x, ops.hard_sigmoid(x, alpha=1 / 6, beta=0.5))
 
@@ -243,7 +290,7 @@ def gelu(node, x):
     return ops.gelu(x, approximate=approximate)
 
 
-@converter("PRelu", since=1)
+@composite("PRelu", since=1)
 def prelu(node, x, slope):
     """x where x >= 0, slope * x elsewhere; slope broadcasts to x (before opset 7, along x's dims from 1)."""
     if node.opset < 7:
@@ -254,14 +301,14 @@ def prelu(node, x, slope):
     return ops.where(ops.less(x, zero), ops.mul(x, slope), x)
 
 
-@converter("Elu", since=1)
+@composite("Elu", since=1)
 def elu(node, x):
     alpha = node.attr("alpha", 1.0)
     negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
     return ops.where(ops.greater(x, scalar(0, x)), x, negative)
 
 
-@converter("Selu", since=1)
+@composite("Selu", since=1)
 def selu(node, x):
     alpha = node.attr("alpha", 1.67326319217681884765625)
     gamma = node.attr("gamma", 1.05070102214813232421875)
@@ -269,7 +316,7 @@ def selu(node, x):
     return ops.mul(ops.where(ops.greater(x, scalar(0, x)), x, negative), scalar(gamma, x))
 
 
-@converter("Celu", since=12)
+@composite("Celu", since=12)
 def celu(node, x):
     alpha = node.attr("alpha", 1.0)
     scaled = ops.div(ops.minimum(x, scalar(0, x)), scalar(alpha, x))
@@ -277,21 +324,51 @@ def celu(node, x):
     return ops.add(ops.maximum(x, scalar(0, x)), ops.minimum(scalar(0, x), negative))
 
 
-@converter("Softplus", since=1)
+@composite("Softplus", since=1)
 def softplus(node, x):
     # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow for large x
     tail = ops.log(ops.add(ops.exp(ops.neg(ops.abs(x))), scalar(1, x)))
     return ops.add(ops.maximum(x, scalar(0, x)), tail)
 
 
-@converter("Softsign", since=1)
+@composite("Softsign", since=1)
 def softsign(node, x):
     return ops.div(x, ops.add(ops.abs(x), scalar(1, x)))
 
 
-@converter("ThresholdedRelu", since=10)
+@composite("ThresholdedRelu", since=10)
 def thresholded_relu(node, x):
     return ops.where(ops.greater(x, scalar(node.attr("alpha", 1.0), x)), x, scalar(0, x))
+
+
+@composite("Mish", since=18)
+def mish(node, x):
+    return ops.mul(x, ops.tanh(softplus(node, x)))
+
+
+@composite("Swish", since=24)
+def swish(node, x):
+    return ops.mul(x, ops.sigmoid(ops.mul(x, scalar(node.attr("alpha", 1.0), x))))
+
+
+@composite("Shrink", since=9)
+def shrink(node, x):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+    lambd, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
+    zero = scalar(0, x)
+    above = ops.where(ops.greater(x, scalar(lambd, x)), ops.sub(x, scalar(bias, x)), zero)
+    return ops.where(ops.less(x, scalar(-lambd, x)), ops.add(x, scalar(bias, x)), above)
+
+
+@converter("Sign", since=9)
+def sign(node, x):
+    def fn(v):
+        zero = scalar(0, v)
+        positive = ops.cast(ops.greater(v, zero), dtype=dtype_of(v))
+        result = ops.sub(positive, ops.cast(ops.less(v, zero), dtype=dtype_of(v)))
+        return ops.where(ops.not_equal(v, v), v, result) if dtype_of(v) in FLOATS else result  # NaN stays NaN
+
+    return widened(node, fn, [x], NUMERIC)
 
 
 # -- Clip -----------------------------------------------------------------------------
@@ -339,6 +416,8 @@ def clip_v11(node, x, low=None, high=None):
 def comparison(op_type, fn, since=1):
     def compare(node, a, b):
         same_dtype(node, a, b)
+        if dtype_of(a) == "uint64":
+            return unsigned_compare(op_type, a, b)
         return widened(node, fn, [a, b], NUMERIC)
 
     binary(op_type, compare, versions=(since, max(since, 7)))
@@ -349,6 +428,60 @@ comparison("Less", ops.less)
 comparison("Greater", ops.greater)
 comparison("LessOrEqual", ops.less_equal, since=12)
 comparison("GreaterOrEqual", ops.greater_equal, since=12)
+
+
+# -- logic ---------------------------------------------------------------------------------------
+
+def logical(node, *inputs):
+    for k, x in enumerate(inputs):
+        if dtype_of(x) != "bool":
+            raise node.error(f"input {k} has dtype {dtype_of(x)}; {node.op_type} takes bool tensors")
+
+
+def and_(node, a, b):
+    logical(node, a, b)
+    return ops.where(a, b, np.zeros((), bool))
+
+
+def or_(node, a, b):
+    logical(node, a, b)
+    return ops.where(a, np.ones((), bool), b)
+
+
+def xor(node, a, b):
+    logical(node, a, b)
+    return widened(node, ops.not_equal, [a, b], NUMERIC)
+
+
+binary("And", and_)
+binary("Or", or_)
+binary("Xor", xor)
+
+
+@converter("Not", since=1)
+def not_(node, x):
+    logical(node, x)
+    return ops.where(x, np.zeros((), bool), np.ones((), bool))
+
+
+@converter("IsNaN", since=9)
+def is_nan(node, x):
+    return widened(node, lambda v: ops.not_equal(v, v), [x], FLOATS)
+
+
+@converter("IsInf", since=10)
+def is_inf(node, x):
+    positive, negative = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+
+    def fn(v):
+        found = None
+        for wanted, value in ((positive, np.inf), (negative, -np.inf)):
+            if wanted:
+                hit = ops.equal(v, scalar(value, v))
+                found = hit if found is None else ops.where(found, np.ones((), bool), hit)
+        return found if found is not None else ops.less(v, v)  # (detecting neither: false everywhere)
+
+    return widened(node, fn, [x], FLOATS)
 
 
 @converter("Where", since=9)

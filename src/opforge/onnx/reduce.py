@@ -1,5 +1,6 @@
-"""Converters of ONNX's softmax and reductions: Softmax, ReduceSum,
-ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum.
+"""Converters of ONNX's softmax and reductions: Softmax, LogSoftmax,
+ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
+ReduceMax, ReduceMin, ReduceLogSumExp.
 
 Softmax before opset 13 flattens its input at ``axis`` (default 1) into a
 matrix and normalises each row, so it runs over every dim from ``axis`` on;
@@ -7,6 +8,11 @@ from opset 13 it runs along ``axis`` alone (default -1).  Reductions take
 their axes from an attribute, and from an input (which must be known when
 the model loads) from opset 13 (ReduceSum) or 18 (the others); ``keepdims``
 defaults to 1, and ``noop_with_empty_axes=1`` with no axes is the identity.
+
+opforge has no max-reduction op: ReduceMax and ReduceMin fold halves of
+the reduced dims together with maximum / minimum (log2(n) steps per axis),
+so those dims must be known when the model loads; LogSoftmax and
+ReduceLogSumExp subtract that maximum before exponentiating.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import numpy as np
 
 import opforge
 from ..spec import UNKNOWN_RANK
-from .elementwise import FLOATS, dims_of, dtype_of, widened
+from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, widened
 from .registry import converter
 
 ops = opforge.ops
@@ -121,3 +127,111 @@ reducer("ReduceL1", in_float(lambda x, axes, keep: ops.reduce_sum(ops.abs(x), ax
         input_since=18)
 reducer("ReduceL2", in_float(lambda x, axes, keep: ops.sqrt(sum_square(x, axes, keep))), input_since=18)
 reducer("ReduceLogSum", in_float(lambda x, axes, keep: ops.log(reduce_sum(x, axes, keep))), input_since=18)
+
+
+# -- ReduceMax, ReduceMin, ReduceLogSumExp, LogSoftmax -------------------------------------
+
+def normalized_axes(node, x, axes):
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK:
+        raise node.error("the rank of input 'data' must be known when the model is loaded")
+    rank = len(dims)
+    return dims, sorted({a % rank for a in axes}) if axes else list(range(rank))
+
+
+def extreme(node, x, axes, keep, largest):
+    """The maximum (``largest``) or minimum of x over ``axes``, by folding halves: each step takes the
+    elementwise extreme of the first and the last ceil(n / 2) entries (they overlap by one when n is
+    odd), until one entry is left.  Over no elements: -inf / +inf (the integer limits for integers)."""
+    dims, axes = normalized_axes(node, x, axes)
+    unknown = [a for a in axes if dims[a] == -1]
+    if unknown:
+        raise node.error(f"{node.op_type} over axes {unknown} of input 'data' of shape {list(dims)} needs those "
+                         "dims known when the model is loaded")
+    dtype = np.dtype(dtype_of(x))
+    if any(dims[a] == 0 for a in axes):
+        kept = [1 if k in axes else d for k, d in enumerate(dims)]
+        if -1 in kept:
+            raise node.error(f"{node.op_type} of no elements needs the shape of input 'data' known; it is "
+                             f"{list(dims)}")
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+        empty = (np.inf if largest else -np.inf) if dtype.kind == "f" else (info.min if largest else info.max)
+        result = np.full(kept, -empty if dtype.kind == "f" else empty, dtype)
+    else:
+        fold = ops.maximum if largest else ops.minimum
+        result = x
+        for axis in axes:
+            n = dims[axis]
+            while n > 1:
+                half = (n + 1) // 2
+                first = ops.slice(result, starts=[0], ends=[half], axes=[axis])
+                last = ops.slice(result, starts=[n - half], ends=[n], axes=[axis])
+                result, n = fold(first, last), half
+    if not keep and axes:
+        result = ops.squeeze(result, axes=axes)
+    return result
+
+
+def reduce_max(node):
+    return lambda x, axes, keep: widened(node, lambda v: extreme(node, v, axes, keep, True), [x], NUMERIC)
+
+
+def reduce_min(node):
+    return lambda x, axes, keep: widened(node, lambda v: extreme(node, v, axes, keep, False), [x], NUMERIC)
+
+
+def log_sum_exp(node, x, axes, keep):
+    """log(sum(exp(x))) over axes, as top + log(sum(exp(x - top))), top the maximum: no overflow."""
+    top = extreme(node, x, axes, True, True)
+    total = ops.reduce_sum(ops.exp(ops.sub(x, top)), axes=axes, keep_dims=True)
+    result = ops.add(ops.log(total), top)
+    _, axes = normalized_axes(node, x, axes)
+    return result if keep or not axes else ops.squeeze(result, axes=axes)
+
+
+def node_reducer(op_type, make, *, input_since):
+    """reducer() for reductions that need the node (for errors) to build their function."""
+    def convert(node, x, axes=None):
+        chosen = reduction_axes(node, x, axes, node.opset >= input_since)
+        if chosen is None:
+            return x
+        return make(node)(x, chosen, bool(node.attr("keepdims", 1)))
+
+    converter(op_type, since=1)(convert)
+    converter(op_type, since=input_since)(convert)
+    convert.__name__ = op_type.lower()
+
+
+node_reducer("ReduceMax", reduce_max, input_since=18)
+node_reducer("ReduceMin", reduce_min, input_since=18)
+node_reducer("ReduceLogSumExp",
+             lambda node: lambda x, axes, keep: widened(node, lambda v: log_sum_exp(node, v, axes, keep), [x], FLOATS),
+             input_since=18)
+
+
+def log_softmax(node, x, axes):
+    shifted = ops.sub(x, extreme(node, x, axes, True, True))
+    return ops.sub(shifted, ops.log(ops.reduce_sum(ops.exp(shifted), axes=axes, keep_dims=True)))
+
+
+@converter("LogSoftmax", since=1)
+def log_softmax_v1(node, x):
+    """Before opset 13, over every dim from ``axis`` (default 1) on: reduce over all of them at once."""
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK:
+        raise node.error("the rank of input 'input' must be known when the model is loaded")
+    rank = max(len(dims), 1)
+    axis = node.attr("axis", 1)
+    if not -rank <= axis < rank:
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
+    axes = list(range(axis % rank, len(dims)))
+    return widened(node, lambda v: log_softmax(node, v, axes) if axes else ops.sub(v, v), [x], FLOATS)
+
+
+@converter("LogSoftmax", since=13)
+def log_softmax_v13(node, x):
+    dims = dims_of(x)
+    axis = node.attr("axis", -1)
+    if dims != UNKNOWN_RANK and not -max(len(dims), 1) <= axis < max(len(dims), 1):
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
+    return widened(node, lambda v: log_softmax(node, v, [axis]) if dims else ops.sub(v, v), [x], FLOATS)
