@@ -266,3 +266,49 @@ def test_split(opset):
 def test_split_opset18_num_outputs():
     check("Split", [("x", r(7, 2))], attrs={"num_outputs": 4}, n_outputs=4, opset=18)
     check("Split", [("x", r(6, 2))], attrs={"num_outputs": 3}, n_outputs=3, opset=18)
+
+
+# -- shapes computed at run time -------------------------------------------------------------
+
+def dynamic_view_model(opset, via="gather"):
+    """x.view(x.size(0), -1) as exporters write it, for x of unknown batch size.  (The index is a
+    1-element tensor squeezed to 0-d by a node: 0-d initializers are the loader's to keep 0-d.)"""
+    nodes = [helper.make_node("Shape", ["x"], ["s"])]
+    if via == "slice":
+        nodes += [helper.make_node("Slice", ["s", "zero", "one"], ["n1"])]
+    else:
+        nodes += [helper.make_node("Gather", ["s", "zero"], ["n0"], axis=0)]
+        if via == "gather":
+            nodes[-1].output[0] = "n1"
+        elif opset >= 13:
+            nodes += [helper.make_node("Squeeze", ["n0", "zero"], ["n"]),
+                      helper.make_node("Unsqueeze", ["n", "zero"], ["n1"])]
+        else:
+            nodes += [helper.make_node("Squeeze", ["n0"], ["n"], axes=[0]),
+                      helper.make_node("Unsqueeze", ["n"], ["n1"], axes=[0])]
+    nodes += [helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
+              helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [numpy_helper.from_array(i64(0), "zero"), numpy_helper.from_array(i64(1), "one"),
+             numpy_helper.from_array(i64(-1), "minus_one")]
+    graph = helper.make_graph(nodes, "view", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 4])],
+                              [onnx.ValueInfoProto(name="y")], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset,via", [(11, "gather"), (11, "squeeze"), (13, "squeeze"), (13, "slice")])
+def test_reshape_to_a_shape_computed_at_run_time(opset, via):
+    model = dynamic_view_model(opset, via)
+    graph = opforge.onnx.load(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        x = r(batch, 3, 4)
+        np.testing.assert_array_equal(graph(x), session.run(None, {"x": x})[0])
+    assert [n.op.name for n in graph.nodes if getattr(n.op, "name", None) == "reshape"] == ["reshape"]
+
+
+def test_reshape_to_unknown_sizes_it_cannot_place_is_a_model_error():
+    model = dynamic_view_model(13)
+    model.graph.node[-1].input[0] = "other"
+    model.graph.input.append(helper.make_tensor_value_info("other", onnx.TensorProto.FLOAT, ["M", 3, 4]))
+    with pytest.raises(opforge.onnx.ModelError, match="unknown when the model is loaded"):
+        opforge.onnx.load(model)

@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 import opforge
+from ..errors import TracingError
+from ..graph.symbolic import SymDim
+from ..builtins.slice import index_of
 from ..spec import UNKNOWN_RANK
 from .registry import converter
 
@@ -38,23 +41,83 @@ def ints(node, x, what):
     return [int(v) for v in np.asarray(node.constant(x, what)).reshape(-1)]
 
 
+# -- shape tensors computed at run time --------------------------------------------------
+# Shape of a tensor with unknown dims runs at run time, but which dims its elements are is known
+# while loading.  Traced values carry that as an object array of ints and SymDims (KNOWN), which
+# Gather, Unsqueeze, Squeeze, Slice and Concat carry along, so Reshape(x, Concat(Unsqueeze(Gather(
+# Shape(x), 0)), [-1])) -- x.view(x.size(0), -1) exported -- still reshapes with a known pattern.
+KNOWN = "_onnx_known_elements"
+
+
+def known_elements(x):
+    """x's elements as an object array of ints and SymDims, or None when they exist only at run time."""
+    if x is None:
+        return None
+    if isinstance(x, (np.ndarray, np.generic, int)):
+        array = np.asarray(x)
+        return array.astype(object) if array.dtype.kind in "iu" else None
+    return getattr(x, KNOWN, None)
+
+
+def with_known(value, elements):
+    """value, with ``elements`` recorded on it when it is a traced value."""
+    if elements is not None and not isinstance(value, np.ndarray) and hasattr(value, "spec"):
+        setattr(value, KNOWN, elements)
+    return value
+
+
+def same_dim(a, b):
+    """Whether a and b are the same size for every input (a SymDim against a SymDim or an int)."""
+    try:
+        return bool(a == b)
+    except TracingError:  # not decided by arithmetic: the same dim of the same value is still the same
+        return type(a) is type(b) and hash(a) == hash(b) and repr(a) == repr(b)
+
+
+def carry(result, function, *inputs):
+    """result, knowing ``function`` of the inputs' known elements when they all have some."""
+    if isinstance(result, np.ndarray) or not all(isinstance(x, np.ndarray) or hasattr(x, "spec") for x in inputs):
+        return result
+    known = [known_elements(x) for x in inputs]
+    if any(k is None for k in known):
+        return result
+    try:
+        elements = np.asarray(function(*known), dtype=object)
+    except (ValueError, IndexError, TypeError, TracingError):  # not what the op computed: know nothing
+        return result
+    return with_known(result, elements) if elements.shape == dims_of(result) else result
+
+
+def object_array(items):
+    array = np.empty(len(items), object)
+    for k, item in enumerate(items):
+        array[k] = item
+    return array
+
+
 # -- Reshape, Flatten --------------------------------------------------------------
 
-def reshaped(node, data, shape, allowzero=False):
-    """data reshaped to ONNX ``shape``: 0 copies data's dim (unless allowzero), one -1 is inferred."""
+def reshaped(node, data, shape, allowzero=False, copies=(), unknown=()):
+    """data reshaped to ONNX ``shape``: 0 copies data's dim (unless allowzero), one -1 is inferred.
+    ``copies``: further positions that copy data's dim; ``unknown``: positions whose size is known only at
+    run time (found from the others when they allow)."""
     dims = dims_of(data)
     target = list(shape)
+    shown = [("?" if k in unknown else "(copied)" if k in copies else d) for k, d in enumerate(target)]
     if target.count(-1) > 1:
-        raise node.error(f"input 'shape' {target} has more than one -1")
+        raise node.error(f"input 'shape' {shown} has more than one -1")
     if any(d < -1 for d in target):
-        raise node.error(f"input 'shape' {target} has a dim below -1")
-    copied = [] if allowzero else [k for k, d in enumerate(target) if d == 0]
+        raise node.error(f"input 'shape' {shown} has a dim below -1")
+    zeros = [] if allowzero else [k for k, d in enumerate(target) if d == 0 and k not in unknown]
+    copied = sorted(set(copies) | set(zeros))
     if copied:
         if dims == UNKNOWN_RANK or max(copied) >= len(dims):
-            raise node.error(f"input 'shape' {target} copies dims (0 entries) of input 'data' of shape "
+            raise node.error(f"input 'shape' {shown} copies dims (0 entries) of input 'data' of shape "
                              f"{'unknown rank' if dims == UNKNOWN_RANK else list(dims)}, which it does not have")
         for k in copied:
             target[k] = dims[k]
+    for k in unknown:
+        target[k] = -1
     unknown = [k for k, d in enumerate(target) if d == -1]
     if len(unknown) > 1 and dims != UNKNOWN_RANK:
         # A -1 beside copied unknown dims: its size is what the dims not copied hold, if they are known.
@@ -63,11 +126,11 @@ def reshaped(node, data, shape, allowzero=False):
         if -1 not in rest and len(unknown) - 1 == sum(dims[k] == -1 for k in copied):
             size, known = int(np.prod(rest)), int(np.prod(fixed))
             if known == 0 or size % known:
-                raise node.error(f"cannot reshape input 'data' of shape {list(dims)} into {list(shape)}")
+                raise node.error(f"cannot reshape input 'data' of shape {list(dims)} into {shown}")
             target[next(k for k in unknown if k not in copied)] = size // known
             unknown = [k for k in unknown if k in copied]
     if len(unknown) > 1:
-        raise node.error(f"reshaping input 'data' of shape {list(dims)} into {list(shape)} leaves "
+        raise node.error(f"reshaping input 'data' of shape {list(dims)} into {shown} leaves "
                          f"{len(unknown)} dims unknown when the model is loaded; opforge's reshape takes one")
     return ops.reshape(data, shape=target)
 
@@ -79,7 +142,24 @@ def reshape_v1(node, data):
 
 @converter("Reshape", since=5)
 def reshape_v5(node, data, shape):
-    return reshaped(node, data, ints(node, shape, "input 'shape'"), bool(node.attr("allowzero", 0)))
+    allowzero = bool(node.attr("allowzero", 0))
+    known = None if isinstance(shape, np.ndarray) else known_elements(shape)
+    if known is None:
+        return reshaped(node, data, ints(node, shape, "input 'shape'"), allowzero)
+    # Computed at run time from dims (x.size(0) and friends): an unknown dim of data at its own
+    # position is a copy; any other unknown entry is found from the rest, if it can be.
+    target, copies, unknown = [], [], []
+    dims = data.shape if dims_of(data) != UNKNOWN_RANK and not isinstance(data, np.ndarray) else None
+    for k, entry in enumerate(known.reshape(-1)):
+        if isinstance(entry, SymDim):
+            if dims is not None and k < len(dims) and same_dim(entry, dims[k]):
+                copies.append(k)
+            else:
+                unknown.append(k)
+            target.append(0)
+        else:
+            target.append(int(entry))
+    return reshaped(node, data, target, allowzero, copies, unknown)
 
 
 @converter("Flatten", since=1)
@@ -116,7 +196,8 @@ def concat(node, *inputs):
     present = [x for x in inputs if x is not None]
     if not present:
         raise node.error("Concat needs at least one input")
-    return ops.concat(*present, axis=node.attr("axis", 1))
+    axis = node.attr("axis", 1)
+    return carry(ops.concat(*present, axis=axis), lambda *xs: np.concatenate(xs, axis=axis), *present)
 
 
 @converter("Concat", since=4)
@@ -135,7 +216,7 @@ def squeezed(node, data, axes):
             raise node.error(f"Squeeze without axes needs every dim of input 'data' known when the model is "
                              f"loaded; its shape is {'unknown' if dims == UNKNOWN_RANK else list(dims)}")
         axes = [k for k, d in enumerate(dims) if d == 1]
-    return ops.squeeze(data, axes=list(axes))
+    return carry(ops.squeeze(data, axes=list(axes)), lambda x: np.squeeze(x, axis=tuple(axes)), data)
 
 
 @converter("Squeeze", since=1)
@@ -153,12 +234,16 @@ def unsqueeze_v1(node, data):
     axes = node.attr("axes")
     if axes is None:
         raise node.error("attribute 'axes' is required")
-    return ops.unsqueeze(data, axes=list(axes))
+    return unsqueezed(data, list(axes))
 
 
 @converter("Unsqueeze", since=13)
 def unsqueeze_v13(node, data, axes):
-    return ops.unsqueeze(data, axes=ints(node, axes, "input 'axes'"))
+    return unsqueezed(data, ints(node, axes, "input 'axes'"))
+
+
+def unsqueezed(data, axes):
+    return carry(ops.unsqueeze(data, axes=axes), lambda x: np.expand_dims(x, tuple(axes)), data)
 
 
 # -- Slice ---------------------------------------------------------------------------
@@ -168,7 +253,8 @@ def sliced(node, data, starts, ends, axes, steps):
         raise node.error(f"'starts' has {len(starts)} entries and 'ends' {len(ends)}; they must match")
     if not starts:
         return data
-    return ops.slice(data, starts=list(starts), ends=list(ends), axes=list(axes or []), steps=list(steps or []))
+    attrs = dict(starts=list(starts), ends=list(ends), axes=list(axes or []), steps=list(steps or []))
+    return carry(ops.slice(data, **attrs), lambda x: x[index_of(x, **attrs)], data)
 
 
 @converter("Slice", since=1)
@@ -190,7 +276,8 @@ def shape_of(node, data, start=0, end=None):
     end = INT64_MAX if end is None else end
     if dims != UNKNOWN_RANK and -1 not in dims:  # known now: a constant
         return np.asarray(dims[start:end] if (start, end) != (0, INT64_MAX) else dims, np.int64).reshape(-1)
-    return ops.shape(data, start=start, end=end)
+    result = ops.shape(data, start=start, end=end)
+    return result if dims == UNKNOWN_RANK else with_known(result, object_array(data.shape[start:end]))
 
 
 @converter("Shape", since=1)
@@ -250,7 +337,11 @@ del _since
 
 @converter("Gather", since=1)
 def gather(node, data, indices):
-    return ops.gather(data, indices, axis=node.attr("axis", 0))
+    axis = node.attr("axis", 0)
+    result = ops.gather(data, indices, axis=axis)
+    if isinstance(indices, np.ndarray):  # (indices past the end have raised already)
+        result = carry(result, lambda x: np.take(x, indices, axis=axis), data)
+    return result
 
 
 @converter("Tile", since=6)
