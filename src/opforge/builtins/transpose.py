@@ -76,6 +76,50 @@ TRANSPOSE = r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 
+// y's last dim against x's contiguous dim `along`, in TILE x TILE blocks, for
+// each index of the other dims (an odometer).  dim / stride: y's merged dims
+// and x's byte strides along them.
+template <typename E>
+static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const std::vector<int64_t> &stride,
+                  int along) {
+  const int m = static_cast<int>(dim.size());
+  const int64_t size = sizeof(E), TILE = 32;
+  std::vector<int64_t> ystride(m);
+  for (int d = m - 1; d >= 0; d--) ystride[d] = d == m - 1 ? size : ystride[d + 1] * dim[d + 1];
+  std::vector<int> others;
+  int64_t outer = 1;
+  for (int d = 0; d < m - 1; d++)
+    if (d != along) {
+      others.push_back(d);
+      outer *= dim[d];
+    }
+  const int64_t rows = dim[along], cols = dim[m - 1];
+  const int64_t x_col = stride[m - 1] / size, y_row = ystride[along] / size;
+  std::vector<int64_t> index(others.size(), 0);
+  int64_t xoff = 0, yoff = 0;
+  for (int64_t o = 0; o < outer; o++) {
+    const E *from = reinterpret_cast<const E *>(x + xoff);
+    E *to = reinterpret_cast<E *>(y + yoff);
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+      const int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+      for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
+        const int64_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
+        for (int64_t r = r0; r < r1; r++)
+          for (int64_t c = c0; c < c1; c++) std::memcpy(to + r * y_row + c, from + r + c * x_col, sizeof(E));
+      }
+    }
+    for (int k = static_cast<int>(others.size()) - 1; k >= 0; k--) {
+      const int d = others[k];
+      xoff += stride[d];
+      yoff += ystride[d];
+      if (++index[k] < dim[d]) break;
+      xoff -= stride[d] * dim[d];
+      yoff -= ystride[d] * dim[d];
+      index[k] = 0;
+    }
+  }
+}
+
 // y[i] = x at the matching index, every dim walked as an odometer.  Dims that
 // stay neighbours (x's axes a, a+1 at y's k, k+1) are merged first, and when
 // x's last axis stays last the innermost run is one memcpy.
@@ -120,6 +164,20 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
     std::memcpy(y, x, n * size);
     return 0;
   }
+  const int m = static_cast<int>(dim.size());
+  if (stride[m - 1] != size) {  // element by element: in tiles, so both sides stay in cache
+    int along = -1;  // the dim x is contiguous along
+    for (int d = 0; d < m; d++)
+      if (stride[d] == size) along = d;
+    if (along >= 0) {
+      switch (size) {
+        case 1: Tiled<uint8_t>(x, y, dim, stride, along); return 0;
+        case 2: Tiled<uint16_t>(x, y, dim, stride, along); return 0;
+        case 4: Tiled<uint32_t>(x, y, dim, stride, along); return 0;
+        case 8: Tiled<uint64_t>(x, y, dim, stride, along); return 0;
+      }
+    }
+  }
   // A contiguous innermost run is copied whole; otherwise elements one by one.
   int64_t run = 1;
   if (stride.back() == size) {
@@ -127,24 +185,18 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
     dim.pop_back();
     stride.pop_back();
   }
-  const int m = static_cast<int>(dim.size());
-  const int64_t inner = dim[m - 1], inner_stride = stride[m - 1], run_bytes = run * size;
-  std::vector<int64_t> index(m, 0);
+  const int r = static_cast<int>(dim.size());
+  const int64_t inner = dim[r - 1], inner_stride = stride[r - 1], run_bytes = run * size;
+  std::vector<int64_t> index(r, 0);
   int64_t offset = 0;
   for (int64_t done = 0; done < n; done += inner * run) {
     const char *from = x + offset;
     if (run > 1) {
       for (int64_t j = 0; j < inner; j++, y += run_bytes) std::memcpy(y, from + j * inner_stride, run_bytes);
     } else {
-      switch (size) {
-        case 1: for (int64_t j = 0; j < inner; j++, y += 1) *y = from[j * inner_stride]; break;
-        case 2: for (int64_t j = 0; j < inner; j++, y += 2) std::memcpy(y, from + j * inner_stride, 2); break;
-        case 4: for (int64_t j = 0; j < inner; j++, y += 4) std::memcpy(y, from + j * inner_stride, 4); break;
-        case 8: for (int64_t j = 0; j < inner; j++, y += 8) std::memcpy(y, from + j * inner_stride, 8); break;
-        default: for (int64_t j = 0; j < inner; j++, y += size) std::memcpy(y, from + j * inner_stride, size);
-      }
+      for (int64_t j = 0; j < inner; j++, y += size) std::memcpy(y, from + j * inner_stride, size);
     }
-    for (int d = m - 2; d >= 0; d--) {
+    for (int d = r - 2; d >= 0; d--) {
       offset += stride[d];
       if (++index[d] < dim[d]) break;
       offset -= stride[d] * dim[d];
