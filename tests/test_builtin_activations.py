@@ -198,3 +198,16 @@ def test_sum_inference_with_unknown_dims():
     op = ops.sum.op
     assert op.infer(TensorSpec([-1, 3], "float32"), TensorSpec([4, 1], "float32")) == TensorSpec([4, 3], "float32")
     assert op.infer(TensorSpec([-1, 3], "float32"), TensorSpec(None, "float32")).rank is None
+
+
+def test_sum_runs_channel_blocked_in_graphs():
+    shape = (2, 20, 3, 5)  # 20 channels: the blocked buffers are padded
+    a, b, c = (sample(shape, "float32", seed=k) for k in range(3))
+    graph = opforge.trace(lambda x, y, z: ops.relu(ops.sum(ops.relu(x), y, z)),
+                          *(TensorSpec(shape) for _ in range(3)))
+    plain = graph(a, b, c)
+    np.testing.assert_allclose(plain, np.maximum(np.maximum(a, 0) + b + c, 0), rtol=1e-6)
+    opforge.graph.select_layouts(graph, prefer="nchw16c")
+    layouts = {node.op.name: node.kernel.layout for node in graph.nodes if node.op.name != "reorder"}
+    assert layouts == {"relu": "nchw16c", "sum": "nchw16c"}
+    np.testing.assert_array_equal(graph(a, b, c), plain)

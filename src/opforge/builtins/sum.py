@@ -3,7 +3,8 @@
 A variadic op (ONNX Sum): ``sum(a, b, c)``.  Every input has one dtype;
 the output has their broadcast shape.  The kernel writes the first input
 into y and adds the others in, each read through broadcast strides (add.py's
-helpers); the gradient of each input is dy summed back to its shape.
+helpers); the gradient of each input is dy summed back to its shape.  A
+channel-blocked (nchw16c) variant adds inputs of one 4-d shape in graphs.
 Integer overflow is undefined in C++ (NumPy wraps): keep sums in range.
 """
 import functools
@@ -13,7 +14,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BROADCAST_HELPERS, sum_to
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import FLOATS, NUMERIC, every_dtype
 
 sum = opforge.op("sum(Tensor[] inputs) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Elementwise sum of one or more tensors of one dtype, with NumPy broadcasting.")
@@ -80,6 +81,19 @@ extern "C" int Sum(int nparam, void **params, int *ndims, int64_t **shapes, cons
   const int inputs = nparam - 1;  // the inputs, then y
   if (inputs < 1) return 1;
   T *y = static_cast<T *>(params[inputs]);
+#ifdef OPFORGE_LAYOUT_NCHW16C
+  // Channel-blocked tensors of one shape (the layout pass's condition): elementwise over the padded buffer.
+  for (int k = 0; k <= inputs; k++) {
+    if (ndims[k] != 4) return 3;
+    for (int d = 0; d < 4; d++)
+      if (shapes[k][d] != shapes[inputs][d]) return 4;
+  }
+  const int64_t *s = shapes[inputs];
+  const int64_t padded = s[0] * ((s[1] + 15) / 16 * 16) * s[2] * s[3];
+  Accumulate<true>(static_cast<const T *>(params[0]), 1, &padded, y, 1, &padded, padded);
+  for (int k = 1; k < inputs; k++) Accumulate<false>(static_cast<const T *>(params[k]), 1, &padded, y, 1, &padded, padded);
+  return 0;
+#endif
   const int rank = ndims[inputs];
   const int64_t *out = shapes[inputs];
   const int64_t n = Count(rank, out);
@@ -94,3 +108,4 @@ extern "C" int Sum(int nparam, void **params, int *ndims, int64_t **shapes, cons
 }
 """
 sum.kernel(function="Sum", code=every_dtype(SUM, "Sum", NUMERIC), dtypes=[(d,) for d in NUMERIC])
+sum.kernel(function="Sum", code=every_dtype(SUM, "Sum", FLOATS), dtypes=[(d,) for d in FLOATS], layout="nchw16c")
