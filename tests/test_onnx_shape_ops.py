@@ -312,3 +312,20 @@ def test_reshape_to_unknown_sizes_it_cannot_place_is_a_model_error():
     model.graph.input.append(helper.make_tensor_value_info("other", onnx.TensorProto.FLOAT, ["M", 3, 4]))
     with pytest.raises(opforge.onnx.ModelError, match="unknown when the model is loaded"):
         opforge.onnx.load(model)
+
+
+def test_expand_to_a_shape_computed_at_run_time():
+    # x [N, 1, 4] expanded to Concat(Shape(x)[0:1], [3, 4]): x's own unknown dim stays
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+             helper.make_node("Concat", ["n", "rest"], ["target"], axis=0),
+             helper.make_node("Expand", ["x", "target"], ["y"])]
+    inits = [numpy_helper.from_array(i64(0), "zero"), numpy_helper.from_array(i64(1), "one"),
+             numpy_helper.from_array(i64(3, 4), "rest")]
+    graph = helper.make_graph(nodes, "expand", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                             ["N", 1, 4])],
+                              [onnx.ValueInfoProto(name="y")], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    loaded = opforge.onnx.load(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = r(2, 1, 4)
+    np.testing.assert_array_equal(loaded(x), session.run(None, {"x": x})[0])

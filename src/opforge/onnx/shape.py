@@ -351,7 +351,21 @@ def tile(node, x, repeats):
 
 @converter("Expand", since=8)
 def expand(node, x, shape):
-    return ops.expand(x, shape=ints(node, shape, "input 'shape'"))
+    known = None if isinstance(shape, np.ndarray) else known_elements(shape)
+    if known is None:
+        return ops.expand(x, shape=ints(node, shape, "input 'shape'"))
+    # Computed at run time from dims: an unknown entry that is x's own dim there keeps it (as a 1 does).
+    target, dims = [], x.shape if not isinstance(x, np.ndarray) and dims_of(x) != UNKNOWN_RANK else None
+    entries = list(known.reshape(-1))
+    for k, entry in enumerate(entries):
+        if isinstance(entry, SymDim):
+            at = k - (len(entries) - len(dims)) if dims is not None else -1
+            if not (0 <= at < len(dims) and same_dim(entry, dims[at])):
+                raise node.error(f"input 'shape' holds {entry!r}, a size known only at run time that is not the "
+                                 "input's own dim there; opforge's expand needs the sizes when the model is loaded")
+            entry = 1
+        target.append(int(entry))
+    return ops.expand(x, shape=target)
 
 
 def top_k(node, x, k):
