@@ -10,6 +10,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect"],
@@ -32,19 +33,6 @@ def erf_grad(saved, dy):
     return dy * ops.mul(ops.exp(ops.neg(x * x)), np.asarray(2 / math.sqrt(math.pi), x.dtype))
 
 
-ERF = r"""
-#include <cmath>
-
-#include "custom_aot_extra.h"
-
-extern "C" int Erf(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                   void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::erf(x[i]);  // the float overload for float
-  return 0;
-}
-"""
-erf.kernel(function="Erf", code=every_dtype(ERF, "Erf", FLOATS), dtypes=[(d,) for d in FLOATS])
+# abs.py's unary source with std::erf (float and double overloads).
+erf.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+           name="Erf", cflags=["-DOPFORGE_UNARY(x)=std::erf(x)"])

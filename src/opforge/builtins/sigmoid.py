@@ -9,6 +9,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect"],
@@ -30,19 +31,6 @@ def sigmoid_grad(saved, dy):
     return dy * (y * (np.ones((), y.dtype) - y))
 
 
-SIGMOID = r"""
-#include <cmath>
-
-#include "custom_aot_extra.h"
-
-extern "C" int Sigmoid(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                       void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_T(1) / (OPFORGE_T(1) + std::exp(-x[i]));
-  return 0;
-}
-"""
-sigmoid.kernel(function="Sigmoid", code=every_dtype(SIGMOID, "Sigmoid", FLOATS), dtypes=[(d,) for d in FLOATS])
+# abs.py's unary source with the logistic function (std::exp's float overload for float).
+sigmoid.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+               name="Sigmoid", cflags=["-DOPFORGE_UNARY(x)=(OPFORGE_T(1)/(OPFORGE_T(1)+std::exp(-(x))))"])
