@@ -11,6 +11,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.common import known_dims
 
 constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
                                # always_compute: value is never empty, but y may be (shape with a 0)
@@ -42,7 +43,7 @@ def constant_of_shape_reference(value, *, shape):
 @constant_of_shape.grad(save=["value"])
 def constant_of_shape_grad(saved, dy, *, shape):
     total = opforge.ops.reduce_sum(dy)  # every element of y is the value
-    return opforge.ops.reshape(total, shape=list(saved.value.spec.shape))
+    return opforge.ops.reshape(total, shape=list(known_dims(saved.value)))
 
 
 constant_of_shape.kernel(function="ConstantOfShape", include_dirs=[str(Path(__file__).parent)], code=r"""
