@@ -368,6 +368,18 @@ def test_softmax_before_13_flattens_with_an_unknown_batch():
         np.testing.assert_allclose(g(x), want[0], rtol=1e-5, atol=1e-7)
 
 
+def test_softmax_before_13_with_two_unknown_dims():
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=2)
+    graph = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M", 3, 4])],
+                              [helper.make_empty_tensor_value_info("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    g = ox.load(model)
+    x = sample((2, 5, 3, 4), low=-10, high=10)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(g(x), want[0], rtol=1e-5, atol=1e-7)
+
+
 def test_softmax_float64_and_float16():
     assert_matches_ort("Softmax", [sample((3, 5), "float64")], opset=13, rtol=1e-12)
     assert_matches_ort("Softmax", [sample((3, 5), "float16")], opset=13, rtol=2e-3, atol=1e-3)

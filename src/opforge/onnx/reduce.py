@@ -49,9 +49,10 @@ def flattened_softmax(node, x):
     size = int(np.prod(inner))
     if size == 0:
         return ops.softmax(x, axis=axis)  # no elements: nothing to normalise
-    if list(dims[:axis]).count(-1) > 1:
-        raise node.error(f"input 'input' of shape {list(dims)} has more than one unknown dim before axis {axis}; "
-                         "opforge's reshape back takes one")
+    if list(dims[:axis]).count(-1) > 1:  # no reshape back to two unknown dims: reduce over the dims instead
+        axes = list(range(axis, rank))
+        e = ops.exp(ops.sub(x, extreme(node, x, axes, True, True)))
+        return ops.div(e, ops.reduce_sum(e, axes=axes, keep_dims=True))
     rows = ops.reshape(x, shape=[-1 if axis else 1, size])
     return ops.reshape(ops.softmax(rows, axis=1), shape=list(dims))
 
