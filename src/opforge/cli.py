@@ -6,6 +6,8 @@
     opforge include
     opforge ops [--load FILE]... [--import MODULE]...
     opforge doctor
+    opforge run MODEL.onnx [--input NAME=FILE.npy]... [--seed S] [--threads N] [--bench [--repeat N]]
+    opforge convert MODEL.onnx GRAPH.json
 
 Each subcommand is one ``add_<name>(subparsers)`` function that declares its
 arguments and sets ``func`` to the function that runs it; ``SUBCOMMANDS``
@@ -284,8 +286,179 @@ def run_doctor(args) -> int:
 
 
 # --------------------------------------------------------------------------
+# opforge run / opforge convert (ONNX models; need the optional onnx package)
 
-SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include, add_ops, add_doctor]
+
+def add_run(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run an ONNX model and print its outputs and latency",
+        description="Load an ONNX model, run it once on the inputs given (random ones, seeded, for the "
+                    "inputs not given) and print each output's name, shape and dtype with the latency of "
+                    "the first run (load included). --bench runs it --repeat more times and prints the "
+                    "median and minimum.")
+    parser.add_argument("model", help="ONNX model file (.onnx)")
+    parser.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="the array for the model input NAME, from a .npy file (repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--threads", type=_positive_int, metavar="N",
+                        help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; opforge's own "
+                             "kernels run on one thread); sets OPENBLAS_NUM_THREADS")
+    parser.add_argument("--bench", action="store_true", help="time --repeat runs after the first")
+    parser.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
+                        help="runs timed by --bench (default 10)")
+    parser.set_defaults(func=run_run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def set_blas_threads(count: int) -> None:
+    """Make OpenBLAS (the linear ops' BLAS) use ``count`` threads: the environment for a library loaded later,
+    its own setter when it is loaded."""
+    os.environ["OPENBLAS_NUM_THREADS"] = str(count)
+    from .runtime import blas
+
+    handle = blas.load()
+    setter = getattr(handle, "scipy_openblas_set_num_threads", None) if handle is not None else None
+    if setter is not None:
+        setter(count)
+
+
+def _load_model(path: str):
+    if not os.path.isfile(path):
+        raise UsageError(f"no model file at {path!r}")
+    try:
+        import opforge.onnx
+    except ImportError as exc:
+        raise UsageError(f"ONNX models need the onnx package (pip install \"opforge[onnx]\"): {exc}") from None
+    return opforge.onnx.load(path)
+
+
+def _graph_input_names(graph) -> list[str]:
+    names = getattr(graph, "input_names", None)
+    return list(names) if names is not None else [v.name for v in graph.inputs]
+
+
+def _given_inputs(pairs: list[str], names: list[str]) -> dict:
+    import numpy as np
+
+    given = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--input {pair}: expected NAME=FILE.npy")
+        if name not in names:
+            raise UsageError(f"--input {pair}: the model has no input {name!r}; its inputs: {', '.join(names)}")
+        try:
+            given[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--input {pair}: cannot read {path!r} as a .npy array: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+    return given
+
+
+def _random_input(spec, rng):
+    """A random array for ``spec``: unknown dims are 1; floats normal, integers in [0, 10), bools fair."""
+    import numpy as np
+
+    shape = tuple(d if d >= 0 else 1 for d in spec.shape)
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, 10, shape).astype(dtype)
+
+
+def _model_inputs(graph, args) -> list:
+    import numpy as np
+
+    names = _graph_input_names(graph)
+    given = _given_inputs(args.inputs, names)
+    rng = np.random.default_rng(args.seed)
+    arrays = []
+    for name, value in zip(names, graph.inputs):
+        spec = value.spec
+        if name in given:
+            array = given[name]
+            if array.dtype.name != spec.dtype or not spec.matches(array.shape):
+                raise UsageError(f"input {name!r} is {spec.dtype} {_dims(spec.shape)} in the model; the file "
+                                 f"given holds {array.dtype} {list(array.shape)}")
+        else:
+            if spec.rank is None:
+                raise UsageError(f"input {name!r} has unknown rank: give it with --input {name}=FILE.npy")
+            array = _random_input(spec, rng)
+            print(f"input {name}: not given, random {spec.dtype} {list(array.shape)} (seed {args.seed})")
+        arrays.append(array)
+    return arrays
+
+
+def _dims(shape) -> str:
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+def run_run(args) -> int:
+    import numpy as np
+
+    if args.threads is not None:
+        set_blas_threads(args.threads)
+    start = time.perf_counter()
+    graph = _load_model(args.model)
+    loaded = time.perf_counter()
+    arrays = _model_inputs(graph, args)
+    before_run = time.perf_counter()
+    outputs = graph(*arrays)
+    first = time.perf_counter()
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    names = getattr(graph, "output_names", None) or [v.name for v in graph.outputs]
+    for name, output in zip(names, outputs):
+        output = np.asarray(output)
+        line = f"output {name}: shape {list(output.shape)}, {output.dtype}"
+        if output.size and output.dtype.kind in "fiub":
+            values = output.astype(np.float64)
+            line += f", min {values.min():.6g}, max {values.max():.6g}, mean {values.mean():.6g}"
+        print(line)
+    print(f"latency: load {1e3 * (loaded - start):.2f} ms, first run {1e3 * (first - before_run):.2f} ms "
+          f"(load + first run {1e3 * (loaded - start + first - before_run):.2f} ms)")
+    if args.bench:
+        times = []
+        for _ in range(args.repeat):
+            begin = time.perf_counter()
+            graph(*arrays)
+            times.append(time.perf_counter() - begin)
+        print(f"bench: {args.repeat} runs, median {1e3 * float(np.median(times)):.3f} ms, "
+              f"min {1e3 * min(times):.3f} ms")
+    return 0
+
+
+def add_convert(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert", help="convert an ONNX model into an opforge graph JSON file",
+        description="Load an ONNX model and write it as an opforge graph (Graph.save), which "
+                    "opforge.Graph.load reads back without the onnx package.")
+    parser.add_argument("model", help="ONNX model file (.onnx)")
+    parser.add_argument("output", help="graph JSON file to write")
+    parser.set_defaults(func=run_convert)
+
+
+def run_convert(args) -> int:
+    graph = _load_model(args.model)
+    graph.save(args.output)
+    print(f"{args.output}: {len(graph.inputs)} input(s), {len(graph.nodes)} node(s), "
+          f"{len(graph.outputs)} output(s)")
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include, add_ops, add_doctor, add_run, add_convert]
 
 
 def make_parser() -> argparse.ArgumentParser:
