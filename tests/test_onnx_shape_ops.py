@@ -222,6 +222,11 @@ def test_gather(axis, indices, index_dtype):
               attrs={"axis": axis}, dynamic={0} if axis else {1})
 
 
+def test_gather_index_out_of_range_is_a_model_error():
+    with pytest.raises(opforge.onnx.ModelError, match="holds 5, out of range for axis 0 of size 3"):
+        opforge.onnx.load(model_of("Gather", [("x", r(3, 4)), ("i", i64(1, 5))], constants={"i"}))
+
+
 def test_gather_of_a_shape_folds():  # Shape -> Gather, as exporters write
     graph = check("Gather", [("x", i64(2, 3, 4)), ("i", i64(1, -1))], constants={"x", "i"})
     assert not [n for n in graph.nodes if getattr(n.op, "name", None) == "gather"]

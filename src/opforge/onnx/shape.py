@@ -338,6 +338,13 @@ del _since
 @converter("Gather", since=1)
 def gather(node, data, indices):
     axis = node.attr("axis", 0)
+    dims = dims_of(data)
+    if isinstance(indices, np.ndarray) and dims != UNKNOWN_RANK and -len(dims) <= axis < len(dims):
+        size = dims[axis]
+        bad = indices[(indices < -size) | (indices >= size)] if size != -1 else indices[:0]
+        if bad.size:
+            raise node.error(f"input 'indices' holds {bad.reshape(-1)[0]}, out of range for axis {axis} of "
+                             f"size {size} (valid: {-size}..{size - 1})")
     result = ops.gather(data, indices, axis=axis)
     if isinstance(indices, np.ndarray):  # (indices past the end have raised already)
         result = carry(result, lambda x: np.take(x, indices, axis=axis), data)
