@@ -534,3 +534,16 @@ def test_reduce_log_sum_exp_does_not_overflow():
 def test_log_softmax_matches_ort(axis, opset):
     x = sample((2, 3, 4), low=-200, high=200)
     assert_matches_ort("LogSoftmax", [x], {} if axis is None else {"axis": axis}, opset=opset, rtol=1e-5, atol=1e-4)
+
+
+def test_cast_before_opset_6_names_the_type():
+    node = helper.make_node("Cast", ["x0"], ["y0"])
+    node.attribute.append(helper.make_attribute("to", "INT32"))
+    graph = helper.make_graph([node], "m", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [3])],
+                              [helper.make_empty_tensor_value_info("y0")])
+    g = ox.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)]))
+    got = g(np.array([1.5, -2.7, 3.0], np.float32))
+    assert got.dtype == np.int32 and got.tolist() == [1, -2, 3]
+    graph.node[0].attribute[0].s = b"NOT_A_TYPE"
+    with pytest.raises(ox.ModelError, match="NOT_A_TYPE"):
+        ox.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)]))
