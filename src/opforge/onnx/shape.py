@@ -6,16 +6,19 @@ Inputs that become opforge attributes (Reshape's shape, Slice's starts, the
 axes of Squeeze from opset 13, ...) must be known when the model loads
 (``node.constant``).  Shape of a tensor whose dims are all known is a
 constant, so the Shape -> Gather -> Concat -> Reshape chains exporters
-write fold away while the model loads.
+write fold away while the model loads; with unknown dims, those chains
+still give Reshape and Expand a pattern they can use (see KNOWN below).
+Split becomes one slice per output (an opforge op has a fixed number of
+outputs).
 """
 from __future__ import annotations
 
 import numpy as np
 
 import opforge
+from ..builtins.slice import index_of
 from ..errors import TracingError
 from ..graph.symbolic import SymDim
-from ..builtins.slice import index_of
 from ..spec import UNKNOWN_RANK
 from .registry import converter
 
