@@ -547,3 +547,18 @@ def test_cast_before_opset_6_names_the_type():
     graph.node[0].attribute[0].s = b"NOT_A_TYPE"
     with pytest.raises(ox.ModelError, match="NOT_A_TYPE"):
         ox.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)]))
+
+
+@pytest.mark.parametrize("op_type", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("attrs", [{}, {"axis": 1}, {"axis": -1, "keepdims": 0}, {"axis": 1, "select_last_index": 1}])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "float16", "uint8"])
+def test_arg_extremes_match_ort(op_type, attrs, dtype):
+    x = sample((3, 7, 2), dtype, low=0, high=4)  # small integers: ties occur
+    if dtype == "float16" or dtype == "uint8" and "select_last_index" in attrs:  # (onnxruntime lacks these)
+        got = run_opforge(one_node_model(op_type, [x], attrs, opset=13), [x])[0]
+        want = run_ort(one_node_model(op_type, [x.astype(np.float32)], attrs, opset=13), [x.astype(np.float32)])[0]
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+    else:
+        got = assert_matches_ort(op_type, [x], attrs, opset=13)
+        assert got[0].dtype == np.int64

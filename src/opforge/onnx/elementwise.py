@@ -43,9 +43,9 @@ def scalar(value, like):
     return np.asarray(value, dtype_of(like))
 
 
-def widened(node, fn, inputs, takes, keep_bool=True):
+def widened(node, fn, inputs, takes, cast_back=True):
     """``fn(*inputs)``, computed in a wider dtype when the inputs' dtype is not in ``takes`` and cast back
-    (a bool result, from a comparison, stays bool)."""
+    (unless ``cast_back`` is false, or the result is bool, from a comparison)."""
     dtype = dtype_of(inputs[0])
     if dtype in takes:
         return fn(*inputs)
@@ -54,7 +54,7 @@ def widened(node, fn, inputs, takes, keep_bool=True):
         raise node.error(f"input dtype {dtype} is not supported (supported: "
                          f"{', '.join(sorted(set(takes) | {d for d, w in WIDER.items() if w in takes}))})")
     result = fn(*(ops.cast(x, dtype=wider) if x is not None and dtype_of(x) == dtype else x for x in inputs))
-    return result if keep_bool and dtype_of(result) == "bool" else ops.cast(result, dtype=dtype)
+    return result if not cast_back or dtype_of(result) == "bool" else ops.cast(result, dtype=dtype)
 
 
 def same_dtype(node, *inputs):

@@ -1,6 +1,6 @@
 """Converters of ONNX's softmax and reductions: Softmax, LogSoftmax,
 ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
-ReduceMax, ReduceMin, ReduceLogSumExp.
+ReduceMax, ReduceMin, ReduceLogSumExp, ArgMax, ArgMin.
 
 Softmax before opset 13 flattens its input at ``axis`` (default 1) into a
 matrix and normalises each row, so it runs over every dim from ``axis`` on;
@@ -12,7 +12,9 @@ defaults to 1, and ``noop_with_empty_axes=1`` with no axes is the identity.
 opforge has no max-reduction op: ReduceMax and ReduceMin fold halves of
 the reduced dims together with maximum / minimum (log2(n) steps per axis),
 so those dims must be known when the model loads; LogSoftmax and
-ReduceLogSumExp subtract that maximum before exponentiating.
+ReduceLogSumExp subtract that maximum before exponentiating; ArgMax / ArgMin
+take the smallest (or, with ``select_last_index``, largest) index where the
+extreme occurs.
 """
 from __future__ import annotations
 
@@ -236,3 +238,35 @@ def log_softmax_v13(node, x):
     if dims != UNKNOWN_RANK and not -max(len(dims), 1) <= axis < max(len(dims), 1):
         raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
     return widened(node, lambda v: log_softmax(node, v, [axis]) if dims else ops.sub(v, v), [x], FLOATS)
+
+
+def arg_extreme(node, x, largest):
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK or not dims:
+        raise node.error("input 'data' must have a known rank >= 1 when the model is loaded")
+    axis = node.attr("axis", 0)
+    if not -len(dims) <= axis < len(dims):
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'data' of rank {len(dims)}")
+    axis %= len(dims)
+    n = dims[axis]
+    if n == -1:
+        raise node.error(f"{node.op_type} along axis {axis} of input 'data' of shape {list(dims)} needs that dim "
+                         "known when the model is loaded")
+    if n == 0:
+        raise node.error(f"{node.op_type} along axis {axis}, of length 0: there is no index to give")
+    last = bool(node.attr("select_last_index", 0))
+    index = np.arange(n, dtype=np.int64).reshape([n] + [1] * (len(dims) - axis - 1))
+    hit = ops.equal(x, extreme(node, x, [axis], True, largest))
+    # the first hit: the least index among hits (others count as n); the last: the greatest (others -1)
+    candidates = ops.where(hit, index, np.asarray(-1 if last else n, np.int64))
+    return extreme(node, candidates, [axis], bool(node.attr("keepdims", 1)), last)
+
+
+@converter("ArgMax", since=1)
+def arg_max(node, x):
+    return widened(node, lambda v: arg_extreme(node, v, True), [x], NUMERIC, cast_back=False)
+
+
+@converter("ArgMin", since=1)
+def arg_min(node, x):
+    return widened(node, lambda v: arg_extreme(node, v, False), [x], NUMERIC, cast_back=False)
