@@ -59,6 +59,8 @@ def test_transpose_inference_and_errors():
     assert infer(ops.transpose, TensorSpec([None, 3, 4]), perm=[2, 0, 1]).shape == (4, -1, 3)
     assert infer(ops.transpose, TensorSpec(None), perm=[1, 0]).shape == (-1, -1)
     assert infer(ops.transpose, TensorSpec(None)).rank is None
+    with pytest.raises(ShapeError, match="not a permutation"):
+        infer(ops.transpose, TensorSpec(None), perm=[1, 1])
     for x, perm, match in [(np.ones(3), [], "rank 1"), (np.ones((3, 2)), [0, 0], "not a permutation"),
                            (np.ones((3, 2)), [0], "has 1 entries"), (np.ones((3, 2)), [0, 2], "out of range")]:
         with pytest.raises(ShapeError, match=match):

@@ -38,9 +38,9 @@ def full_perm(rank, perm):
 
 @transpose.check
 def transpose_check(x, *, perm):
-    if x.rank is None:
+    if x.rank is None and not perm:
         return None
-    problem = full_perm(x.rank, perm)
+    problem = full_perm(len(perm) if x.rank is None else x.rank, perm)
     if isinstance(problem, str):
         raise ShapeError(f"op 'transpose': {problem}")
     return None
