@@ -562,3 +562,27 @@ def test_arg_extremes_match_ort(op_type, attrs, dtype):
     else:
         got = assert_matches_ort(op_type, [x], attrs, opset=13)
         assert got[0].dtype == np.int64
+
+
+@pytest.mark.parametrize("shape, axes", [((5, 7), [1]), ((3, 4, 5), [0, 2]), ((6,), None), ((2, 1), [1])])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16"])
+def test_reduce_prod_matches_ort(shape, axes, dtype):
+    x = sample(shape, dtype, low=0.5, high=1.5) if dtype != "int64" else sample(shape, dtype, low=-2, high=2)
+    attrs = {"keepdims": 0, **({} if axes is None else {"axes": axes})}
+    if dtype == "float16":  # (onnxruntime lacks it)
+        got = run_opforge(one_node_model("ReduceProd", [x], attrs, opset=13), [x])[0]
+        np.testing.assert_allclose(got, np.prod(x.astype(np.float64), axis=None if axes is None else tuple(axes)),
+                                   rtol=5e-3)
+    else:
+        assert_matches_ort("ReduceProd", [x], attrs, opset=13)
+
+
+def test_reduce_max_and_min_of_bool():
+    x = np.array([[True, False], [False, False]])
+    for op_type, want in [("ReduceMax", [True, False]), ("ReduceMin", [False, False])]:
+        got = run_opforge(one_node_model(op_type, [x, np.asarray([1], np.int64)], {"keepdims": 0}, opset=20,
+                                         constant=("x1",)), [x], ("x1",))[0]
+        assert got.dtype == np.bool_ and got.tolist() == want
+    empty = np.zeros((2, 0), bool)
+    model = one_node_model("ReduceMax", [empty, np.asarray([1], np.int64)], opset=20, constant=("x1",))
+    assert run_opforge(model, [empty], ("x1",))[0].tolist() == [[False], [False]]

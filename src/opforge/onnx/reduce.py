@@ -1,6 +1,6 @@
 """Converters of ONNX's softmax and reductions: Softmax, LogSoftmax,
 ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
-ReduceMax, ReduceMin, ReduceLogSumExp, ArgMax, ArgMin.
+ReduceMax, ReduceMin, ReduceProd, ReduceLogSumExp, ArgMax, ArgMin.
 
 Softmax before opset 13 flattens its input at ``axis`` (default 1) into a
 matrix and normalises each row, so it runs over every dim from ``axis`` on;
@@ -9,8 +9,9 @@ their axes from an attribute, and from an input (which must be known when
 the model loads) from opset 13 (ReduceSum) or 18 (the others); ``keepdims``
 defaults to 1, and ``noop_with_empty_axes=1`` with no axes is the identity.
 
-opforge has no max-reduction op: ReduceMax and ReduceMin fold halves of
-the reduced dims together with maximum / minimum (log2(n) steps per axis),
+opforge has no max-, min- or product-reduction op: ReduceMax, ReduceMin
+and ReduceProd fold halves of the reduced dims together with maximum,
+minimum or mul (log2(n) steps per axis),
 so those dims must be known when the model loads; LogSoftmax and
 ReduceLogSumExp subtract that maximum before exponentiating; ArgMax / ArgMin
 take the smallest (or, with ``select_last_index``, largest) index where the
@@ -142,45 +143,67 @@ def normalized_axes(node, x, axes):
     return dims, sorted({a % rank for a in axes}) if axes else list(range(rank))
 
 
-def extreme(node, x, axes, keep, largest):
-    """The maximum (``largest``) or minimum of x over ``axes``, by folding halves: each step takes the
-    elementwise extreme of the first and the last ceil(n / 2) entries (they overlap by one when n is
-    odd), until one entry is left.  Over no elements: -inf / +inf (the integer limits for integers)."""
+def fold_axes(node, x, axes, keep, fold, empty, idempotent):
+    """x reduced over ``axes`` by folding halves together with the binary op ``fold``: log2(n) steps per
+    axis.  An idempotent fold (maximum, minimum) takes the first and the last ceil(n / 2) entries, which
+    overlap by one when n is odd; another (mul) pairs the first 2 * floor(n / 2) and carries the odd one
+    over.  Over no elements, ``empty``."""
     dims, axes = normalized_axes(node, x, axes)
     unknown = [a for a in axes if dims[a] == -1]
     if unknown:
         raise node.error(f"{node.op_type} over axes {unknown} of input 'data' of shape {list(dims)} needs those "
                          "dims known when the model is loaded")
-    dtype = np.dtype(dtype_of(x))
     if any(dims[a] == 0 for a in axes):
         kept = [1 if k in axes else d for k, d in enumerate(dims)]
         if -1 in kept:
             raise node.error(f"{node.op_type} of no elements needs the shape of input 'data' known; it is "
                              f"{list(dims)}")
-        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-        empty = (np.inf if largest else -np.inf) if dtype.kind == "f" else (info.min if largest else info.max)
-        result = np.full(kept, -empty if dtype.kind == "f" else empty, dtype)
+        result = np.full(kept, empty, dtype_of(x))
     else:
-        fold = ops.maximum if largest else ops.minimum
         result = x
         for axis in axes:
             n = dims[axis]
             while n > 1:
-                half = (n + 1) // 2
-                first = ops.slice(result, starts=[0], ends=[half], axes=[axis])
-                last = ops.slice(result, starts=[n - half], ends=[n], axes=[axis])
-                result, n = fold(first, last), half
+                def part(start, stop):
+                    return ops.slice(result, starts=[start], ends=[stop], axes=[axis])
+
+                if idempotent or n % 2 == 0:
+                    half = (n + 1) // 2
+                    result, n = fold(part(0, half), part(n - half, n)), half
+                else:
+                    half = n // 2
+                    result, n = ops.concat(fold(part(0, half), part(half, 2 * half)), part(n - 1, n), axis=axis), half + 1
     if not keep and axes:
         result = ops.squeeze(result, axes=axes)
     return result
 
 
+def extreme(node, x, axes, keep, largest):
+    """The maximum (``largest``) or minimum of x over ``axes``; over no elements -inf / +inf (the integer
+    limits for integers)."""
+    dtype = np.dtype(dtype_of(x))
+    if dtype.kind == "f":
+        empty = -np.inf if largest else np.inf
+    else:
+        info = np.iinfo(dtype)
+        empty = info.min if largest else info.max
+    return fold_axes(node, x, axes, keep, ops.maximum if largest else ops.minimum, empty, True)
+
+
+def extreme_of_any_dtype(node, x, axes, keep, largest):
+    if dtype_of(x) == "bool":  # any / all: in int32, where no elements give false / true
+        wide = ops.cast(x, dtype="int32")
+        result = fold_axes(node, wide, axes, keep, ops.maximum if largest else ops.minimum, int(not largest), True)
+        return ops.cast(result, dtype="bool")
+    return widened(node, lambda v: extreme(node, v, axes, keep, largest), [x], NUMERIC)
+
+
 def reduce_max(node):
-    return lambda x, axes, keep: widened(node, lambda v: extreme(node, v, axes, keep, True), [x], NUMERIC)
+    return lambda x, axes, keep: extreme_of_any_dtype(node, x, axes, keep, True)
 
 
 def reduce_min(node):
-    return lambda x, axes, keep: widened(node, lambda v: extreme(node, v, axes, keep, False), [x], NUMERIC)
+    return lambda x, axes, keep: extreme_of_any_dtype(node, x, axes, keep, False)
 
 
 def log_sum_exp(node, x, axes, keep):
@@ -207,6 +230,8 @@ def node_reducer(op_type, make, *, input_since):
 
 node_reducer("ReduceMax", reduce_max, input_since=18)
 node_reducer("ReduceMin", reduce_min, input_since=18)
+node_reducer("ReduceProd", lambda node: lambda x, axes, keep: fold_axes(node, x, axes, keep, ops.mul, 1, False),
+             input_since=18)
 node_reducer("ReduceLogSumExp",
              lambda node: lambda x, axes, keep: widened(node, lambda v: log_sum_exp(node, v, axes, keep), [x], FLOATS),
              input_since=18)
