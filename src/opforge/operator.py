@@ -51,6 +51,10 @@ class Kernel:
     priority = 1  # dispatch prefers higher: native kernels are 2
     reference = False
     dispatchable = True  # False: a reference kept for checks only, never chosen by dispatch
+    #: None, or a callable ``() -> None | str`` for a kernel that needs something besides the CPU (a
+    #: library such as OpenBLAS): it makes that ready and returns None, or says why it cannot; dispatch
+    #: then skips the kernel, as it does one whose ISA the CPU lacks.
+    requires = None
 
     def __init__(self, *, device="cpu", dtypes=None, isa=None, layout="ndarray", name=None):
         self.device = device.lower()
@@ -61,6 +65,9 @@ class Kernel:
 
     def reject_reason(self, op: "Op", specs) -> str | None:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
+        missing = self.requires() if self.requires is not None else None
+        if missing:
+            return missing
         for index, spec in enumerate(specs):
             if spec is not None and self.layout != "any" and spec.layout != self.layout:
                 return f"input '{op.input_name(index)}' is in layout {spec.layout}, the kernel takes {self.layout}"

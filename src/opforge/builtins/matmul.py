@@ -2,16 +2,22 @@
 
 The template for an op with its own inference function: it checks the
 shapes it can (raising ShapeError that names the op and the dims) and lets
-unknown dims (-1) and an unknown rank ([-2]) propagate.  Leading batch dims
-must be equal (no batch broadcasting).
+unknown dims (-1) and an unknown rank ([-2]) propagate.  a and b have equal
+ranks; a batch dim of 1 broadcasts against the other's (the ONNX converter
+unsqueezes 1-D and lower-rank operands first).  The kernel calls OpenBLAS's
+gemm once per batch entry, or once in all when b has a single matrix; it is
+selected only where OpenBLAS is installed (``opforge.runtime.blas``), else
+the NumPy reference runs (np.matmul is BLAS too).
 """
 import numpy as np
 
 import opforge
+from opforge.builtins.common import known_dims
+from opforge.runtime import blas
 
 matmul = opforge.op("matmul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
-                    doc="Matrix product of the last two dims, batched over equal leading dims; "
-                        "y has the dtype of a.")
+                    doc="Matrix product of the last two dims, batched over leading dims that are equal or 1 "
+                        "(broadcast); y has the dtype of a.")
 
 
 @matmul.def_infer
@@ -37,10 +43,13 @@ def matmul_infer(a, b):
                                  f"shapes {list(a.shape)} and {list(b.shape)}")
     batch = []
     for axis, (x, y) in enumerate(zip(a_batch, b_batch)):
-        if -1 not in (x, y) and x != y:
+        if -1 not in (x, y) and x != y and 1 not in (x, y):
             raise opforge.ShapeError(f"op 'matmul': batch dim {axis} differs ({x} in a, {y} in b); shapes "
-                                     f"{list(a.shape)} and {list(b.shape)} (batch dims must be equal)")
-        batch.append(y if x == -1 else x)  # a known dim wins over -1
+                                     f"{list(a.shape)} and {list(b.shape)} (batch dims must be equal, or 1)")
+        if x == 1 or y == 1:
+            batch.append(y if x == 1 else x)  # 1 broadcasts (to -1 when the other is unknown)
+        else:
+            batch.append(y if x == -1 else x)  # a known dim wins over -1
     return opforge.TensorSpec((*batch, m, n), a.dtype)
 
 
@@ -49,16 +58,30 @@ def matmul_reference(a, b):
     return np.matmul(a, b).astype(a.dtype, copy=False)
 
 
+def unbroadcast(grad, own, other):
+    """``grad`` summed over the batch axes where ``own`` (an input's dims) is 1 and
+    ``other`` (the other input's) is not: the axes the forward pass broadcast.
+    An unknown dim counts as not broadcast."""
+    if len(own) < 2 or own == other:
+        return grad
+    axes = [d for d in range(len(own) - 2) if own[d] == 1 and other[d] != 1]
+    return opforge.ops.reduce_sum(grad, axes=axes, keep_dims=True) if axes else grad
+
+
 @matmul.grad(save=["a", "b"])
 def matmul_grad(saved, dy):
     transpose = opforge.ops.transpose
-    return opforge.ops.matmul(dy, transpose(saved.b)), opforge.ops.matmul(transpose(saved.a), dy)
+    a_dims, b_dims = known_dims(saved.a), known_dims(saved.b)
+    da = opforge.ops.matmul(dy, transpose(saved.b))
+    db = opforge.ops.matmul(transpose(saved.a), dy)
+    return unbroadcast(da, a_dims, b_dims), unbroadcast(db, b_dims, a_dims)
 
 
 # k == 0 gives an empty input and a non-empty y: opforge then skips the
 # kernel and returns zeros, which is the right (empty-sum) product.
-matmul.kernel(function="MatMul", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]}, code=r"""
+MATMUL = r"""
 #include "custom_aot_extra.h"
+#include "opforge_blas.h"
 
 typedef OPFORGE_T T;
 
@@ -69,30 +92,37 @@ extern "C" int MatMul(int nparam, void **params, int *ndims, int64_t **shapes, c
   T *y = static_cast<T *>(params[2]);
   const int rank = ndims[0];
   if (rank < 2 || ndims[1] != rank || ndims[2] != rank) return 1;  // inference rejects these first
-  const int64_t m = shapes[0][rank - 2], k = shapes[0][rank - 1], n = shapes[1][rank - 1];
-  if (shapes[1][rank - 2] != k) return 2;
+  const int64_t *as = shapes[0], *bs = shapes[1], *ys = shapes[2];
+  const int64_t m = as[rank - 2], k = as[rank - 1], n = bs[rank - 1];
+  if (bs[rank - 2] != k) return 2;
   int64_t batch = 1;
+  bool a_whole = true, b_single = true;  // a not broadcast; b one matrix for every batch entry
   for (int d = 0; d < rank - 2; d++) {
-    if (shapes[0][d] != shapes[1][d]) return 3;
-    batch *= shapes[0][d];
+    if ((as[d] != ys[d] && as[d] != 1) || (bs[d] != ys[d] && bs[d] != 1)) return 3;
+    batch *= ys[d];
+    a_whole = a_whole && as[d] == ys[d];
+    b_single = b_single && bs[d] == 1;
   }
-
+  if (!OpforgeBlasFits({m, n, k, batch * m})) return 4;
+  if (a_whole && b_single) {  // the batch's rows of a are one (batch * m, k) matrix
+    OpforgeGemm(false, false, batch * m, n, k, T(1), a, k, b, n, T(0), y, n);
+    return 0;
+  }
   for (int64_t s = 0; s < batch; s++) {
-    const T *as = a + s * m * k;
-    const T *bs = b + s * k * n;
-    T *ys = y + s * m * n;
-    // i-k-j order: the inner loop runs along rows of b and y, both
-    // contiguous, so it streams memory and vectorizes.
-    for (int64_t i = 0; i < m; i++) {
-      T *row = ys + i * n;
-      for (int64_t j = 0; j < n; j++) row[j] = T(0);
-      for (int64_t p = 0; p < k; p++) {
-        const T aip = as[i * k + p];
-        const T *brow = bs + p * n;
-        for (int64_t j = 0; j < n; j++) row[j] += aip * brow[j];
-      }
+    // The batch index s of y, split into dims, gives a's and b's matrices (0 along a broadcast dim).
+    int64_t rest = s, offset_a = 0, offset_b = 0, stride_a = m * k, stride_b = k * n;
+    for (int d = rank - 3; d >= 0; d--) {
+      const int64_t index = rest % ys[d];
+      rest /= ys[d];
+      if (as[d] != 1) offset_a += index * stride_a;
+      if (bs[d] != 1) offset_b += index * stride_b;
+      stride_a *= as[d];
+      stride_b *= bs[d];
     }
+    OpforgeGemm(false, false, m, n, k, T(1), a + offset_a, k, b + offset_b, n, T(0), y + s * m * n, n);
   }
   return 0;
 }
-""")
+"""
+blas.requiring(matmul.kernel(function="MatMul", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
+                             code=MATMUL))

@@ -22,6 +22,7 @@ from ..errors import AllocationError, InferenceError, KernelSourceError, SchemaE
 from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
 from . import build as _build
+from . import prebuilt as _prebuilt
 from .cache import cache_errors
 from .cpu import ISA_COMPILE_FLAGS, normalize_isa
 from .library import load_library
@@ -70,6 +71,7 @@ class AotKernel(Kernel):
         self.cxx11_abi = cxx11_abi
         self.library = None
         self.code = None  # source text, for kernels declared with code=
+        self.builtin = False  # declared by opforge.builtins: may load from the prebuilt set
         self._function = self._init = self._infer = None
         # Bounded: shapes and attribute values may vary per call.  An evicted
         # Extra deletes its kernel data when the last call using it ends.
@@ -90,15 +92,20 @@ class AotKernel(Kernel):
         """Build (or fetch from the cache) and load the library; resolve entry points."""
         if self.library is not None:
             return self
-        if self.code is not None:
+        missing = self.requires() if self.requires is not None else None  # e.g. loads OpenBLAS first
+        if missing:
+            raise KernelSourceError(f"kernel '{self.name}' cannot be loaded: {missing}")
+        built = _prebuilt.lookup(self)  # a built-in compiled with the package: no compiler needed
+        if built is None and self.code is not None:
             with cache_errors():  # inline sources live in the cache folder
                 write_inline_source(self.path, self.code)
-        elif not self.path.exists():
+        elif built is None and not self.path.exists():
             raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
                                     "(relative paths resolve from the working directory)")
-        if _build.is_source(self.path):
+        if built is None and _build.is_source(self.path):
             built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
                                  **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
+        if built is not None:
             library = load_library(built.path, cxx11_abi=built.cxx11_abi)
         else:
             library = load_library(self.path, cxx11_abi=self.cxx11_abi)
@@ -264,6 +271,7 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
         source = f"{source}:{function}"
     isa_flags = ISA_COMPILE_FLAGS[normalize_isa(isa)] if device == "cpu" else []
     variants = signatures if (signatures and isinstance(dtypes, dict)) else [None]
+    builtin = _prebuilt.declared_by_builtins()  # before the loop: one look at the callers
     kernels = []
     for variant in variants:
         flags = list(cflags) + isa_flags + dtype_flags(op, variant) + layout_flags(layout)
@@ -277,6 +285,7 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
         kernel = AotKernel(source, device=device, dtypes=[variant] if variant else signatures, isa=isa,
                            layout=layout, cflags=flags, include_dirs=include_dirs, name=label)
         kernel.code = code  # written to its path when the kernel is loaded
+        kernel.builtin = builtin
         kernels.append(kernel)
     return kernels
 

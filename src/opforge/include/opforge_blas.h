@@ -1,0 +1,49 @@
+/*
+ * opforge_blas.h: the CBLAS functions opforge's built-in linear kernels call.
+ *
+ * OpenBLAS comes from the scipy-openblas32 wheel, which prefixes its CBLAS
+ * names with "scipy_" and uses 32-bit integers.  Kernels link no library:
+ * opforge.runtime.blas loads OpenBLAS with RTLD_GLOBAL before a kernel
+ * library that uses these is loaded, and the loader resolves them then.
+ * Sizes above INT32_MAX do not fit; kernels check with OpforgeBlasFits.
+ */
+#ifndef OPFORGE_BLAS_H_
+#define OPFORGE_BLAS_H_
+
+#include <cstdint>
+#include <initializer_list>
+
+enum { OpforgeBlasRowMajor = 101 };
+enum { OpforgeBlasNoTrans = 111, OpforgeBlasTrans = 112 };
+
+extern "C" {
+void scipy_cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                       int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void scipy_cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double *a,
+                       int lda, const double *b, int ldb, double beta, double *c, int ldc);
+}
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C for float and double, op(X) = X or X^T;
+// lda, ldb, ldc are the row lengths of A, B and C as stored.
+inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  scipy_cblas_sgemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
+                    trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
+                    int(ldb), beta, c, int(ldc));
+}
+
+inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                        int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
+  scipy_cblas_dgemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
+                    trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
+                    int(ldb), beta, c, int(ldc));
+}
+
+// Whether every size fits OpenBLAS's 32-bit integers.
+inline bool OpforgeBlasFits(std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes)
+    if (s < 0 || s > INT32_MAX) return false;
+  return true;
+}
+
+#endif  // OPFORGE_BLAS_H_

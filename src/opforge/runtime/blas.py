@@ -1,0 +1,76 @@
+"""OpenBLAS for the built-in linear ops (matmul, gemm, conv, conv_transpose).
+
+OpenBLAS comes from the optional ``scipy-openblas32`` wheel (``pip install
+"opforge[blas]"``), whose library exports the CBLAS functions with a
+``scipy_`` prefix (``scipy_cblas_sgemm``, 32-bit integers).  Kernel sources
+declare the few they call in ``opforge_blas.h`` and link no library: their
+undefined symbols resolve, when the kernel library is loaded, from OpenBLAS
+loaded here once with ``RTLD_GLOBAL``.  So the kernels build anywhere (also
+ahead of time, into a wheel), and dispatch selects them only where OpenBLAS is
+installed: each carries ``requires=blas.reject_reason`` (see
+``Kernel.requires``), which loads OpenBLAS on first use.  Without it those
+ops run their NumPy reference, which is BLAS-backed too.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["available", "library_path", "load", "reject_reason", "requiring"]
+
+_lock = threading.Lock()
+_handle = None
+_error = None  # why loading failed, once it did
+
+
+def library_path() -> Path | None:
+    """The OpenBLAS shared library of the scipy-openblas32 wheel, or None without the wheel."""
+    try:
+        import scipy_openblas32
+    except ImportError:
+        return None
+    lib_dir = Path(scipy_openblas32.get_lib_dir())
+    path = lib_dir / f"lib{scipy_openblas32.get_library()}.so"
+    if not path.exists():  # another suffix (a versioned .so, .dylib)
+        path = next(iter(sorted(lib_dir.glob(f"lib{scipy_openblas32.get_library()}.*"))), path)
+    return path if path.exists() else None
+
+
+def load():
+    """Load OpenBLAS once, globally (its symbols then resolve in kernel libraries
+    loaded after it); the ctypes handle, or None when it is not installed or does not load."""
+    global _handle, _error
+    if _handle is not None or _error is not None:
+        return _handle
+    with _lock:
+        if _handle is None and _error is None:
+            path = library_path()
+            if path is None:
+                _error = "OpenBLAS is not installed (pip install scipy-openblas32, or opforge[blas])"
+            else:
+                try:
+                    _handle = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+                except OSError as error:
+                    _error = f"OpenBLAS at {path} does not load: {error}"
+    return _handle
+
+
+def available() -> bool:
+    """Whether OpenBLAS is installed and loads."""
+    return load() is not None
+
+
+def reject_reason() -> str | None:
+    """A kernel's ``requires``: None once OpenBLAS is loaded, else why it is not."""
+    if available():
+        return None
+    return _error or "OpenBLAS is not available"
+
+
+def requiring(kernels):
+    """Mark ``op.kernel(...)``'s result (a kernel or a list) as needing OpenBLAS; returns it."""
+    for kernel in kernels if isinstance(kernels, list) else [kernels]:
+        kernel.requires = reject_reason
+    return kernels
