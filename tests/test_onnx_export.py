@@ -75,11 +75,62 @@ def gradient_ops(x, y):
     return ops.relu_grad(x * y, ops.relu(x)), ops.leaky_relu_grad(x * y, x, alpha=0.3)
 
 
+def activations(x, y):
+    return (ops.clip(x, min=-0.5, max=0.7), ops.clip(x, min=-0.5), ops.clip(x, max=0.2), ops.sigmoid(x),
+            ops.hard_sigmoid(x, alpha=0.3, beta=0.4), ops.erf(x), ops.gelu(x), ops.gelu(x, approximate="tanh"),
+            ops.sum(x, y, x))
+
+
+def test_integer_clip_needs_opset_12():
+    graph = opforge.trace(lambda x: ops.clip(x, min=-3, max=4), TensorSpec([5], "int32"))
+    with pytest.raises(ModelError, match="Clip takes int32 from opset 12"):
+        export(graph, opset=11)
+    check_against_ort(graph, (np.arange(-5, 5, 2, dtype=np.int32),), opset=12)
+
+
+def indexing(x, y):
+    indices = np.array([[0, -1], [2, 1]], np.int64)
+    values, where = ops.topk(x, k=2, axis=1)
+    return (ops.gather(x, indices, axis=1), ops.tile(y, repeats=[2, 1]), ops.expand(y, shape=[2, 1, 3, 5]),
+            values, where, ops.shape(x), ops.shape(x, start=1, end=-1),
+            ops.constant_of_shape(np.array([1.5], np.float32), shape=[2, 3]) + ops.reduce_sum(y, axes=[1])[:2, None])
+
+
 @pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("fn", [elementwise, comparisons, reductions, shapes, matmul, gradient_ops])
+@pytest.mark.parametrize("fn", [elementwise, comparisons, reductions, shapes, matmul, gradient_ops, activations,
+                                indexing])
 def test_builtin_graph_matches_onnxruntime(fn, opset):
     graph = opforge.trace(fn, TensorSpec(X.shape), TensorSpec(Y.shape))
     check_against_ort(graph, (X, Y), opset=opset)
+
+
+@pytest.mark.parametrize("opset", [11, 17, 19])
+def test_pooling_and_normalization_match_onnxruntime(opset):
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    scale, bias, mean = (rng.standard_normal(3).astype(np.float32) for _ in range(3))
+    var = rng.random(3).astype(np.float32) + 0.5
+
+    def f(x):
+        outs = (ops.max_pool(x, kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], ceil_mode=True),
+                ops.max_pool(x, kernel_shape=[2, 2], dilations=[2, 1]),
+                ops.average_pool(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=True),
+                ops.average_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                ops.global_average_pool(x), ops.batch_norm(x, scale, bias, mean, var, epsilon=1e-3),
+                ops.lrn(x, size=3, alpha=0.01, beta=0.6, bias=1.5))
+        return outs + ((ops.average_pool(x, kernel_shape=[2, 2], dilations=[2, 2]),) if opset >= 19 else ())
+    check_against_ort(opforge.trace(f, TensorSpec(x.shape)), (x,), opset=opset)
+
+
+def test_average_pool_dilations_need_opset_19():
+    graph = opforge.trace(lambda x: ops.average_pool(x, kernel_shape=[2], dilations=[2]), TensorSpec([1, 1, 6]))
+    with pytest.raises(ModelError, match="dilations \\[2\\] need opset 19"):
+        export(graph, opset=18)
+
+
+def test_gelu_is_one_node_from_opset_20():
+    graph = opforge.trace(lambda x: ops.gelu(x, approximate="tanh"), TensorSpec(Y.shape))
+    model = check_against_ort(graph, (Y,), opset=20)
+    assert [n.op_type for n in model.graph.node] == ["Gelu"]
 
 
 def test_dynamic_dims_become_dim_params_and_run_at_two_sizes():

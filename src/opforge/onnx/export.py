@@ -23,6 +23,7 @@ op at once, before anything is written.  The model passes
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable
 
@@ -284,6 +285,98 @@ def _(e):  # dy where x > 0, else alpha * dy
     dy, x = e.inputs
     scaled = e.emit("Mul", [dy, e.const(np.float32(e.attrs["alpha"]), e.dtype(0))])
     e.result("Where", e.emit("Greater", [x, e.const(0, e.dtype(1))]) + [dy] + scaled)
+
+
+for _name, _op_type in {"sigmoid": "Sigmoid", "erf": "Erf", "sum": "Sum",
+                        "global_average_pool": "GlobalAveragePool"}.items():
+    EXPORTERS[_name] = _same(_op_type)
+EXPORTERS["hard_sigmoid"] = _same("HardSigmoid", "alpha", "beta")
+EXPORTERS["gather"] = _same("Gather", "axis")
+EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
+EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
+del _name, _op_type
+
+
+@exporter("clip")
+def _(e):  # from opset 11 min and max are inputs; an infinite bound is left out
+    if e.dtype(0).kind in "iu" and e.opset < 12:
+        raise e.error(f"ONNX Clip takes {e.dtype(0)} from opset 12; the model's is {e.opset}")
+    bounds = [e.const(e.attrs[k], e.dtype(0)) if math.isfinite(e.attrs[k]) else "" for k in ("min", "max")]
+    e.result("Clip", [e.inputs[0]] + (bounds if bounds[1] else bounds[:1] if bounds[0] else []))
+
+
+@exporter("gelu")
+def _(e):  # an op from opset 20; before, its formula
+    x, approximate = e.inputs[0], e.attrs["approximate"]
+    if e.opset >= 20:
+        e.result("Gelu", [x], approximate=approximate)
+        return
+
+    def c(value):
+        return e.const(value, e.dtype(0))
+    if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        cube = e.emit("Mul", e.emit("Mul", [x, x]) + [x])
+        inner = e.emit("Add", [x] + e.emit("Mul", cube + [c(0.044715)]))
+        core = e.emit("Tanh", e.emit("Mul", inner + [c(math.sqrt(2 / math.pi))]))
+    else:  # 0.5 x (1 + erf(x / sqrt 2))
+        core = e.emit("Erf", e.emit("Mul", [x, c(1 / math.sqrt(2))]))
+    e.result("Mul", e.emit("Mul", [x, c(0.5)]) + e.emit("Add", core + [c(1.0)]))
+
+
+@exporter("shape")
+def _(e):
+    start, end = e.attrs["start"], e.attrs["end"]
+    end = None if end >= 2 ** 63 - 1 else end
+    if e.opset >= 15:
+        e.result("Shape", e.inputs, start=start or None, end=end)
+    elif start == 0 and end is None:
+        e.result("Shape", e.inputs)
+    else:
+        e.result("Slice", e.emit("Shape", e.inputs) + [e.ints([start]), e.ints([2 ** 63 - 1 if end is None else end])])
+
+
+@exporter("constant_of_shape")
+def _(e):  # the value is a tensor input here, an attribute in ONNX's ConstantOfShape: expand it
+    e.result("Expand", e.emit("Reshape", [e.inputs[0], e.ints([])]) + [e.ints(e.attrs["shape"])])
+
+
+@exporter("expand")
+def _(e):
+    e.result("Expand", [e.inputs[0], e.ints(e.attrs["shape"])])
+
+
+@exporter("tile")
+def _(e):
+    e.result("Tile", [e.inputs[0], e.ints(e.attrs["repeats"])])
+
+
+@exporter("topk")
+def _(e):
+    e.result("TopK", [e.inputs[0], e.ints([e.attrs["k"]])], axis=e.attrs["axis"], largest=int(e.attrs["largest"]),
+             sorted=int(e.attrs["sorted"]))
+
+
+def pool_attributes(e: NodeExport, dilations_since):
+    """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node, defaults left out."""
+    dilations = list(e.attrs.get("dilations") or ())
+    if any(d != 1 for d in dilations) and e.opset < dilations_since:
+        raise e.error(f"dilations {dilations} need opset {dilations_since} or later (ONNX "
+                      f"{'MaxPool' if dilations_since == 10 else 'AveragePool'}); the model's is {e.opset}")
+    return {"kernel_shape": list(e.attrs["kernel_shape"]), "strides": list(e.attrs["strides"]) or None,
+            "pads": list(e.attrs["pads"]) or None,
+            "dilations": dilations if any(d != 1 for d in dilations) else None,
+            "ceil_mode": int(e.attrs["ceil_mode"]) or None}
+
+
+@exporter("max_pool", "max_pool_with_indices")
+def _(e):
+    e.result("MaxPool", e.inputs, storage_order=e.attrs["storage_order"] or None, **pool_attributes(e, 10))
+
+
+@exporter("average_pool")
+def _(e):
+    e.result("AveragePool", e.inputs, count_include_pad=int(e.attrs["count_include_pad"]) or None,
+             **pool_attributes(e, 19))
 
 
 # --------------------------------------------------------------------------
