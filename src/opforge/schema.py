@@ -1,6 +1,7 @@
 """Parse op schemas such as
 
     "mylib::leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y"
+    "com.example::MyOp(Tensor x) -> Tensor y"          (a dotted namespace, as ONNX domains are)
 
 Inputs are ``Tensor``, ``Tensor?`` (optional) or ``Tensor[]`` (variadic);
 attributes are ``bool int float str int[] float[] int[][] float[][] Shape
@@ -20,7 +21,7 @@ from .errors import OpforgeError, SchemaError
 from .operator import InputDef
 
 _TOKEN = re.compile(r"\s*(?:(?P<arrow>->)|(?P<colons>::)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)"
-                    r"|(?P<punct>[(),*=?\[\]])|(?P<literal>-?[0-9][0-9.eE+-]*|'[^']*'|\"[^\"]*\"))")
+                    r"|(?P<punct>[(),*=?.\[\]])|(?P<literal>-?[0-9][0-9.eE+-]*|'[^']*'|\"[^\"]*\"))")
 
 
 @dataclass
@@ -142,6 +143,16 @@ class _Parser:
         if kind != "name":
             self.fail("expected the op name", start)
         namespace, name = None, first
+        dotted = [first]  # a namespace may be dotted, as ONNX domains are: "com.example::MyOp"
+        while self.at("."):
+            self.next()
+            kind, part, part_start = self.next()
+            if kind != "name":
+                self.fail("expected a name after '.' in the namespace", part_start)
+            dotted.append(part)
+        if len(dotted) > 1 and not self.at("::"):
+            self.fail("a dotted name is a namespace: expected '::' and the op name")
+        first = ".".join(dotted)
         if self.at("::"):
             self.next()
             kind, name, start = self.next()

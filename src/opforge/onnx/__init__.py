@@ -9,6 +9,7 @@ the model's opset; nodes of a custom domain ``D`` bind to the opforge op
 """
 from ..errors import ModelError, UnsupportedOpError  # noqa: F401
 from .load import load  # noqa: F401
-from .registry import converter, find_converter  # noqa: F401
+from .export import export  # noqa: F401
+from .registry import converter, find_converter, register  # noqa: F401
 
-__all__ = ["load", "converter", "find_converter", "ModelError", "UnsupportedOpError"]
+__all__ = ["load", "export", "register", "converter", "find_converter", "ModelError", "UnsupportedOpError"]

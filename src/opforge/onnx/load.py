@@ -309,8 +309,8 @@ def load(model, *, constants=None):
         raise ModelError(f"onnx.load: constants= is a dict {{input name: array}}, got {type(constants).__name__}")
     proto = read_model(model)
     plan = _Plan(proto, constants)
-    chosen = plan.converters()
     converters.import_converters()
+    chosen = plan.converters()
 
     def walk(*inputs):
         env = {}

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ModelError, OpforgeError, SchemaError
 
-__all__ = ["Converter", "NodeContext", "converter", "find_converter"]
+__all__ = ["Converter", "NodeContext", "bind_op", "converter", "find_converter", "register"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def _required_positional(function):
     return count
 
 
-_ARITY: dict = {}
+_ARITY = weakref.WeakKeyDictionary()
 
 
 _CONVERTERS: dict[tuple[str, str], list[Converter]] = {}
@@ -77,19 +78,144 @@ def add_converter(entry: Converter) -> Converter:
 
 def converter(op_type: str, *, domain: str = "", since: int = 1):
     """Register the decorated function as the converter of ``domain::op_type`` from opset ``since`` on."""
-    def register(function):
+    def add(function):
         add_converter(Converter(domain, op_type, since, function, "builtin"))
         return function
-    return register
+    return add
 
 
 def find_converter(domain: str, op_type: str, opset: int) -> Converter | None:
-    """The converter with the greatest ``since`` <= ``opset``, or None."""
+    """The converter with the greatest ``since`` <= ``opset``; for a custom domain ``D`` without one, the
+    registered opforge op ``D::op_type`` bound to the node; else None."""
     chosen = None
     for entry in _CONVERTERS.get((normalize_domain(domain), op_type), ()):
         if entry.since <= opset:
             chosen = entry
+    if chosen is None and normalize_domain(domain):
+        from ..registry import lookup
+
+        op = lookup(f"{domain}::{op_type}")
+        if op is not None:
+            chosen = Converter(domain, op_type, 1, bind_op(op), f"opforge op '{op.name}'")
     return chosen
+
+
+# -- custom domains: nodes bound to opforge ops ------------------------------------------------------
+
+#: The schema attribute types each ONNX attribute type may fill ("any" takes every one).
+ATTRIBUTE_FITS = {
+    "INT": ("int", "float", "bool", "DType"),
+    "FLOAT": ("float",),
+    "STRING": ("str", "DType"),
+    "INTS": ("int[]", "float[]", "Shape"),
+    "FLOATS": ("float[]",),
+    "STRINGS": (),
+    "TENSOR": ("int", "float", "bool", "int[]", "float[]", "Shape", "int[][]", "float[][]"),
+}
+
+
+def _attribute_value(node, op, attr, onnx_name, onnx_type, value):
+    """An ONNX attribute's value for the op attribute ``attr``; ModelError when the types do not fit."""
+    from ..attrs import check_attr
+
+    def refuse(why=""):
+        return node.error(f"attribute '{onnx_name}' is ONNX {onnx_type}; op '{op.name}' declares '{attr.name}' "
+                          f"as {attr.type}{why}")
+
+    if attr.type != "any" and attr.type not in ATTRIBUTE_FITS.get(onnx_type, ()):
+        raise refuse()
+    if onnx_type == "TENSOR":
+        value = value.tolist() if attr.type.endswith("]") or attr.type == "Shape" else (
+            value.reshape(-1)[0].item() if value.size == 1 else None)
+        if value is None:
+            raise refuse(" (a tensor of one element fills a scalar attribute)")
+    elif attr.type == "bool":
+        if value not in (0, 1):
+            raise refuse(f" (an INT for a bool must be 0 or 1, got {value})")
+        value = bool(value)
+    elif attr.type == "DType" and onnx_type == "INT":
+        from .load import onnx_dtype
+
+        value = onnx_dtype(value, f"{node!r}: attribute '{onnx_name}'")
+    try:
+        return check_attr(op.name, attr, value)
+    except OpforgeError as error:
+        raise refuse(f": {error}") from None
+
+
+def bind_op(op, attributes=None):
+    """A converter calling opforge op ``op`` for a node: ONNX inputs fill the op's tensor inputs in order,
+    ONNX attributes its attributes by name (``attributes`` renames: {onnx name: opforge name}), and the
+    op's outputs are the node's, in order."""
+    renames = dict(attributes or {})
+    renamed = set(renames.values())
+
+    def convert(node, *inputs):
+        inputs = list(inputs)
+        while inputs and inputs[-1] is None and not op.variadic:
+            inputs.pop()
+        if op.variadic:
+            if any(x is None for x in inputs):
+                raise node.error(f"op '{op.name}' takes a list of tensors ({op.inputs[0].name}); the node omits "
+                                 f"input {inputs.index(None)}")
+        else:
+            if len(inputs) > len(op.inputs):
+                raise node.error(f"the node has {len(inputs)} inputs; op '{op.name}' takes at most "
+                                 f"{len(op.inputs)} ({', '.join(i.name for i in op.inputs)})")
+            inputs += [None] * (len(op.inputs) - len(inputs))
+            for k, (x, declared) in enumerate(zip(inputs, op.inputs)):
+                if x is None and not declared.optional:
+                    raise node.error(f"op '{op.name}' needs input {k} ('{declared.name}'), which the node omits")
+        values = {}
+        for onnx_name, value in node.attrs.items():
+            # A renamed attribute is reached only through its ONNX name.
+            name = renames.get(onnx_name, None if onnx_name in renamed else onnx_name)
+            onnx_type = node.attr_types.get(onnx_name, type(value).__name__)
+            if name not in op.attrs:
+                known = ", ".join(f"{a.name} ({a.type})" for a in op.attrs.values()) or "none"
+                raise node.error(f"attribute '{onnx_name}' (ONNX {onnx_type}) is not an attribute of op "
+                                 f"'{op.name}' (its attributes: {known})")
+            values[name] = _attribute_value(node, op, op.attrs[name], onnx_name, onnx_type, value)
+        for name, attr in op.attrs.items():
+            if name not in values and attr.required:
+                onnx_name = next((o for o, n in renames.items() if n == name), name)
+                raise node.error(f"op '{op.name}' requires attribute '{name}' ({attr.type}); the node has no "
+                                 f"attribute '{onnx_name}'")
+        if node.num_outputs > len(op.outputs):
+            raise node.error(f"the node declares {node.num_outputs} outputs; op '{op.name}' has "
+                             f"{len(op.outputs)} ({', '.join(op.outputs)})")
+        result = op.call(inputs, values)
+        return tuple(result) if op.tuple_output else result
+
+    convert.op = op
+    return convert
+
+
+def register(domain: str, op_type: str, op, *, since_version: int = 1, attributes=None) -> Converter:
+    """Bind ONNX nodes ``domain::op_type`` (from opset ``since_version`` of that domain on) to opforge op
+    ``op`` (an Op or a registered name).  ``attributes={"onnx_name": "opforge_name"}`` renames attributes.
+    Without a registration, a custom-domain node binds to the op named ``domain::op_type``."""
+    from ..operator import Op
+    from ..registry import lookup
+
+    if not isinstance(domain, str) or not isinstance(op_type, str) or not op_type:
+        raise SchemaError(f"opforge.onnx.register: domain and op_type are strings, got {domain!r}, {op_type!r}")
+    if isinstance(op, str):
+        found = lookup(op)
+        if found is None:
+            raise SchemaError(f"opforge.onnx.register: no op '{op}' is registered")
+        op = found
+    if not isinstance(op, Op):
+        raise SchemaError(f"opforge.onnx.register: op is an opforge Op or the name of one, got {type(op).__name__}")
+    if type(since_version) is not int or since_version < 1:
+        raise SchemaError(f"opforge.onnx.register: since_version is an int >= 1, got {since_version!r}")
+    renames = dict(attributes or {})
+    unknown = sorted(name for name in renames.values() if name not in op.attrs)
+    if unknown:
+        raise SchemaError(f"opforge.onnx.register: attributes= maps to {unknown}, which op '{op.name}' does not "
+                          f"have (its attributes: {', '.join(op.attrs) or 'none'})")
+    return add_converter(Converter(domain, op_type, since_version, bind_op(op, renames),
+                                   f"opforge.onnx.register -> op '{op.name}'"))
 
 
 class NodeContext:
