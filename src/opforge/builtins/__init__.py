@@ -43,3 +43,8 @@ from . import gather  # noqa: F401
 from . import expand  # noqa: F401
 from . import tile  # noqa: F401
 from . import topk  # noqa: F401
+from . import max_pool  # noqa: F401
+from . import average_pool  # noqa: F401
+from . import global_average_pool  # noqa: F401
+from . import batch_norm  # noqa: F401
+from . import lrn  # noqa: F401

@@ -1,0 +1,114 @@
+"""average_pool: the mean over sliding windows of an NC + 1..3 spatial-dim tensor (ONNX AveragePool).
+
+max_pool's window attributes and geometry.  ``count_include_pad`` divides
+by the taps inside x and its explicit padding; otherwise (the default) by
+the taps inside x alone.  Taps past the end padding -- the extra reach of
+``ceil_mode`` -- never count.  Floating-point; the kernels are pool.cc's
+(float32, float64, summing in double), the gradient ``average_pool_grad``
+spreads each dy over its window's taps.
+"""
+import itertools
+
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.common import floating_point
+from opforge.builtins.max_pool import POOL_ATTRS, POOL_CC, pool_params, pool_problem, pooled_dim, pooled_spec, windows
+
+AVERAGE_ATTRS = f"{POOL_ATTRS}, bool count_include_pad=False"
+FLOAT_SIGNATURES = [("float32", "float32"), ("float64", "float64")]
+
+average_pool = opforge.op(f"average_pool(Tensor x, *, {AVERAGE_ATTRS}) -> Tensor y", traits=["no_side_effect"],
+                          doc="ONNX AveragePool on N x C x spatial (1 to 3 dims): the mean of each window, over "
+                              "the taps inside x (or inside x and its padding with count_include_pad).")
+is_float = floating_point("average_pool", "x")
+
+
+@average_pool.check
+def average_pool_check(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+    is_float(x)
+    return pool_problem("average_pool", x, kernel_shape, strides, pads, dilations)
+
+
+@average_pool.infer
+def average_pool_infer(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+    return pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode)
+
+
+def axis_counts(n, out, k, s, pb, pe, d, count_include_pad):
+    """Per output along one spatial dim: how many of its taps count (inside x, or inside x and its pads)."""
+    low, high = (-pb, n + pe) if count_include_pad else (0, n)
+    starts = np.arange(out) * s - pb
+    positions = starts[:, None] + np.arange(k)[None, :] * d
+    return ((positions >= low) & (positions < high)).sum(axis=1)
+
+
+def pool_counts(shape, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+    """Each window's divisor, shaped (1, 1, *out): a product of per-dim counts."""
+    spatial = len(shape) - 2
+    count = np.ones((1, 1), np.int64)
+    for n, p in zip(shape[2:], pool_params(spatial, kernel_shape, strides, pads, dilations)):
+        per_axis = axis_counts(n, pooled_dim(n, *p, ceil_mode), *p, count_include_pad)
+        count = count[..., None] * per_axis
+    return count
+
+
+@average_pool.reference(fallback=True)
+def average_pool_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+    out, tap, taps, _ = windows(x, kernel_shape, strides, pads, dilations, ceil_mode, 0)
+    total = np.zeros(x.shape[:2] + tuple(out), np.float64)
+    for offsets in itertools.product(*taps):
+        total += tap(offsets)
+    count = pool_counts(x.shape, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad)
+    return np.where(count > 0, total / np.maximum(count, 1), 0).astype(x.dtype)
+
+
+@average_pool.grad(save=["x"])
+def average_pool_grad_rule(saved, dy, **attrs):
+    return opforge.ops.average_pool_grad(dy, saved.x, **attrs)
+
+
+average_pool.kernel(source=POOL_CC, function="AveragePool", dtypes=[(d,) for d in ("float32", "float64")])
+
+
+# -- the gradient -----------------------------------------------------------------
+
+average_pool_grad = opforge.op(f"average_pool_grad(Tensor dy, Tensor x, *, {AVERAGE_ATTRS}) -> Tensor dx",
+                               traits=["no_side_effect", "always_compute"],  # an empty dy still gives x's zeros
+                               doc="Gradient of average_pool: each dy divided by its window's count and added "
+                                   "to the window's taps inside x (x lends only its shape).")
+
+
+@average_pool_grad.check
+def average_pool_grad_check(dy, x, **attrs):
+    if dy.dtype != x.dtype:
+        raise opforge.DTypeError(f"op 'average_pool_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must "
+                                 f"have one dtype")
+    problem = average_pool_check(x, **attrs)
+    if problem is None and dy.rank is not None:
+        want = average_pool_infer(x, **attrs)
+        if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
+            problem = f"input 'dy' has shape {list(dy.shape)}; average_pool of 'x' has {list(want.shape)}"
+    return problem
+
+
+@average_pool_grad.infer
+def average_pool_grad_infer(dy, x, **attrs):
+    return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+
+
+@average_pool_grad.reference(fallback=True)
+def average_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+    # The adjoint of the window sums: each tap's view of a padded zeros-like-x receives every window's share.
+    count = pool_counts(x.shape, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad)
+    share = np.where(count > 0, dy / np.maximum(count, 1), 0)
+    _, tap, taps, padded = windows(np.zeros(x.shape), kernel_shape, strides, pads, dilations, ceil_mode, 0)
+    for offsets in itertools.product(*taps):
+        tap(offsets)[...] += share
+    begin = pool_params(x.ndim - 2, kernel_shape, strides, pads, dilations)
+    index = (np.s_[:], np.s_[:]) + tuple(np.s_[p[2]: p[2] + n] for p, n in zip(begin, x.shape[2:]))
+    return padded[index].astype(dy.dtype)
+
+
+average_pool_grad.kernel(source=POOL_CC, function="AveragePoolGrad", dtypes=FLOAT_SIGNATURES)

@@ -1,0 +1,227 @@
+"""max_pool: the maximum over sliding windows of an NC + 1..3 spatial-dim tensor (ONNX MaxPool).
+
+``kernel_shape`` is one size per spatial dim; ``strides`` (default 1),
+``dilations`` (default 1) too; ``pads`` holds the begin pads of every
+spatial dim, then the end pads (default 0).  Output dim:
+``(in + pads - ((k - 1) * d + 1)) / s + 1``, rounded down, or up with
+``ceil_mode`` -- where a last window starting inside the end padding is
+dropped.  Padding never wins a maximum.  ``max_pool_with_indices`` also
+returns where each maximum came from (ONNX's optional ``Indices`` output:
+flat offsets into x, the spatial dims counted row-major, or column-major
+with ``storage_order=1``).
+
+The kernels (pool.cc, shared with average_pool) take float32, float64,
+int8, uint8, int32 and int64; other dtypes run the NumPy reference.  The
+gradient is ``max_pool_grad``: dy added at each window's (first) maximum.
+"""
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+
+POOL_ATTRS = "int[] kernel_shape, int[] strides=[], int[] pads=[], int[] dilations=[], bool ceil_mode=False"
+MAX_ATTRS = f"{POOL_ATTRS}, int storage_order=0"
+POOL_CC = str(Path(__file__).with_name("pool.cc"))
+POOL_DTYPES = ["float32", "float64", "int8", "uint8", "int32", "int64"]
+
+max_pool = opforge.op(f"max_pool(Tensor x, *, {MAX_ATTRS}) -> Tensor y", traits=["no_side_effect"],
+                      doc="ONNX MaxPool on N x C x spatial (1 to 3 dims): the maximum of each window; "
+                          "pads are begin pads then end pads, padding never wins.")
+
+
+# -- geometry shared by the pooling ops ---------------------------------------------
+
+def pool_params(spatial, kernel_shape, strides, pads, dilations):
+    """Per spatial dim: (k, s, pad begin, pad end, d), defaults filled in."""
+    strides = list(strides) or [1] * spatial
+    dilations = list(dilations) or [1] * spatial
+    pads = list(pads) or [0] * (2 * spatial)
+    return [(kernel_shape[j], strides[j], pads[j], pads[spatial + j], dilations[j]) for j in range(spatial)]
+
+
+def pooled_dim(n, k, s, pb, pe, d, ceil_mode):
+    """Output length of one spatial dim (-1 when n is unknown)."""
+    if n == -1:
+        return -1
+    span = n + pb + pe - ((k - 1) * d + 1)
+    if span < 0:
+        return 0
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + pb:  # the last window would start in the end padding
+        out -= 1
+    return out
+
+
+def pool_problem(name, x, kernel_shape, strides, pads, dilations):
+    """What is wrong with a pooling op's attributes for input spec x, or None."""
+    if not kernel_shape:
+        return "'kernel_shape' is empty; give one size per spatial dim"
+    spatial = len(kernel_shape)
+    for attr, values, want in (("strides", strides, spatial), ("dilations", dilations, spatial),
+                               ("pads", pads, 2 * spatial)):
+        if values and len(values) != want:
+            return f"'{attr}' has {len(values)} entries; kernel_shape {list(kernel_shape)} needs {want} (or none)"
+    for attr, values, low in (("kernel_shape", kernel_shape, 1), ("strides", strides, 1),
+                              ("dilations", dilations, 1), ("pads", pads, 0)):
+        if any(v < low for v in values):
+            return f"'{attr}' {list(values)} has an entry below {low}"
+    if spatial > 3:
+        return f"kernel_shape {list(kernel_shape)} has {spatial} dims; {name} takes 1 to 3 spatial dims"
+    if x.rank is None:
+        return None
+    if x.rank != spatial + 2:
+        return (f"input 'x' has rank {x.rank}; kernel_shape {list(kernel_shape)} needs rank {spatial + 2} "
+                f"(N, C and {spatial} spatial dim(s))")
+    for j, (k, s, pb, pe, d) in enumerate(pool_params(spatial, kernel_shape, strides, pads, dilations)):
+        n = x.shape[2 + j]
+        if n != -1 and n + pb + pe < (k - 1) * d + 1:
+            return (f"spatial dim {j} of input 'x' ({n}, padded by {pb} + {pe}) is smaller than the window "
+                    f"({(k - 1) * d + 1} with kernel {k}, dilation {d})")
+    return None
+
+
+def pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode, dtype=None):
+    dtype = dtype or x.dtype
+    if x.rank is None:
+        return TensorSpec(None, dtype)
+    params = pool_params(len(kernel_shape), kernel_shape, strides, pads, dilations)
+    return TensorSpec(list(x.shape[:2]) + [pooled_dim(n, *p, ceil_mode) for n, p in zip(x.shape[2:], params)],
+                      dtype)
+
+
+def windows(x, kernel_shape, strides, pads, dilations, ceil_mode, fill):
+    """For the reference kernels: the output's spatial shape; a function giving, for one tap (an offset per
+    spatial dim), the view of x padded with ``fill`` (its ends widened for ceil_mode) that the tap reads for
+    every output; the taps; and the padded x itself (the views write through to it)."""
+    spatial = x.ndim - 2
+    params = pool_params(spatial, kernel_shape, strides, pads, dilations)
+    out = [pooled_dim(n, *p, ceil_mode) for n, p in zip(x.shape[2:], params)]
+    widths = [(0, 0), (0, 0)]
+    for n, o, (k, s, pb, pe, d) in zip(x.shape[2:], out, params):
+        widths.append((pb, max(pe, (o - 1) * s + (k - 1) * d + 1 - n - pb, 0)))
+    padded = np.pad(x, widths, constant_values=fill)
+
+    def tap(offsets):
+        index = [np.s_[:], np.s_[:]]
+        for t, o, (k, s, pb, pe, d) in zip(offsets, out, params):
+            index.append(np.s_[t * d: t * d + (o - 1) * s + 1: s])
+        return padded[tuple(index)]
+
+    return out, tap, [range(k) for k in kernel_shape], padded
+
+
+def lowest(dtype):
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode):
+    """The maximum of every window and its flat spatial offset in x (-1 for a window of padding only)."""
+    spatial_size = int(np.prod(x.shape[2:]))
+    positions = np.arange(spatial_size, dtype=np.int64).reshape((1, 1) + x.shape[2:])
+    out, tap, taps, _ = windows(x, kernel_shape, strides, pads, dilations, ceil_mode, lowest(x.dtype))
+    _, where, _, _ = windows(positions, kernel_shape, strides, pads, dilations, ceil_mode, -1)
+    best = np.full(x.shape[:2] + tuple(out), lowest(x.dtype), x.dtype)
+    at = np.full(x.shape[:2] + tuple(out), -1, np.int64)
+    for offsets in itertools.product(*taps):
+        value, position = tap(offsets), where(offsets)
+        better = (position >= 0) & ((value > best) | (at < 0))
+        best = np.where(better, value, best)
+        at = np.where(better, position, at)
+    return best, at
+
+
+@max_pool.check
+def max_pool_check(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+    if storage_order not in (0, 1):
+        return f"'storage_order' is {storage_order}; it is 0 (row-major) or 1 (column-major)"
+    return pool_problem("max_pool", x, kernel_shape, strides, pads, dilations)
+
+
+@max_pool.infer
+def max_pool_infer(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+    return pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode)
+
+
+@max_pool.reference(fallback=True)
+def max_pool_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+    return max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)[0]
+
+
+@max_pool.grad(save=["x"])
+def max_pool_grad_rule(saved, dy, **attrs):
+    return opforge.ops.max_pool_grad(dy, saved.x, **attrs)
+
+
+max_pool.kernel(source=POOL_CC, function="MaxPool", dtypes=[(d,) for d in POOL_DTYPES])
+
+
+# -- with ONNX's Indices output ---------------------------------------------------
+
+max_pool_with_indices = opforge.op(
+    f"max_pool_with_indices(Tensor x, *, {MAX_ATTRS}) -> (Tensor y, Tensor indices)", traits=["no_side_effect"],
+    doc="max_pool, and where each maximum is: its flat offset in x (int64; the spatial dims row-major, or "
+        "column-major with storage_order=1; -1 for a window of padding only).")
+max_pool_with_indices.check(max_pool_check)
+
+
+@max_pool_with_indices.infer
+def max_pool_with_indices_infer(x, **attrs):
+    y = max_pool_infer(x, **attrs)
+    return y, TensorSpec(y.shape if y.rank is not None else None, "int64")
+
+
+@max_pool_with_indices.reference(fallback=True)
+def max_pool_with_indices_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+    best, at = max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)
+    if storage_order == 1 and x.ndim > 2:  # the same position counted with the first spatial dim fastest
+        coords = np.unravel_index(np.maximum(at, 0), x.shape[2:])
+        at = np.where(at < 0, -1, np.ravel_multi_index(coords, x.shape[2:], order="F"))
+    plane = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+    return best, np.where(at < 0, -1, at + plane * int(np.prod(x.shape[2:])))
+
+
+max_pool_with_indices.kernel(source=POOL_CC, function="MaxPoolIndices", dtypes=[(d,) for d in POOL_DTYPES])
+
+
+# -- the gradient -----------------------------------------------------------------
+
+max_pool_grad = opforge.op(f"max_pool_grad(Tensor dy, Tensor x, *, {MAX_ATTRS}) -> Tensor dx",
+                           traits=["no_side_effect", "always_compute"],  # an empty dy still gives x's zeros
+                           doc="Gradient of max_pool: zeros like x, with each dy added at its window's "
+                               "first maximum.")
+
+
+@max_pool_grad.check
+def max_pool_grad_check(dy, x, **attrs):
+    if dy.dtype != x.dtype:
+        raise opforge.DTypeError(f"op 'max_pool_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must "
+                                 f"have one dtype")
+    problem = max_pool_check(x, **attrs)
+    if problem is None and dy.rank is not None:
+        want = max_pool_infer(x, **attrs)
+        if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
+            problem = f"input 'dy' has shape {list(dy.shape)}; max_pool of 'x' has {list(want.shape)}"
+    return problem
+
+
+@max_pool_grad.infer
+def max_pool_grad_infer(dy, x, **attrs):
+    return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+
+
+@max_pool_grad.reference(fallback=True)
+def max_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+    _, at = max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)
+    planes = x.shape[0] * x.shape[1]
+    dx = np.zeros((planes, int(np.prod(x.shape[2:]))), dy.dtype)
+    at, dy = at.reshape(planes, -1), dy.reshape(planes, -1)
+    for plane in range(planes):
+        taken = at[plane] >= 0
+        np.add.at(dx[plane], at[plane][taken], dy[plane][taken])
+    return dx.reshape(x.shape)
+
+
+max_pool_grad.kernel(source=POOL_CC, function="MaxPoolGrad", dtypes=[("float32", "float32"), ("float64", "float64")])
