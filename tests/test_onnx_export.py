@@ -264,3 +264,29 @@ def test_zero_dim_reshape_needs_allowzero():
         export(graph, opset=13)
     model = check_against_ort(graph, (np.zeros((0, 2), np.float32),), opset=14)
     assert any(a.name == "allowzero" and a.i == 1 for a in model.graph.node[0].attribute)
+
+
+@pytest.mark.parametrize("fn", [elementwise, reductions, shapes, activations, indexing])
+def test_round_trip_through_load(fn):
+    graph = opforge.trace(fn, TensorSpec([None, 3, 5]), TensorSpec(Y.shape))
+    loaded = opforge.onnx.load(export(graph))
+    for n in (4,) if fn is shapes else (4, 2):  # shapes reshapes to a fixed [4, -1]
+        x = rng.standard_normal((n, 3, 5)).astype(np.float32)
+        for got, expected in zip(loaded(x, Y), graph(x, Y)):
+            assert got.dtype == expected.dtype
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_round_trip_keeps_names_and_user_ops():
+    model = export(opforge.trace(lambda x: ops.export_test.scale(ops.relu(x), factor=3.0, flag=True),
+                                 TensorSpec([2, 3])))
+    traced_name, model.graph.input[0].name = model.graph.input[0].name, "image"
+    for node in model.graph.node:
+        node.input[:] = ["image" if name == traced_name else name for name in node.input]
+    loaded = opforge.onnx.load(model)
+    assert [n.op.name for n in loaded.nodes if not n.is_constant] == ["relu", "export_test::scale"]
+    again = export(loaded)
+    assert [i.name for i in again.graph.input] == ["image"]
+    assert [o.name for o in again.graph.output] == [o.name for o in model.graph.output]
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), np.maximum(x, 0) * 3.0, rtol=1e-6)
