@@ -80,7 +80,7 @@ def test_load_returns_a_graph_with_the_models_names():
     assert isinstance(graph, opforge.Graph)
     assert graph.input_names == ["x"] and graph.output_names == ["y"]
     assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].name == "y"
-    assert "%r" in repr(graph)  # intermediate value names are kept too
+    assert "%r: " in repr(graph) and "%c: " in repr(graph)  # intermediate values and initializers keep names
     np.testing.assert_array_equal(graph(X), EXPECTED)
 
 
@@ -310,3 +310,19 @@ def test_importing_opforge_does_not_import_onnx():
 
     code = "import sys, opforge; assert 'onnx' not in sys.modules and 'opforge.onnx' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_standard_model_agrees_with_onnxruntime():
+    import onnxruntime
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "c"], ["y"]),
+             helper.make_node("Mul", ["y", "x"], ["z"])]
+    m = helper.make_model(helper.make_graph(nodes, "std", [value("x")], [value("y"), value("z")],
+                                            [helper.make_tensor("c", TensorProto.FLOAT, [3], [1, 2, 3])]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    session = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": X})
+    got = ox.load(m)(X)
+    assert len(got) == 2
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -296,6 +296,18 @@ def _outputs_of(ctx, result):
     return converted
 
 
+def _name_constants(env):
+    """Constant nodes the trace made from the model's arrays take their names (initializers, Constant
+    outputs, folded values), so a printed or exported graph shows them."""
+    from ..graph.trace import _builders
+
+    names = {id(value): name for name, value in env.items() if isinstance(value, np.ndarray)}
+    for array, value in _builders()[-1].constants.values():
+        name = names.get(id(array))
+        if name is not None and _is_placeholder(value.name):
+            value.name = name
+
+
 def load(model, *, constants=None):
     """The ONNX model (a ModelProto, a file path or its bytes) as an opforge ``Graph``.
 
@@ -344,6 +356,7 @@ def load(model, *, constants=None):
                 if hasattr(value, "spec") and _is_placeholder(getattr(value, "name", None)):
                     value.name = name
                 env[name] = value
+        _name_constants(env)
         return tuple(env[name] for name in plan.outputs)
 
     graph = trace(walk, *plan.specs, name=plan.name)
