@@ -354,3 +354,15 @@ def test_a_loaded_chain_differentiates():
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(loaded(x), session.run(None, {"x": x})[0])
     assert gradcheck(loaded, x) < 1e-6
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_nan_ranks_as_onnxruntime_ranks_it(largest):
+    x = np.array([[1.0, np.nan, 3.0, np.nan, -1.0, 3.0]], np.float32)
+    model = model_of("TopK", [("x", x), ("k", i64(4))], constants={"k"}, attrs={"largest": largest}, n_outputs=2,
+                     opset=11)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want_values, want_indices = session.run(None, {"x": x})
+    values, indices = opforge.onnx.load(model)(x)
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_array_equal(values, want_values)
