@@ -5,6 +5,7 @@ CONVERTER_MODULES = [
     "shape",
     "elementwise",
     "reduce",
+    "nn",
 ]
 
 

@@ -1,0 +1,161 @@
+"""Converters of ONNX's pooling, normalization, padding and resizing ops:
+MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization,
+LRN, LayerNormalization, Pad, Resize, Upsample.
+
+Pooling: ``auto_pad`` (SAME_UPPER, SAME_LOWER, VALID) becomes explicit pads
+here, so the spatial dims of the input must be known when the model loads
+for SAME_*; the attributes each opset added (storage_order 8, ceil_mode and
+dilations 10 -- 19 for AveragePool --, count_include_pad 7) take their
+defaults in older models.  MaxPool's optional Indices output uses
+``max_pool_with_indices``.  GlobalMaxPool is max_pool with one window
+covering the (known) spatial dims.
+
+BatchNormalization runs with the given statistics; training mode
+(``training_mode=1`` from opset 14, or the extra outputs of opsets before 9
+with ``is_test=0``) computes the batch statistics with ops and returns the
+updated running mean and variance.  ``spatial=0`` (per-element statistics,
+opsets before 9) is refused.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import opforge
+from ..spec import UNKNOWN_RANK
+from .elementwise import dims_of, dtype_of
+from .registry import converter
+
+ops = opforge.ops
+
+
+# -- pooling ------------------------------------------------------------------------------
+
+def explicit_pads(node, x, kernel_shape, strides, dilations):
+    """The node's pads, with auto_pad resolved (SAME_* needs x's spatial dims)."""
+    spatial = len(kernel_shape)
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad in ("NOTSET", ""):
+        return list(node.attr("pads", [])) or [0] * (2 * spatial)
+    if auto_pad == "VALID":
+        return [0] * (2 * spatial)
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise node.error(f"attribute 'auto_pad' is {auto_pad!r}; supported: NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK or len(dims) != spatial + 2 or -1 in dims[2:]:
+        raise node.error(f"auto_pad {auto_pad} needs the spatial dims of input 'X' known when the model is "
+                         f"loaded; they are {'unknown' if dims == UNKNOWN_RANK else list(dims[2:])}")
+    begin, end = [], []
+    for n, k, s, d in zip(dims[2:], kernel_shape, strides, dilations):
+        out = -(-n // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+        small, large = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else large)
+        end.append(large if auto_pad == "SAME_UPPER" else small)
+    return begin + end
+
+
+def window_attrs(node, x):
+    """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node."""
+    kernel_shape = list(node.attr("kernel_shape", []))
+    if not kernel_shape:
+        raise node.error("attribute 'kernel_shape' is missing")
+    spatial = len(kernel_shape)
+    strides = list(node.attr("strides", [])) or [1] * spatial
+    dilations = list(node.attr("dilations", [])) or [1] * spatial
+    pads = explicit_pads(node, x, kernel_shape, strides, dilations)
+    return dict(kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
+                ceil_mode=bool(node.attr("ceil_mode", 0)))
+
+
+@converter("MaxPool", since=1)
+def max_pool(node, x):
+    attrs = window_attrs(node, x)
+    storage_order = node.attr("storage_order", 0)
+    if node.num_outputs > 1:
+        return ops.max_pool_with_indices(x, storage_order=storage_order, **attrs)
+    return ops.max_pool(x, storage_order=storage_order, **attrs)
+
+
+@converter("AveragePool", since=1)
+def average_pool(node, x):
+    return ops.average_pool(x, count_include_pad=bool(node.attr("count_include_pad", 0)), **window_attrs(node, x))
+
+
+@converter("GlobalAveragePool", since=1)
+def global_average_pool(node, x):
+    return ops.global_average_pool(x)
+
+
+@converter("GlobalMaxPool", since=1)
+def global_max_pool(node, x):
+    dims = node.static_shape(x, "input 'X'")
+    if len(dims) < 3:
+        raise node.error(f"input 'X' has shape {list(dims)}; GlobalMaxPool needs N x C x spatial dims")
+    return ops.max_pool(x, kernel_shape=list(dims[2:]))
+
+
+# -- BatchNormalization -------------------------------------------------------------------
+
+def batch_statistics(node, x, mean, var, momentum):
+    """Training mode: y normalised by the batch's mean and (population) variance, and the running
+    statistics moved toward them."""
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK:
+        raise node.error("training mode needs the rank of input 'X' known when the model is loaded")
+    axes = [0] + list(range(2, len(dims)))
+    batch_mean = ops.mean(x, axes=axes)
+    centred = ops.sub(x, ops.reshape(batch_mean, shape=[1, -1] + [1] * (len(dims) - 2)))
+    batch_var = ops.mean(ops.mul(centred, centred), axes=axes)
+    m = np.asarray(momentum, dtype_of(mean))
+    one_minus = np.asarray(1 - momentum, dtype_of(mean))
+    running_mean = ops.add(ops.mul(mean, m), ops.mul(batch_mean, one_minus))
+    running_var = ops.add(ops.mul(var, m), ops.mul(batch_var, one_minus))
+    return batch_mean, batch_var, running_mean, running_var
+
+
+def batch_norm(node, x, scale, bias, mean, var, training):
+    if node.attr("spatial", 1) == 0:
+        raise node.error("attribute 'spatial' is 0 (statistics per element); opforge supports spatial=1")
+    epsilon = node.attr("epsilon", 1e-5)
+    dtype = dtype_of(x)
+    params = [p if dtype_of(p) == dtype else ops.cast(p, dtype=dtype) for p in (scale, bias, mean, var)]
+    if not training:
+        y = ops.batch_norm(x, *params, epsilon=epsilon)
+        return y if node.num_outputs == 1 else (y,) + (None,) * (node.num_outputs - 1)
+    batch_mean, batch_var, running_mean, running_var = batch_statistics(node, x, params[2], params[3],
+                                                                        node.attr("momentum", 0.9))
+    y = ops.batch_norm(x, params[0], params[1], batch_mean, batch_var, epsilon=epsilon)
+    if node.opset >= 14:
+        return (y, running_mean, running_var)[:max(node.num_outputs, 1)]
+    # opsets 6-13: Y, running mean and var, saved mean and (the inverse square root of) saved var
+    saved_var = ops.div(np.ones((), dtype), ops.sqrt(ops.add(batch_var, np.asarray(epsilon, dtype))))
+    return (y, running_mean, running_var, batch_mean, saved_var)[:max(node.num_outputs, 1)]
+
+
+@converter("BatchNormalization", since=1)
+def batch_normalization_v1(node, x, scale, bias, mean, var):
+    return batch_norm(node, x, scale, bias, mean, var, training=node.num_outputs > 1 and not node.attr("is_test", 0))
+
+
+@converter("BatchNormalization", since=7)
+def batch_normalization_v7(node, x, scale, bias, mean, var):
+    # no is_test: extra outputs mean training
+    return batch_norm(node, x, scale, bias, mean, var, training=node.num_outputs > 1)
+
+
+@converter("BatchNormalization", since=14)
+def batch_normalization_v14(node, x, scale, bias, mean, var):
+    return batch_norm(node, x, scale, bias, mean, var, training=bool(node.attr("training_mode", 0)))
+
+
+# -- LRN ----------------------------------------------------------------------------------
+
+@converter("LRN", since=1)
+def lrn(node, x):
+    size = node.attr("size")
+    if size is None:
+        raise node.error("attribute 'size' is missing")
+    return ops.lrn(x, size=size, alpha=node.attr("alpha", 1e-4), beta=node.attr("beta", 0.75),
+                   bias=node.attr("bias", 1.0))
