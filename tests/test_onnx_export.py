@@ -290,3 +290,18 @@ def test_round_trip_keeps_names_and_user_ops():
     assert [o.name for o in again.graph.output] == [o.name for o in model.graph.output]
     x = rng.standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_allclose(loaded(x), np.maximum(x, 0) * 3.0, rtol=1e-6)
+
+
+dotted_op = opforge.op("com.example::ExportShift(Tensor x, *, float by=1.0) -> Tensor y")
+dotted_op.def_infer(opforge.infer.same_as(0))
+dotted_op.reference(fallback=True)(lambda x, *, by: (x + by).astype(x.dtype))
+
+
+def test_dotted_namespace_is_the_domain_and_round_trips():
+    graph = opforge.trace(lambda x: dotted_op(x, by=2.5), TensorSpec([3]))
+    model = export(graph)
+    (node,) = model.graph.node
+    assert (node.domain, node.op_type) == ("com.example", "ExportShift")
+    assert ("com.example", 1) in {(o.domain, o.version) for o in model.opset_import}
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_allclose(opforge.onnx.load(model)(x), x + 2.5)
