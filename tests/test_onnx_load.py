@@ -190,6 +190,9 @@ def test_initializers_listed_as_inputs_are_not_graph_inputs():
     graph = ox.load(m)
     assert graph.input_names == ["x"]
     np.testing.assert_array_equal(graph(X), EXPECTED)
+    # constants= overrides the initializer's value (the default an input-listed initializer gives).
+    graph = ox.load(m, constants={"c": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(graph(X), np.maximum(X, 0))
 
 
 def test_opset_selects_the_converter_version():
@@ -294,7 +297,7 @@ def test_errors_inside_converters_become_model_errors():
     # Fill needs its shape at load time; here it comes from a graph input.
     m = model([helper.make_node("Fill", ["s"], ["y"], domain=D)], [value("s", TensorProto.INT64, [2])],
               [value("y", shape=None)])
-    with pytest.raises(ox.ModelError, match="shape must be known when the model is loaded"):
+    with pytest.raises(ox.ModelError, match=r"node '0' \(Fill\): shape must be known when the model is loaded"):
         ox.load(m)
     # Shapes that do not broadcast: the op's ShapeError, as a ModelError naming the node.
     m = model([helper.make_node("Add", ["x", "c"], ["y"], domain=D, name="the_add")], [value("x")],

@@ -199,11 +199,12 @@ class _Plan:
             if info.name in declared:
                 raise ModelError(f"model '{self.name}': graph input '{info.name}' is declared twice")
             declared.add(info.name)
-            if info.name in self.initializers:
-                continue
+            if info.name in self.initializers and (constants is None or info.name not in constants):
+                continue  # an initializer listed as an input: its value is the default
             spec = _value_spec(info, f"model '{self.name}': graph input '{info.name}'")
             if constants is not None and info.name in constants:
                 self.bound[info.name] = _bound_constant(self.name, info.name, spec, constants[info.name])
+                self.initializers.pop(info.name, None)  # constants= overrides an initializer's default
                 continue
             self.inputs.append(info.name)
             self.specs.append(spec)
@@ -333,9 +334,9 @@ def load(model, *, constants=None):
         for name, tensor in plan.initializers.items():
             label = f"model '{plan.name}': initializer '{name}'"
             env[name] = _sparse_to_dense(tensor, label) if hasattr(tensor, "values") else _array(tensor, label)
-        for (label, domain, node), entry in zip(plan.nodes, chosen):
+        for index, ((label, domain, node), entry) in enumerate(zip(plan.nodes, chosen)):
             attrs, types = attribute_values(node, f"model '{plan.name}': {label}")
-            ctx = NodeContext(name=node.name or label, op_type=node.op_type, domain=domain,
+            ctx = NodeContext(name=node.name or str(index), op_type=node.op_type, domain=domain,
                               opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
                               output_names=node.output, attr_types=types)
             args = [env[name] if name else None for name in node.input]
