@@ -293,6 +293,12 @@ def test_malformed_models():
         ox.load(m)
 
 
+def test_more_inputs_than_the_converter_takes():
+    m = model([helper.make_node("Relu", ["x", "x"], ["y"], domain=D)], [value("x")], [value("y", shape=None)])
+    with pytest.raises(ox.ModelError, match=r"node '0' \(Relu\): the node has 2 inputs; Relu takes at most 1"):
+        ox.load(m)
+
+
 def test_errors_inside_converters_become_model_errors():
     # Fill needs its shape at load time; here it comes from a graph input.
     m = model([helper.make_node("Fill", ["s"], ["y"], domain=D)], [value("s", TensorProto.INT64, [2])],

@@ -29,30 +29,32 @@ class Converter:
     origin: str  # "builtin", or where a user registered it
 
     def call(self, node, args):
-        """Run the converter on ``args``; inputs the node omits at the end are passed as None."""
-        wanted = _required_positional(self.function)
-        if wanted is not None and len(args) < wanted:
-            args = list(args) + [None] * (wanted - len(args))
+        """Run the converter on ``args``; inputs the node omits at the end are passed as None, and more
+        inputs than the converter takes are a ModelError."""
+        required, most = _arity(self.function)
+        if most is not None and len(args) > most:
+            raise node.error(f"the node has {len(args)} inputs; {node.op_type} takes at most {most}")
+        if len(args) < required:
+            args = list(args) + [None] * (required - len(args))
         return self.function(node, *args)
 
 
-def _required_positional(function):
-    """How many inputs (after ``node``) ``function`` takes without defaults; None when it takes ``*args``."""
+def _arity(function):
+    """(inputs after ``node`` without defaults, most inputs or None for ``*args``) of a converter."""
     cached = _ARITY.get(function)
-    if cached is not None or function in _ARITY:
+    if cached is not None:
         return cached
     try:
         params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
-        count = None
+        counts = (0, None)
     else:
-        if any(p.kind is p.VAR_POSITIONAL for p in params):
-            count = None
-        else:
-            count = max(0, sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-                               for p in params) - 1)
-    _ARITY[function] = count
-    return count
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = max(0, sum(p.default is p.empty for p in positional) - 1)
+        most = None if any(p.kind is p.VAR_POSITIONAL for p in params) else max(0, len(positional) - 1)
+        counts = (required, most)
+    _ARITY[function] = counts
+    return counts
 
 
 _ARITY = weakref.WeakKeyDictionary()
