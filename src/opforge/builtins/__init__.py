@@ -48,3 +48,4 @@ from . import average_pool  # noqa: F401
 from . import global_average_pool  # noqa: F401
 from . import batch_norm  # noqa: F401
 from . import lrn  # noqa: F401
+from . import pad  # noqa: F401

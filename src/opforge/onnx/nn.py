@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 import opforge
+from ..builtins.common import zeros_like
 from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of, dtype_of
 from .registry import converter
@@ -159,3 +160,54 @@ def lrn(node, x):
         raise node.error("attribute 'size' is missing")
     return ops.lrn(x, size=size, alpha=node.attr("alpha", 1e-4), beta=node.attr("beta", 0.75),
                    bias=node.attr("bias", 1.0))
+
+
+# -- Pad ----------------------------------------------------------------------------------
+
+def padded(node, x, pads, mode, value, axes=None):
+    """ops.pad with ONNX's pads (for ``axes``, default all) spread over every axis of x."""
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK:
+        raise node.error("the rank of input 'data' must be known when the model is loaded")
+    rank = len(dims)
+    pads = [int(p) for p in pads]
+    axes = list(range(rank)) if axes is None else [int(a) % max(rank, 1) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise node.error(f"'pads' has {len(pads)} entries; {len(axes)} axes need {2 * len(axes)}")
+    full = [0] * (2 * rank)
+    for k, axis in enumerate(axes):
+        full[axis], full[rank + axis] = pads[k], pads[len(axes) + k]
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise node.error(f"attribute 'mode' is {mode!r}; supported: constant, reflect, edge, wrap")
+    return ops.pad(x, pads=full, mode=mode, value=float(value))
+
+
+@converter("Pad", since=1)
+def pad_v1(node, x):
+    return padded(node, x, node.attr("paddings", []), node.attr("mode", "constant"), node.attr("value", 0.0))
+
+
+@converter("Pad", since=2)
+def pad_v2(node, x):
+    return padded(node, x, node.attr("pads", []), node.attr("mode", "constant"), node.attr("value", 0.0))
+
+
+@converter("Pad", since=11)
+def pad_v11(node, x, pads, constant_value=None, axes=None):
+    pads = np.asarray(node.constant(pads, "input 'pads'")).reshape(-1)
+    if axes is not None:
+        axes = np.asarray(node.constant(axes, "input 'axes'")).reshape(-1)
+    mode = node.attr("mode", "constant")
+    if constant_value is None or isinstance(constant_value, np.ndarray):
+        value = 0.0 if constant_value is None or not np.size(constant_value) else constant_value.reshape(-1)[0]
+        return padded(node, x, pads, mode, value, axes)
+    # a constant known only at run time: zeros padded, plus the value where the padding is
+    if mode != "constant":
+        return padded(node, x, pads, mode, 0.0, axes)
+    dtype = dtype_of(x)
+    inside = padded(node, ops.add(zeros_like(x, dtype), np.ones((), dtype)), pads, mode, 0.0, axes)
+    outside = ops.sub(np.ones((), dtype), inside)
+    value = ops.reshape(constant_value, shape=[])
+    return ops.add(padded(node, x, pads, mode, 0.0, axes), ops.mul(outside, value))

@@ -1,0 +1,289 @@
+"""pad: x grown (or cropped, by negative pads) along every axis (ONNX Pad).
+
+``pads`` holds the begin pads of every axis, then the end pads (2 * rank
+entries).  ``mode``: ``constant`` fills with ``value``; ``edge`` repeats the
+border element; ``reflect`` mirrors x without repeating the border
+(``[a b c]`` padded by 2 -> ``c b [a b c] b a``); ``wrap`` continues
+periodically.  Every output element comes from one element of x (or is the
+constant): per axis the kernel maps output positions to input ones once,
+then fills rows.  ``value`` crosses the ABI as a 32-bit float, so float64
+and 64-bit integer kernels receive it rounded to single precision (the
+reference does the same).  The gradient is ``pad_grad``: dy summed back onto
+the elements each output came from.
+"""
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+
+MODES = ("constant", "reflect", "edge", "wrap")
+PAD_ATTRS = 'int[] pads, str mode="constant", float value=0.0'
+PAD_DTYPES = ["float32", "float64", "int32", "int64", "int8", "uint8"]
+
+pad = opforge.op(f"pad(Tensor x, *, {PAD_ATTRS}) -> Tensor y", traits=["no_side_effect", "always_compute"],
+                 doc="ONNX Pad: begin pads then end pads per axis (negative ones crop); mode constant (value), "
+                     "reflect, edge or wrap.")
+
+
+def pad_problem(x, pads, mode):
+    if mode not in MODES:
+        return f"'mode' is {mode!r}; it is one of {', '.join(MODES)}"
+    if x.rank is None:
+        return None
+    if len(pads) != 2 * x.rank:
+        return f"'pads' has {len(pads)} entries; input 'x' of rank {x.rank} needs {2 * x.rank} (begins, then ends)"
+    for axis, n in enumerate(x.shape):
+        out = n + pads[axis] + pads[x.rank + axis] if n != -1 else -1
+        if n != -1 and out < 0:
+            return f"pads {list(pads)} crop axis {axis} of input 'x' (size {n}) below 0"
+        left = n - max(0, -pads[axis]) - max(0, -pads[x.rank + axis])
+        if mode != "constant" and n != -1 and left <= 0 and out > 0:
+            return f"mode {mode} cannot pad axis {axis} of input 'x': nothing is left of it after cropping"
+    return None
+
+
+@pad.check
+def pad_check(x, *, pads, mode, value):
+    return pad_problem(x, pads, mode)
+
+
+@pad.infer
+def pad_infer(x, *, pads, mode, value):
+    if x.rank is None:
+        return TensorSpec(None, x.dtype)
+    return TensorSpec([-1 if n == -1 else n + pads[k] + pads[x.rank + k] for k, n in enumerate(x.shape)], x.dtype)
+
+
+def source_index(n, begin, end, mode):
+    """For each output position along one axis, the input position it copies (-1: the constant).
+    Negative pads crop first; the mode then pads what is left."""
+    low, size = max(0, -begin), n - max(0, -begin) - max(0, -end)
+    i = np.arange(size + max(begin, 0) + max(end, 0), dtype=np.int64) - max(begin, 0)
+    if mode == "constant" or size <= 0:
+        return np.where((i >= 0) & (i < size), i + low, -1)
+    if mode == "edge":
+        return np.clip(i, 0, size - 1) + low
+    if mode == "wrap":
+        return i % size + low
+    if size == 1:  # reflect
+        return np.zeros_like(i) + low
+    i = np.abs(i) % (2 * (size - 1))
+    return np.where(i >= size, 2 * (size - 1) - i, i) + low
+
+
+def gather_index(x_shape, pads, mode):
+    """An index (np.ix_) taking every output's source from x, and the mask of constant outputs."""
+    rank = len(x_shape)
+    maps = [source_index(n, pads[k], pads[rank + k], mode) for k, n in enumerate(x_shape)]
+    constant = np.zeros([len(m) for m in maps], bool)
+    for k, m in enumerate(maps):
+        constant |= (m < 0).reshape([-1 if j == k else 1 for j in range(rank)])
+    return np.ix_(*[np.maximum(m, 0) for m in maps]), constant
+
+
+def single(value):
+    return float(np.float32(value))  # as the kernels receive it
+
+
+@pad.reference(fallback=True)
+def pad_reference(x, *, pads, mode, value):
+    index, constant = gather_index(x.shape, pads, mode)
+    fill = np.asarray(single(value)).astype(x.dtype)
+    if x.size == 0:
+        return np.full(constant.shape, fill, x.dtype)
+    y = x[index] if x.ndim else x.copy()
+    y[constant] = fill
+    return y
+
+
+@pad.grad(save=["x"])
+def pad_grad_rule(saved, dy, *, pads, mode, value):
+    return opforge.ops.pad_grad(dy, saved.x, pads=pads, mode=mode, value=value)
+
+
+PAD_CC = r"""
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "custom_aot_extra.h"
+
+namespace {
+
+// Per axis: for every output position, the input position it copies, or -1 (the constant).
+bool SourceMaps(AotExtra *extra, int rank, const int64_t *x, const int64_t *y,
+                std::vector<std::vector<int64_t>> *maps) {
+  const std::vector<int64_t> pads = extra->Attr<std::vector<int64_t>>("pads");
+  const std::string mode = extra->Attr<std::string>("mode");
+  if (static_cast<int>(pads.size()) != 2 * rank) return false;
+  maps->resize(rank);
+  for (int d = 0; d < rank; d++) {
+    // negative pads crop first; the mode pads what is left: [low, low + n)
+    const int64_t begin = pads[d], end = pads[rank + d];
+    const int64_t low = begin < 0 ? -begin : 0, n = x[d] - low - (end < 0 ? -end : 0);
+    std::vector<int64_t> &m = (*maps)[d];
+    m.resize(y[d]);
+    for (int64_t o = 0; o < y[d]; o++) {
+      int64_t i = o - (begin > 0 ? begin : 0);
+      if (mode == "constant" || n <= 0) {
+        i = i >= 0 && i < n ? i : -1 - low;
+      } else if (mode == "edge") {
+        i = i < 0 ? 0 : i >= n ? n - 1 : i;
+      } else if (mode == "wrap") {
+        i = ((i % n) + n) % n;
+      } else if (mode == "reflect") {
+        if (n == 1) {
+          i = 0;
+        } else {
+          i = (i < 0 ? -i : i) % (2 * (n - 1));
+          if (i >= n) i = 2 * (n - 1) - i;
+        }
+      } else {
+        return false;
+      }
+      m[o] = i + low;
+    }
+  }
+  return true;
+}
+
+// Calls row(out_offset, in_offset or -1) for every row (all dims but the last) of y.
+template <typename Row>
+void ForEachRow(int rank, const int64_t *x, const int64_t *y, const std::vector<std::vector<int64_t>> &maps,
+                Row row) {
+  const int outer = rank - 1;
+  int64_t rows = 1;
+  for (int d = 0; d < outer; d++) rows *= y[d];
+  const int64_t width = rank ? y[rank - 1] : 1, in_width = rank ? x[rank - 1] : 1;
+  std::vector<int64_t> index(outer > 0 ? outer : 0, 0);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t src = 0;
+    for (int d = 0; d < outer; d++) {
+      const int64_t i = maps[d][index[d]];
+      if (i < 0) {
+        src = -1;
+        break;
+      }
+      src = src * x[d] + i;
+    }
+    row(r * width, src < 0 ? -1 : src * in_width);
+    for (int d = outer - 1; d >= 0; d--) {
+      if (++index[d] < y[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+int PadT(int rank, const int64_t *xs, const int64_t *ys, const T *x, T *y, T value,
+         const std::vector<std::vector<int64_t>> &maps) {
+  if (rank == 0) {
+    y[0] = x[0];
+    return 0;
+  }
+  const std::vector<int64_t> &last = maps[rank - 1];
+  const int64_t width = ys[rank - 1];
+  ForEachRow(rank, xs, ys, maps, [&](int64_t out, int64_t in) {
+    if (in < 0) {
+      for (int64_t j = 0; j < width; j++) y[out + j] = value;
+      return;
+    }
+    for (int64_t j = 0; j < width; j++) y[out + j] = last[j] < 0 ? value : x[in + last[j]];
+  });
+  return 0;
+}
+
+template <typename T>
+int PadGradT(int rank, const int64_t *xs, const int64_t *ys, const T *dy, T *dx,
+             const std::vector<std::vector<int64_t>> &maps) {
+  int64_t n = 1;
+  for (int d = 0; d < rank; d++) n *= xs[d];
+  std::memset(dx, 0, sizeof(T) * n);
+  if (rank == 0) {
+    dx[0] = dy[0];
+    return 0;
+  }
+  const std::vector<int64_t> &last = maps[rank - 1];
+  const int64_t width = ys[rank - 1];
+  ForEachRow(rank, xs, ys, maps, [&](int64_t out, int64_t in) {
+    if (in < 0) return;
+    for (int64_t j = 0; j < width; j++)
+      if (last[j] >= 0) dx[in + last[j]] += dy[out + j];
+  });
+  return 0;
+}
+
+}  // namespace
+
+// params: x, y.
+extern "C" int Pad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                   void *extra_ptr) {
+  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+  std::vector<std::vector<int64_t>> maps;
+  if (!SourceMaps(extra, ndims[0], shapes[0], shapes[1], &maps)) return 1;
+  const float value = extra->Attr<float>("value");
+#define PAD_CASE(T, name)                                                                                \
+  if (!std::strcmp(dtypes[0], name))                                                                    \
+    return PadT<T>(ndims[0], shapes[0], shapes[1], static_cast<const T *>(params[0]),                   \
+                   static_cast<T *>(params[1]), static_cast<T>(value), maps);
+  PAD_CASE(float, "float32") PAD_CASE(double, "float64") PAD_CASE(int32_t, "int32")
+  PAD_CASE(int64_t, "int64") PAD_CASE(int8_t, "int8") PAD_CASE(uint8_t, "uint8")
+#undef PAD_CASE
+  return 2;
+}
+
+// params: dy, x, dx (x lends its shape).
+extern "C" int PadGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                       void *stream, void *extra_ptr) {
+  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+  std::vector<std::vector<int64_t>> maps;
+  if (!SourceMaps(extra, ndims[1], shapes[1], shapes[0], &maps)) return 1;
+  if (!std::strcmp(dtypes[0], "float32"))
+    return PadGradT<float>(ndims[1], shapes[1], shapes[0], static_cast<const float *>(params[0]),
+                           static_cast<float *>(params[2]), maps);
+  if (!std::strcmp(dtypes[0], "float64"))
+    return PadGradT<double>(ndims[1], shapes[1], shapes[0], static_cast<const double *>(params[0]),
+                            static_cast<double *>(params[2]), maps);
+  return 2;
+}
+"""
+pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC)
+
+
+# -- the gradient -----------------------------------------------------------------
+
+pad_grad = opforge.op(f"pad_grad(Tensor dy, Tensor x, *, {PAD_ATTRS}) -> Tensor dx",
+                      traits=["no_side_effect", "always_compute"],
+                      doc="Gradient of pad: zeros like x, with each dy added to the element of x it was copied "
+                          "from (constant outputs contribute nothing; x lends only its shape).")
+
+
+@pad_grad.check
+def pad_grad_check(dy, x, *, pads, mode, value):
+    if dy.dtype != x.dtype:
+        raise opforge.DTypeError(f"op 'pad_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must have one dtype")
+    problem = pad_problem(x, pads, mode)
+    if problem is None and x.rank is not None and dy.rank is not None:
+        want = pad_infer(x, pads=pads, mode=mode, value=value)
+        if dy.rank != want.rank or not want.matches(dy.shape):
+            problem = f"input 'dy' has shape {list(dy.shape)}; pad of 'x' has {list(want.shape)}"
+    return problem
+
+
+@pad_grad.infer
+def pad_grad_infer(dy, x, **attrs):
+    return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+
+
+@pad_grad.reference(fallback=True)
+def pad_grad_reference(dy, x, *, pads, mode, value):
+    dx = np.zeros(x.shape, dy.dtype)
+    if x.size == 0:
+        return dx
+    index, constant = gather_index(x.shape, pads, mode)
+    np.add.at(dx, index, np.where(constant, 0, dy))
+    return dx
+
+
+pad_grad.kernel(function="PadGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=PAD_CC)
