@@ -136,6 +136,19 @@ GRADCHECKS = {
     "expand": (ops.expand, [r(3, 1)], {"shape": [2, 1, 4]}),
     "topk": (topk_values, [r(3, 5, 2)], {"k": 2, "axis": 1}),
     "topk_smallest": (topk_values, [r(4, 3)], {"k": 3, "axis": 0, "largest": False}),
+    # max_pool, average_pool, global_average_pool, batch_norm, pad
+    "max_pool": (ops.max_pool, [r(1, 2, 5, 6)],
+                 {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "ceil_mode": True}),
+    "average_pool": (ops.average_pool, [r(1, 2, 5, 6)],
+                     {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "ceil_mode": True}),
+    "average_pool_include_pad_1d": (ops.average_pool, [r(2, 1, 7)],
+                                    {"kernel_shape": [3], "dilations": [2], "pads": [2, 1],
+                                     "count_include_pad": True}),
+    "global_average_pool": (ops.global_average_pool, [r(2, 3, 2, 2)], {}),
+    "batch_norm": (ops.batch_norm, [r(2, 3, 2), r(3, seed=1), r(3, seed=2), r(3, seed=3), positive(3, seed=4)],
+                   {"epsilon": 1e-3}),
+    "pad_constant": (ops.pad, [r(3, 4)], {"pads": [1, -1, 2, 2], "value": 0.5}),
+    "pad_reflect": (ops.pad, [r(3, 4)], {"pads": [2, 1, 1, 3], "mode": "reflect"}),
 }
 
 
