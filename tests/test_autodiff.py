@@ -149,6 +149,19 @@ GRADCHECKS = {
                    {"epsilon": 1e-3}),
     "pad_constant": (ops.pad, [r(3, 4)], {"pads": [1, -1, 2, 2], "value": 0.5}),
     "pad_reflect": (ops.pad, [r(3, 4)], {"pads": [2, 1, 1, 3], "mode": "reflect"}),
+    # matmul (broadcast), gemm, conv, conv_transpose
+    "matmul_broadcast": (ops.matmul, [r(2, 1, 3, 4), r(1, 3, 4, 2, seed=1)], {}),
+    "gemm": (ops.gemm, [r(3, 4), r(4, 5, seed=1), r(5, seed=2)], {"alpha": 0.5, "beta": 2.0}),
+    "gemm_transposed": (ops.gemm, [r(4, 3), r(5, 4, seed=1), r(3, 1, seed=2)],
+                        {"trans_a": True, "trans_b": True, "beta": -1.5}),
+    "gemm_no_c": (closing_over(ops.gemm, None, at=2), [r(4, 3), r(4, 5, seed=1)], {"trans_a": True}),
+    "conv": (ops.conv, [r(2, 4, 5, 6), r(6, 2, 3, 2, seed=1), r(6, seed=2)],
+             {"strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [1, 2], "group": 2}),
+    "conv_1d_no_bias": (closing_over(ops.conv, None, at=2), [r(1, 2, 7), r(3, 2, 3, seed=1)], {"strides": [2]}),
+    "conv_transpose": (ops.conv_transpose, [r(1, 4, 3, 4), r(4, 3, 2, 3, seed=1), r(6, seed=2)],
+                       {"strides": [2, 1], "pads": [1, 0, 0, 1], "group": 2, "output_padding": [1, 0]}),
+    "conv_transpose_1d_no_bias": (closing_over(ops.conv_transpose, None, at=2), [r(2, 2, 4), r(2, 3, 3, seed=1)],
+                                  {"strides": [3], "dilations": [2]}),
 }
 
 

@@ -49,3 +49,6 @@ from . import global_average_pool  # noqa: F401
 from . import batch_norm  # noqa: F401
 from . import lrn  # noqa: F401
 from . import pad  # noqa: F401
+from . import gemm  # noqa: F401
+from . import conv  # noqa: F401
+from . import conv_transpose  # noqa: F401

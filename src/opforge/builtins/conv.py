@@ -1,0 +1,414 @@
+"""conv: N-d convolution of N x C x spatial input with M x C/group x kernel weights (ONNX Conv).
+
+``strides`` and ``dilations`` hold one value per spatial dim (default 1),
+``pads`` the begin pads of every spatial dim, then the end pads (default 0);
+``group`` splits the channels into that many independent convolutions.
+Output dim: ``(in + pad_begin + pad_end - ((k - 1) * d + 1)) / s + 1``,
+rounded down.  ONNX's ``auto_pad`` is resolved into pads by the converter.
+
+The kernel copies each group's input windows into a workspace matrix
+(im2col: C/group * prod(kernel) rows, one column per output position) and
+multiplies it by the weights with OpenBLAS's gemm; a 1 x 1 convolution with
+stride 1 and no padding multiplies the input directly.  The workspace size
+comes from the kernel's Init, which also keeps the geometry for the calls.
+Where OpenBLAS is missing the NumPy reference runs.
+
+The gradient: dx is ``conv_transpose`` of dy, dw is ``conv_weight_grad``
+(the same im2col, multiplied by dy), db sums dy.
+"""
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.common import FLOATS, known_dims
+from opforge.builtins.gemm import same_float_dtype, zeros_for_absent
+from opforge.runtime import blas
+
+GEOMETRY_ATTRS = "int[] strides=[], int[] pads=[], int[] dilations=[], int group=1"
+
+conv = opforge.op(f"conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}) -> Tensor y", traits=["no_side_effect"],
+                  doc="ONNX Conv on N x C x spatial (any number of spatial dims): weights M x C/group x kernel, "
+                      "optional bias of M; pads are begin pads then end pads.")
+
+
+# -- geometry shared with conv_transpose and conv_weight_grad ---------------------
+
+def conv_params(op_name, spatial, strides, pads, dilations, group):
+    """(strides, pads, dilations) with defaults filled in; AttrError for wrong lengths or values."""
+    strides = list(strides) or [1] * spatial
+    dilations = list(dilations) or [1] * spatial
+    pads = list(pads) or [0] * (2 * spatial)
+    for name, values, length, low in (("strides", strides, spatial, 1), ("dilations", dilations, spatial, 1),
+                                      ("pads", pads, 2 * spatial, 0)):
+        if len(values) != length:
+            raise opforge.AttrError(f"op '{op_name}': attribute '{name}' has {len(values)} values {values}; the input "
+                                    f"has {spatial} spatial dim(s), so it needs {length}")
+        if any(v < low for v in values):
+            raise opforge.AttrError(f"op '{op_name}': attribute '{name}' is {values}; each value must be >= {low}")
+    if group < 1:
+        raise opforge.AttrError(f"op '{op_name}': attribute 'group' is {group}; it must be >= 1")
+    return strides, pads, dilations
+
+
+def conv_out_dim(n, k, s, pb, pe, d):
+    """Output length of one spatial dim of a convolution (-1 when n or k is unknown)."""
+    if -1 in (n, k):
+        return -1
+    return (n + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def check_grouped(op_name, channels, per_group, group, what):
+    """ShapeError unless ``channels`` (known, or -1) is ``per_group * group``."""
+    if -1 not in (channels, per_group) and channels != per_group * group:
+        raise opforge.ShapeError(f"op '{op_name}': {what}")
+
+
+def spatial_rank(op_name, x, w):
+    """The number of spatial dims, from x or w (None when both ranks are unknown)."""
+    for name, spec in (("x", x), ("w", w)):
+        if spec is not None and spec.rank is not None and spec.rank < 3:
+            raise opforge.ShapeError(f"op '{op_name}': input '{name}' has shape {list(spec.shape)}; it needs rank >= 3 "
+                                     "(N x C x spatial, or weights out x in x kernel)")
+    if x.rank is not None and w.rank is not None and x.rank != w.rank:
+        raise opforge.ShapeError(f"op '{op_name}': inputs 'x' and 'w' have ranks {x.rank} and {w.rank} (shapes "
+                                 f"{list(x.shape)}, {list(w.shape)}); they must be equal")
+    rank = x.rank if x.rank is not None else w.rank
+    return None if rank is None else rank - 2
+
+
+def check_bias(op_name, b, channels):
+    if b is not None and b.rank is not None and (b.rank != 1 or -1 not in (b.shape[0], channels)
+                                                 and b.shape[0] != channels):
+        raise opforge.ShapeError(f"op '{op_name}': input 'b' has shape {list(b.shape)}; it must be [{channels}] (one "
+                                 "value per output channel)")
+
+
+@conv.infer
+def conv_infer(x, w, b, *, strides, pads, dilations, group):
+    same_float_dtype("conv", [x, w, b], ["x", "w", "b"])
+    spatial = spatial_rank("conv", x, w)
+    if spatial is None:
+        return TensorSpec(None, x.dtype)
+    strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, group)
+    x_shape = x.shape if x.rank is not None else (-1,) * (spatial + 2)
+    w_shape = w.shape if w.rank is not None else (-1,) * (spatial + 2)
+    check_grouped("conv", x_shape[1], w_shape[1], group,
+                  f"input 'x' has {x_shape[1]} channels, but w (shape {list(w_shape)}) takes {w_shape[1]} per group "
+                  f"and group={group}")
+    if w_shape[0] != -1 and w_shape[0] % group:
+        raise opforge.ShapeError(f"op 'conv': w has {w_shape[0]} output channels, not a multiple of group={group}")
+    check_bias("conv", b, w_shape[0])
+    out = [conv_out_dim(x_shape[2 + j], w_shape[2 + j], strides[j], pads[j], pads[spatial + j], dilations[j])
+           for j in range(spatial)]
+    if any(n == 0 or n < -1 for n in out):
+        raise opforge.ShapeError(f"op 'conv': input 'x' of shape {list(x_shape)} padded by {pads} is smaller than the "
+                                 f"dilated kernel {list(w_shape[2:])} (dilations {dilations}): no output position")
+    return TensorSpec((x_shape[0], w_shape[0], *out), x.dtype)
+
+
+def windows(x, kernel_shape, out, strides, pads, dilations):
+    """Per kernel offset k: the padded input seen by kernel element k at every output
+    position, as ``(k, view of shape N x C x out)``."""
+    spatial = len(kernel_shape)
+    padded = np.pad(x, [(0, 0), (0, 0)] + [(pads[j], pads[spatial + j]) for j in range(spatial)])
+    for k in np.ndindex(*kernel_shape):
+        yield k, padded[(..., *(slice(k[j] * dilations[j], k[j] * dilations[j] + (out[j] - 1) * strides[j] + 1,
+                                      strides[j]) for j in range(spatial)))]
+
+
+@conv.reference(fallback=True)
+def conv_reference(x, w, b, *, strides, pads, dilations, group):
+    spatial = x.ndim - 2
+    strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, group)
+    out = [conv_out_dim(x.shape[2 + j], w.shape[2 + j], strides[j], pads[j], pads[spatial + j], dilations[j])
+           for j in range(spatial)]
+    n, m = x.shape[0], w.shape[0]
+    y = np.zeros((n, group, m // group, *out), x.dtype)
+    weights = w.reshape(group, m // group, w.shape[1], *w.shape[2:])
+    for k, window in windows(x, w.shape[2:], out, strides, pads, dilations):
+        grouped = window.reshape(n, group, w.shape[1], *out)
+        y += np.einsum("ngc...,gmc->ngm...", grouped, weights[(..., *k)])
+    y = y.reshape(n, m, *out)
+    if b is not None:
+        y += b.reshape(m, *[1] * spatial)
+    return y
+
+
+def output_padding_for(x_dims, w_dims, strides, pads, dilations):
+    """The conv_transpose output_padding that gives back x's spatial dims from conv's output."""
+    spatial = len(x_dims) - 2
+    strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, 1)
+    if -1 in x_dims[2:] or -1 in w_dims[2:]:
+        raise opforge.ShapeError(f"op 'conv': its gradient needs x's spatial dims and the kernel's known; x has "
+                                 f"{list(x_dims)}, w {list(w_dims)}")
+    return [(x_dims[2 + j] + pads[j] + pads[spatial + j] - ((w_dims[2 + j] - 1) * dilations[j] + 1)) % strides[j]
+            for j in range(spatial)]
+
+
+@conv.grad(save=["x", "w", "b"])
+def conv_grad(saved, dy, *, strides, pads, dilations, group):
+    x_dims, w_dims = known_dims(saved.x), known_dims(saved.w)
+    geometry = dict(strides=strides, pads=pads, dilations=dilations, group=group)
+    dx = opforge.ops.conv_transpose(dy, saved.w, None, **geometry,
+                                    output_padding=output_padding_for(x_dims, w_dims, strides, pads, dilations))
+    dw = opforge.ops.conv_weight_grad(saved.x, dy, kernel_shape=list(w_dims[2:]), **geometry)
+    db = None if saved.b is None else opforge.ops.reduce_sum(dy, axes=[0, *range(2, len(x_dims))])
+    return dx, dw, db
+
+
+# -- the C++ side ----------------------------------------------------------------
+# Shared with conv_transpose and conv_weight_grad.  An "image" is one sample's
+# channels of a group (channels x in...); its columns matrix has channels *
+# prod(kernel) rows and prod(out) columns: row (c, k), column o holds the image
+# at o * stride - pad_begin + k * dilation, or 0 in the padding.
+CONV_COMMON = r"""
+#include <cstring>
+#include <vector>
+
+#include "custom_aot_extra.h"
+#include "opforge_blas.h"
+
+typedef OPFORGE_T T;
+
+struct ConvGeometry : AotKernelData {
+  int rank = 0;                                              // spatial dims
+  std::vector<int64_t> in, out, kernel, stride, pad, dilation;  // pad: the begin pads
+  int64_t group = 1, in_size = 1, out_size = 1, kernel_size = 1;
+  bool direct = true;  // 1 x 1 kernel, stride 1, no padding: the columns matrix is the image itself
+};
+
+// Fills g from the image dims, the columns' output dims, the kernel dims and the op's attributes;
+// false when they do not fit together (out is what a convolution of the image gives; up to that when
+// !exact, as for conv_transpose, whose image may have extra rows at the end: output_padding).
+static bool MakeGeometry(ConvGeometry *g, const int64_t *in, const int64_t *out, const int64_t *kernel, int rank,
+                         AotExtra *extra, bool exact = true) {
+  std::vector<int64_t> strides = extra->Attr<std::vector<int64_t>>("strides");
+  std::vector<int64_t> pads = extra->Attr<std::vector<int64_t>>("pads");
+  std::vector<int64_t> dilations = extra->Attr<std::vector<int64_t>>("dilations");
+  g->group = extra->Attr<int64_t>("group");
+  if (strides.empty()) strides.assign(rank, 1);
+  if (dilations.empty()) dilations.assign(rank, 1);
+  if (pads.empty()) pads.assign(2 * rank, 0);
+  if (rank < 1 || g->group < 1 || int(strides.size()) != rank || int(dilations.size()) != rank ||
+      int(pads.size()) != 2 * rank)
+    return false;
+  g->rank = rank;
+  for (int r = 0; r < rank; r++) {
+    if (strides[r] < 1 || dilations[r] < 1 || pads[r] < 0 || pads[rank + r] < 0) return false;
+    const int64_t full = (in[r] + pads[r] + pads[rank + r] - ((kernel[r] - 1) * dilations[r] + 1)) / strides[r] + 1;
+    if (out[r] < 1 || (exact ? out[r] != full : out[r] > full)) return false;
+    g->in.push_back(in[r]);
+    g->out.push_back(out[r]);
+    g->kernel.push_back(kernel[r]);
+    g->stride.push_back(strides[r]);
+    g->pad.push_back(pads[r]);
+    g->dilation.push_back(dilations[r]);
+    g->in_size *= in[r];
+    g->out_size *= out[r];
+    g->kernel_size *= kernel[r];
+    g->direct = g->direct && kernel[r] == 1 && strides[r] == 1 && pads[r] == 0 && pads[rank + r] == 0;
+  }
+  return true;
+}
+
+// Keeps g as the signature's kernel data and asks for a columns matrix of `channels` image channels.
+static int Keep(ConvGeometry *g, int64_t channels, AotExtra *extra) {
+  extra->SetKernelData(g);
+  extra->SetWorkSpace({size_t(g->direct ? 1 : channels * g->kernel_size * g->out_size) * sizeof(T)});
+  return 0;
+}
+
+// For row (c, k) of the columns matrix: calls f(image row, columns row, lo, hi) for each run of
+// out[rank - 1] columns whose image row lies inside the image (lo..hi: the columns inside it), and
+// empty(columns row) for those wholly in the padding.
+template <typename Row, typename Empty>
+static void ForEachRow(const ConvGeometry &g, int64_t channels, Row row, Empty empty) {
+  const int R = g.rank;
+  const int64_t last_out = g.out[R - 1], last_in = g.in[R - 1], s = g.stride[R - 1];
+  const int64_t outer = g.out_size / last_out;
+  std::vector<int64_t> k(R), o(R);
+  int64_t column_row = 0;
+  for (int64_t c = 0; c < channels; c++) {
+    for (int64_t kk = 0; kk < g.kernel_size; kk++) {
+      for (int64_t rest = kk, r = R - 1; r >= 0; r--) k[r] = rest % g.kernel[r], rest /= g.kernel[r];
+      const int64_t start = k[R - 1] * g.dilation[R - 1] - g.pad[R - 1];  // image column of output column 0
+      const int64_t lo = start >= 0 ? 0 : (-start + s - 1) / s;
+      int64_t hi = last_in > start ? (last_in - start + s - 1) / s : 0;
+      if (hi > last_out) hi = last_out;
+      if (hi < lo) hi = lo;
+      for (int64_t oo = 0; oo < outer; oo++, column_row++) {
+        int64_t offset = c, rest = oo;
+        bool inside = true;
+        for (int r = R - 2; r >= 0; r--) o[r] = rest % g.out[r], rest /= g.out[r];
+        for (int r = 0; r < R - 1; r++) {
+          const int64_t i = o[r] * g.stride[r] - g.pad[r] + k[r] * g.dilation[r];
+          inside = inside && i >= 0 && i < g.in[r];
+          offset = offset * g.in[r] + i;
+        }
+        if (inside)
+          row(offset * last_in + start, column_row * last_out, lo, hi);
+        else
+          empty(column_row * last_out);
+      }
+    }
+  }
+}
+
+// image (channels x in...) -> columns (channels * prod(kernel) x prod(out)).
+static void Im2Col(const ConvGeometry &g, int64_t channels, const T *image, T *columns) {
+  const int64_t n = g.out[g.rank - 1], s = g.stride[g.rank - 1];
+  ForEachRow(g, channels,
+             [&](int64_t from, int64_t to, int64_t lo, int64_t hi) {
+               const T *src = image + from;
+               T *dst = columns + to;
+               for (int64_t j = 0; j < lo; j++) dst[j] = T(0);
+               if (s == 1)
+                 std::memcpy(dst + lo, src + lo, size_t(hi - lo) * sizeof(T));
+               else
+                 for (int64_t j = lo; j < hi; j++) dst[j] = src[j * s];
+               for (int64_t j = hi; j < n; j++) dst[j] = T(0);
+             },
+             [&](int64_t to) { std::memset(columns + to, 0, size_t(n) * sizeof(T)); });
+}
+
+// The adjoint: adds each column entry to the image element it was copied from.
+static void Col2ImAdd(const ConvGeometry &g, int64_t channels, const T *columns, T *image) {
+  const int64_t s = g.stride[g.rank - 1];
+  ForEachRow(g, channels,
+             [&](int64_t to, int64_t from, int64_t lo, int64_t hi) {
+               T *dst = image + to;
+               const T *src = columns + from;
+               for (int64_t j = lo; j < hi; j++) dst[j * s] += src[j];
+             },
+             [](int64_t) {});
+}
+
+static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
+  return OpforgeBlasFits({rows, inner, g.out_size, g.in_size, g.kernel_size * inner});
+}
+"""
+
+CONV = CONV_COMMON + r"""
+// x: N x C x in..., w: M x C/group x kernel..., b: M -> y: N x M x out...
+extern "C" int ConvInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  const int rank = ndims[0] - 2;
+  if (rank < 1 || ndims[1] != ndims[0] || ndims[3] != ndims[0]) return 1;
+  auto *g = new ConvGeometry;
+  if (!MakeGeometry(g, shapes[0] + 2, shapes[3] + 2, shapes[1] + 2, rank, extra) ||
+      shapes[0][1] != shapes[1][1] * g->group || shapes[1][0] % g->group) {
+    delete g;
+    return 2;
+  }
+  return Keep(g, shapes[1][1], extra);
+}
+
+extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                    void *extra) {
+  const T *x = static_cast<const T *>(params[0]);
+  const T *w = static_cast<const T *>(params[1]);
+  const T *b = static_cast<const T *>(params[2]);
+  T *y = static_cast<T *>(params[3]);
+  T *columns = static_cast<T *>(params[4]);
+  const auto *g = static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+  if (g == nullptr) return 1;
+  const int64_t n = shapes[0][0], m = shapes[1][0], c_group = shapes[1][1], m_group = m / g->group;
+  const int64_t inner = c_group * g->kernel_size;  // the product's inner dim
+  if (!Fits(*g, m_group, inner)) return 3;
+  for (int64_t i = 0; i < n * m; i++)
+    for (int64_t j = 0; j < g->out_size; j++) y[i * g->out_size + j] = b[i % m];
+  for (int64_t s = 0; s < n; s++) {
+    for (int64_t grp = 0; grp < g->group; grp++) {
+      const T *image = x + (s * g->group + grp) * c_group * g->in_size;
+      if (!g->direct) Im2Col(*g, c_group, image, columns);
+      OpforgeGemm(false, false, m_group, g->out_size, inner, T(1), w + grp * m_group * inner, inner,
+                  g->direct ? image : columns, g->out_size, T(1),
+                  y + (s * m + grp * m_group) * g->out_size, g->out_size);
+    }
+  }
+  return 0;
+}
+"""
+blas.requiring(conv.kernel(function="Conv", dtypes={"x": FLOATS, "w": FLOATS, "b": FLOATS}, code=CONV))
+zeros_for_absent(conv, 2, lambda x, w, b, **_: np.zeros(w.shape[0], x.dtype), {"x": FLOATS, "w": FLOATS})
+
+
+# -- conv_weight_grad: dw of conv ----------------------------------------------------
+
+conv_weight_grad = opforge.op(f"conv_weight_grad(Tensor x, Tensor dy, *, int[] kernel_shape, {GEOMETRY_ATTRS}) "
+                              "-> Tensor dw", traits=["no_side_effect"],
+                              doc="Gradient of conv with respect to its weights: x's windows times dy, summed over "
+                                  "the batch and the output positions.")
+
+
+@conv_weight_grad.infer
+def conv_weight_grad_infer(x, dy, *, kernel_shape, strides, pads, dilations, group):
+    same_float_dtype("conv_weight_grad", [x, dy], ["x", "dy"])
+    spatial = spatial_rank("conv_weight_grad", x, dy)
+    if spatial is not None and len(kernel_shape) != spatial:
+        raise opforge.AttrError(f"op 'conv_weight_grad': attribute 'kernel_shape' is {list(kernel_shape)}; x has "
+                                f"{spatial} spatial dim(s)")
+    conv_params("conv_weight_grad", len(kernel_shape), strides, pads, dilations, group)
+    channels = x.shape[1] if x.rank is not None else -1
+    out_channels = dy.shape[1] if dy.rank is not None else -1
+    for name, count in (("x", channels), ("dy", out_channels)):
+        if count != -1 and count % group:
+            raise opforge.ShapeError(f"op 'conv_weight_grad': input '{name}' has {count} channels, not a multiple of "
+                                     f"group={group}")
+    return TensorSpec((out_channels, -1 if channels == -1 else channels // group, *kernel_shape), x.dtype)
+
+
+@conv_weight_grad.reference(fallback=True)
+def conv_weight_grad_reference(x, dy, *, kernel_shape, strides, pads, dilations, group):
+    spatial = x.ndim - 2
+    strides, pads, dilations = conv_params("conv_weight_grad", spatial, strides, pads, dilations, group)
+    n, c, m = x.shape[0], x.shape[1], dy.shape[1]
+    out = dy.shape[2:]
+    dw = np.zeros((group, m // group, c // group, *kernel_shape), x.dtype)
+    grads = dy.reshape(n, group, m // group, -1)
+    for k, window in windows(x, kernel_shape, out, strides, pads, dilations):
+        grouped = window.reshape(n, group, c // group, -1)
+        dw[(..., *k)] = np.einsum("ngcl,ngml->gmc", grouped, grads)
+    return dw.reshape(m, c // group, *kernel_shape)
+
+
+CONV_WEIGHT_GRAD = CONV_COMMON + r"""
+// x: N x C x in..., dy: N x M x out... -> dw: M x C/group x kernel...
+extern "C" int ConvWeightGradInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  const int rank = ndims[0] - 2;
+  if (rank < 1 || ndims[1] != ndims[0] || ndims[2] != ndims[0]) return 1;
+  auto *g = new ConvGeometry;
+  if (!MakeGeometry(g, shapes[0] + 2, shapes[1] + 2, shapes[2] + 2, rank, extra) || shapes[0][1] % g->group ||
+      shapes[1][1] % g->group || shapes[2][0] != shapes[1][1] || shapes[2][1] * g->group != shapes[0][1] ||
+      shapes[1][0] != shapes[0][0]) {
+    delete g;
+    return 2;
+  }
+  return Keep(g, shapes[2][1], extra);
+}
+
+extern "C" int ConvWeightGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *stream, void *extra) {
+  const T *x = static_cast<const T *>(params[0]);
+  const T *dy = static_cast<const T *>(params[1]);
+  T *dw = static_cast<T *>(params[2]);
+  T *columns = static_cast<T *>(params[3]);
+  const auto *g = static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+  if (g == nullptr) return 1;
+  const int64_t n = shapes[0][0], m = shapes[1][1], c_group = shapes[2][1], m_group = m / g->group;
+  const int64_t inner = c_group * g->kernel_size;
+  if (!Fits(*g, m_group, inner)) return 3;
+  for (int64_t s = 0; s < n; s++) {
+    for (int64_t grp = 0; grp < g->group; grp++) {
+      const T *image = x + (s * g->group + grp) * c_group * g->in_size;
+      if (!g->direct) Im2Col(*g, c_group, image, columns);
+      // dw[grp] (m_group x inner) (+)= dy[s, grp] (m_group x out) @ columns^T (out x inner)
+      OpforgeGemm(false, true, m_group, inner, g->out_size, T(1), dy + (s * m + grp * m_group) * g->out_size,
+                  g->out_size, g->direct ? image : columns, g->out_size, T(s == 0 ? 0 : 1),
+                  dw + grp * m_group * inner, inner);
+    }
+  }
+  return 0;
+}
+"""
+blas.requiring(conv_weight_grad.kernel(function="ConvWeightGrad", dtypes={"x": FLOATS, "dy": FLOATS},
+                                       code=CONV_WEIGHT_GRAD))
