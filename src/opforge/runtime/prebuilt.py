@@ -1,0 +1,300 @@
+"""Built-in kernels compiled when the package is built: no compiler at their first use.
+
+``setup.py``'s ``build_ext`` runs ``python -m opforge.runtime.prebuilt FOLDER``
+after building the extension.  It imports the built-in ops, takes every
+:class:`~opforge.runtime.aot.AotKernel` they declare (each dtype, ISA and
+layout variant; an ISA the build machine lacks compiles all the same) and
+compiles them in parallel into ``opforge/_prebuilt/<key>.so``, with
+``index.json`` mapping each key to its library.
+
+The key is the build cache's key without the compiler's identity: the
+source bytes, the bytes of every local header it includes, the flag list
+(package paths written relative to the package, so the key is the same in
+the build tree and once installed), the libstdc++ string ABI and
+``ABI_VERSION``.  At run time ``AotKernel.load`` asks :func:`lookup` first;
+a kernel whose key is in the index loads that library and no compiler is
+looked for.  Anything else -- a user's op, a built-in whose source or flags
+changed since (``OPFORGE_CXXFLAGS`` included), a missing or damaged file --
+builds through the cache as before.  ``OPFORGE_PREBUILT=0`` ignores the
+prebuilt set; ``OPFORGE_PREBUILD=0`` skips making it at package build.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .build import ABI_VERSION, BuiltLibrary, _local_headers
+from .cache import atomic_write, sha256_file
+from .compilers import is_source, plan, run_compiler
+
+__all__ = ["PREBUILT_DIR", "builtin_kernels", "declared_by_builtins", "kernel_key", "load_index", "lookup",
+           "prebuild"]
+
+log = logging.getLogger("opforge.build")
+
+PACKAGE = Path(__file__).resolve().parent.parent  # the opforge folder
+PREBUILT_DIR = PACKAGE / "_prebuilt"
+INDEX = "index.json"
+#: Bump when the index layout or the key changes; an index of another format is ignored.
+FORMAT = 1
+BUILTINS = "opforge.builtins"
+PROGRESS_EVERY = 10
+
+
+def declared_by_builtins() -> bool:
+    """True when the op being declared comes from a module of ``opforge.builtins``.
+
+    Called while a kernel is declared: the nearest caller outside opforge's own
+    modules decides, so a user's op (declared from user code, a YAML file or an
+    ONNX model) is never a built-in, whatever its source says.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if name == BUILTINS or name.startswith(BUILTINS + "."):
+            return True
+        if name != "opforge" and not name.startswith("opforge."):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def disabled() -> bool:
+    return os.environ.get("OPFORGE_PREBUILT", "").strip().lower() in ("0", "false", "no", "off")
+
+
+# --------------------------------------------------------------------------
+# the key
+
+
+def _source(kernel) -> Path:
+    return Path(os.path.realpath(kernel.path))
+
+
+def _portable(text: str, source_dir: str) -> str:
+    """A path (or a flag that is one) with the source folder and the package folder named, not spelled out."""
+    for prefix, name in ((source_dir, "<source>"), (str(PACKAGE), "<opforge>")):
+        if text == prefix or text.startswith(prefix + os.sep):
+            return name + text[len(prefix):]
+    return text
+
+
+def _plan(kernel, compiler):
+    cxx11_abi = False if kernel.cxx11_abi is None else kernel.cxx11_abi  # build()'s default
+    return plan(_source(kernel), extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=compiler,
+                cuda_arch=None, cxx11_abi=cxx11_abi, optimization="-O3")
+
+
+def kernel_key(kernel) -> str | None:
+    """The prebuilt key of a built-in CPU kernel compiled from source, else None.
+
+    Never looks for a compiler: the plan is made with a stand-in one and only
+    its flags are used.
+    """
+    if not getattr(kernel, "builtin", False) or kernel.device != "cpu" or not is_source(kernel.path):
+        return None
+    source = _source(kernel)
+    try:
+        data = kernel.code.encode() if kernel.code is not None else source.read_bytes()
+    except OSError:
+        return None
+    build_plan = _plan(kernel, sys.executable)
+    folder = str(source.parent)
+    digest = hashlib.sha256()
+
+    def feed(item) -> None:
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogateescape")
+        digest.update(len(raw).to_bytes(8, "little"))
+        digest.update(raw)
+
+    feed(f"opforge-prebuilt format={FORMAT} abi={ABI_VERSION}")
+    feed(build_plan.language)
+    feed(f"cxx11_abi={int(build_plan.cxx11_abi)}")
+    feed(f"flags:{len(build_plan.flags)}")
+    for flag in build_plan.flags:
+        feed(_portable(flag, folder))
+    feed(_portable(str(source), folder))
+    feed(data)
+    for header, content in _local_headers(source, data, build_plan.search_dirs):
+        feed(_portable(str(header), folder))
+        feed(content)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------
+# run time
+
+
+def load_index(folder: Path = PREBUILT_DIR) -> dict:
+    """key -> entry of the index in ``folder``; empty when there is none or it is of another format."""
+    try:
+        index = json.loads((Path(folder) / INDEX).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("abi_version") != ABI_VERSION:
+        return {}
+    kernels = index.get("kernels")
+    return kernels if isinstance(kernels, dict) else {}
+
+
+_loaded: dict = {}
+
+
+def lookup(kernel, folder: Path | None = None) -> BuiltLibrary | None:
+    """The prebuilt library of ``kernel``, or None when it has none (then it builds as usual)."""
+    if not getattr(kernel, "builtin", False) or disabled():
+        return None
+    folder = PREBUILT_DIR if folder is None else Path(folder)
+    index = _loaded.get(folder)
+    if index is None:
+        index = _loaded[folder] = load_index(folder)
+    if not index:
+        return None
+    key = kernel_key(kernel)
+    entry = index.get(key) if key else None
+    if not isinstance(entry, dict):
+        return None
+    library = folder / str(entry.get("file"))
+    try:
+        sha, size = sha256_file(library)
+    except OSError as exc:
+        log.debug("prebuilt %s: unreadable (%s); building instead", library, exc)
+        return None
+    if (sha, size) != (entry.get("sha256"), entry.get("size")):
+        log.debug("prebuilt %s: checksum mismatch; building instead", library)
+        return None
+    return BuiltLibrary(library, _source(kernel), bool(entry.get("cxx11_abi")), True)
+
+
+# --------------------------------------------------------------------------
+# package build
+
+
+def builtin_kernels():
+    """(op, kernel) for every built-in kernel that can be prebuilt, in registry order."""
+    import opforge  # noqa: F401 - registers the built-in ops
+
+    from ..registry import registered_ops
+    from .aot import AotKernel
+
+    return [(op, kernel) for op in registered_ops() for kernel in op.kernels
+            if isinstance(kernel, AotKernel) and kernel_key(kernel) is not None]
+
+
+def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
+    """Compile one variant to ``folder/<key>.so``; its index entry."""
+    if kernel.code is not None:
+        source = staging / _source(kernel).name  # written once by prebuild
+        build_plan = plan(source, extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=None,
+                          cuda_arch=None, cxx11_abi=False if kernel.cxx11_abi is None else kernel.cxx11_abi,
+                          optimization="-O3")
+    else:
+        build_plan = _plan(kernel, None)
+    name = f"{key}.so"
+    temporary = folder / f".tmp-{name}"
+    try:
+        done = run_compiler(build_plan.command(temporary))
+        if done.returncode != 0:
+            raise RuntimeError(f"exit status {done.returncode}: {(done.stdout or '').strip()[:2000]}")
+        sha, size = sha256_file(temporary)
+        os.replace(temporary, folder / name)
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+    return {"file": name, "sha256": sha, "size": size, "cxx11_abi": build_plan.cxx11_abi}
+
+
+def _reusable(folder: Path, entry) -> bool:
+    try:
+        return isinstance(entry, dict) and sha256_file(folder / entry["file"]) == (entry["sha256"], entry["size"])
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = None, stream=sys.stderr) -> dict:
+    """Compile ``kernels`` ((op, kernel) pairs; every built-in by default) into ``folder``.
+
+    Libraries already there under the same key are kept.  A variant that fails
+    to compile is reported and left out (it then builds at first use, where
+    its error shows).  Returns ``{"variants", "compiled", "reused", "failed", "seconds"}``.
+    """
+    started = time.monotonic()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pairs = builtin_kernels() if kernels is None else list(kernels)
+    wanted = {}  # key -> (op, kernel): identical variants compile once
+    for op, kernel in pairs:
+        key = kernel_key(kernel)
+        if key is not None:
+            wanted.setdefault(key, (op, kernel))
+    old = load_index(folder)
+    index = {key: dict(old[key]) for key in wanted if _reusable(folder, old.get(key))}
+    todo = [key for key in wanted if key not in index]
+    staging = folder / ".tmp-sources"
+    staging.mkdir(exist_ok=True)
+    for key in todo:
+        kernel = wanted[key][1]
+        if kernel.code is not None:
+            (staging / _source(kernel).name).write_text(kernel.code)
+    failed = []
+    workers = max(1, jobs or os.cpu_count() or 1)
+    print(f"opforge: prebuilding {len(todo)} built-in kernel variant(s) of {len(wanted)} into {folder} "
+          f"({workers} at a time)", file=stream, flush=True)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each job is a compiler process
+            futures = {pool.submit(_compile, wanted[key][1], key, folder, staging): key for key in todo}
+            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                key = futures[future]
+                op, kernel = wanted[key]
+                try:
+                    index[key] = future.result()
+                except Exception as exc:  # noqa: BLE001 - reported, and the variant builds at first use
+                    failed.append(f"{op.name} {kernel.name}: {exc}")
+                else:
+                    index[key].update(op=op.name, kernel=kernel.name)
+                if done % PROGRESS_EVERY == 0 or done == len(todo):
+                    print(f"opforge: prebuilt {done}/{len(todo)} ({time.monotonic() - started:.0f} s)",
+                          file=stream, flush=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for key, entry in index.items():
+        entry.setdefault("op", wanted[key][0].name)
+        entry.setdefault("kernel", wanted[key][1].name)
+    atomic_write(folder / INDEX, json.dumps({"format": FORMAT, "abi_version": ABI_VERSION,
+                                             "kernels": dict(sorted(index.items()))}, indent=1).encode())
+    kept = {entry["file"] for entry in index.values()} | {INDEX}
+    for stale in folder.iterdir():
+        if stale.name not in kept and stale.is_file():
+            with contextlib.suppress(OSError):
+                stale.unlink()
+    for line in failed:
+        print(f"opforge: could not prebuild {line}", file=stream, flush=True)
+    seconds = time.monotonic() - started
+    print(f"opforge: {len(index)} prebuilt kernel variant(s) in {folder}: {len(todo) - len(failed)} compiled, "
+          f"{len(index) - len(todo) + len(failed)} reused, {len(failed)} failed ({seconds:.1f} s)",
+          file=stream, flush=True)
+    return {"variants": len(index), "compiled": len(todo) - len(failed), "reused": len(index) - len(todo) + len(failed),
+            "failed": failed, "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opforge.runtime.prebuilt",
+                                     description="Compile opforge's built-in kernels into the prebuilt folder.")
+    parser.add_argument("folder", nargs="?", default=str(PREBUILT_DIR), help="where (default: %(default)s)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="compilers at a time (default: CPU count)")
+    args = parser.parse_args(argv)
+    summary = prebuild(Path(args.folder), jobs=args.jobs)
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
