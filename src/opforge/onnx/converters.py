@@ -6,6 +6,7 @@ CONVERTER_MODULES = [
     "elementwise",
     "reduce",
     "nn",
+    "linear",
 ]
 
 
