@@ -71,6 +71,12 @@ def matmul(x, y):
     return ops.matmul(x, ops.transpose(ops.unsqueeze(y, axes=[0]) + ops.reshape(x, shape=[4, 3, 5])))
 
 
+def gemm(x, y):
+    a = ops.reshape(x, shape=[12, 5])
+    return (ops.gemm(a, y, None, trans_b=True), ops.gemm(y, a, y[:, 0:1], alpha=0.5, beta=2.0, trans_b=True),
+            ops.gemm(a, a, np.float32(1.5), trans_a=True))
+
+
 def gradient_ops(x, y):
     return ops.relu_grad(x * y, ops.relu(x)), ops.leaky_relu_grad(x * y, x, alpha=0.3)
 
@@ -98,7 +104,7 @@ def indexing(x, y):
 
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("fn", [elementwise, comparisons, reductions, shapes, matmul, gradient_ops, activations,
-                                indexing])
+                                indexing, gemm])
 def test_builtin_graph_matches_onnxruntime(fn, opset):
     graph = opforge.trace(fn, TensorSpec(X.shape), TensorSpec(Y.shape))
     check_against_ort(graph, (X, Y), opset=opset)

@@ -356,6 +356,12 @@ def _(e):
              sorted=int(e.attrs["sorted"]))
 
 
+@exporter("gemm")
+def _(e):
+    e.result("Gemm", e.inputs, alpha=e.attrs["alpha"], beta=e.attrs["beta"], transA=int(e.attrs["trans_a"]),
+             transB=int(e.attrs["trans_b"]))
+
+
 def pool_attributes(e: NodeExport, dilations_since):
     """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node, defaults left out."""
     dilations = list(e.attrs.get("dilations") or ())
