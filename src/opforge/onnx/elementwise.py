@@ -1,8 +1,12 @@
 """Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Sum
 Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
-HardSigmoid HardSwish Elu Selu Celu Softplus Softsign Erf Gelu Clip), unary
-math (Exp Log Sqrt Abs Neg), comparisons and Where, and the pass-through ops
-(Identity, Dropout, Cast, CastLike).
+HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
+Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign),
+comparisons, logic (And Or Xor Not), IsNaN, IsInf and Where, and the
+pass-through ops (Identity, Dropout, Cast, CastLike).
+
+Activations opforge has no op for are built from several ops (Elu from exp,
+minimum and where, ...).
 
 Binary ops broadcast NumPy-style from opset 7; before it, ``broadcast=1``
 lets the second operand match a run of the first's dims starting at
@@ -301,19 +305,22 @@ def prelu(node, x, slope):
     return ops.where(ops.less(x, zero), ops.mul(x, slope), x)
 
 
-@composite("Elu", since=1)
-def elu(node, x):
-    alpha = node.attr("alpha", 1.0)
+def exponential_linear(x, alpha):
+    """x where x > 0, alpha * (e^x - 1) elsewhere (e^min(x, 0): no overflow on the side not taken)."""
     negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
     return ops.where(ops.greater(x, scalar(0, x)), x, negative)
+
+
+@composite("Elu", since=1)
+def elu(node, x):
+    return exponential_linear(x, node.attr("alpha", 1.0))
 
 
 @composite("Selu", since=1)
 def selu(node, x):
     alpha = node.attr("alpha", 1.67326319217681884765625)
     gamma = node.attr("gamma", 1.05070102214813232421875)
-    negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
-    return ops.mul(ops.where(ops.greater(x, scalar(0, x)), x, negative), scalar(gamma, x))
+    return ops.mul(exponential_linear(x, alpha), scalar(gamma, x))
 
 
 @composite("Celu", since=12)
