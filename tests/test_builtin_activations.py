@@ -87,7 +87,7 @@ def test_unary_float16_runs_through_the_reference(case):
 
 def test_saturation_limits():
     assert ops.sigmoid(np.array([-1000.0, 1000.0], np.float32)).tolist() == [0.0, 1.0]
-    assert ops.sigmoid(np.array([-20.0], np.float16))[0] == np.float16(1 / (1 + np.exp(20.0)))  # no float16 overflow
+    assert ops.sigmoid(np.array([-12.0], np.float16))[0] == np.float16(1 / (1 + np.exp(12.0))) > 0  # no float16 overflow
     assert ops.erf(np.array([-np.inf, np.inf])).tolist() == [-1.0, 1.0]
     assert ops.gelu(np.array([np.inf], np.float32))[0] == np.inf
     assert ops.hard_sigmoid(np.array([-np.inf, np.inf])).tolist() == [0.0, 1.0]
