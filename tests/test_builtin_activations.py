@@ -211,3 +211,15 @@ def test_sum_runs_channel_blocked_in_graphs():
     layouts = {node.op.name: node.kernel.layout for node in graph.nodes if node.op.name != "reorder"}
     assert layouts == {"relu": "nchw16c", "sum": "nchw16c"}
     np.testing.assert_array_equal(graph(a, b, c), plain)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_sum_of_integers_wraps_as_numpy_does(dtype):
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, 5], dtype)
+    b = np.array([1, -1, 7], dtype)
+    checks = check_op(ops.sum, a, b, b)
+    assert_checks_pass(checks)
+    assert native_kernels_ran(checks)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(ops.sum(a, b, b), a + b + b)

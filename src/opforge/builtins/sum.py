@@ -5,7 +5,8 @@ the output has their broadcast shape.  The kernel writes the first input
 into y and adds the others in, each read through broadcast strides (add.py's
 helpers); the gradient of each input is dy summed back to its shape.  A
 channel-blocked (nchw16c) variant adds inputs of one 4-d shape in graphs.
-Integer overflow is undefined in C++ (NumPy wraps): keep sums in range.
+Integers wrap around on overflow, as in NumPy (the kernel adds them as
+unsigned, where C++ defines the wrap).
 """
 import functools
 
@@ -45,17 +46,30 @@ def sum_grad(saved, dy):
 
 
 SUM = BROADCAST_HELPERS + r"""
+#include <type_traits>
+
+// a + b; integers through their unsigned type, so overflow wraps (signed overflow is undefined in C++).
+template <typename V, bool Integral = std::is_integral<V>::value>
+struct Plus {
+  static V Apply(V a, V b) { return a + b; }
+};
+template <typename V>
+struct Plus<V, true> {
+  typedef typename std::make_unsigned<V>::type U;
+  static V Apply(V a, V b) { return static_cast<V>(static_cast<U>(a) + static_cast<U>(b)); }
+};
+
 // y = x (first) or y += x, x read through its broadcast strides at y's shape.
 template <bool First>
 static void Accumulate(const T *x, int ndim, const int64_t *shape, T *y, int rank, const int64_t *out, int64_t n) {
   const int64_t nx = Count(ndim, shape);
   if (nx == n) {  // laid out like y (broadcasting only adds size-1 dims)
-    for (int64_t i = 0; i < n; i++) y[i] = First ? x[i] : T(y[i] + x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = First ? x[i] : Plus<T>::Apply(y[i], x[i]);
     return;
   }
   if (nx == 1) {
     const T s = x[0];
-    for (int64_t i = 0; i < n; i++) y[i] = First ? s : T(y[i] + s);
+    for (int64_t i = 0; i < n; i++) y[i] = First ? s : Plus<T>::Apply(y[i], s);
     return;
   }
   // rank >= 1 here: a 0-d y has n == 1, and then nx == 1.
@@ -66,7 +80,7 @@ static void Accumulate(const T *x, int ndim, const int64_t *shape, T *y, int ran
   for (int64_t start = 0; start < n; start += inner) {
     T *row = y + start;
     const T *xs = x + offset;
-    for (int64_t j = 0; j < inner; j++) row[j] = First ? xs[j * step] : T(row[j] + xs[j * step]);
+    for (int64_t j = 0; j < inner; j++) row[j] = First ? xs[j * step] : Plus<T>::Apply(row[j], xs[j * step]);
     for (int d = rank - 2; d >= 0; d--) {
       offset += strides[d];
       if (++index[d] < out[d]) break;
