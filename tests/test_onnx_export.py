@@ -127,9 +127,31 @@ def test_pooling_and_normalization_match_onnxruntime(opset):
     check_against_ort(opforge.trace(f, TensorSpec(x.shape)), (x,), opset=opset)
 
 
-def test_average_pool_dilations_need_opset_19():
-    graph = opforge.trace(lambda x: ops.average_pool(x, kernel_shape=[2], dilations=[2]), TensorSpec([1, 1, 6]))
-    with pytest.raises(ModelError, match="dilations \\[2\\] need opset 19"):
+@pytest.mark.parametrize("opset", [11, 19])
+def test_conv_and_pad_match_onnxruntime(opset):
+    x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 2, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+
+    def f(x):
+        outs = (ops.conv(x, w, b, strides=[2, 1], pads=[1, 0, 1, 2], dilations=[1, 2], group=2),
+                ops.conv(x, w[:, :, :1, :1].repeat(2, axis=1), None),
+                ops.conv_transpose(x, wt, b[:3], strides=[2, 2], pads=[0, 1, 1, 0], output_padding=[1, 0]),
+                ops.pad(x, pads=[0, 1, 2, -1, 0, 0, 1, 3], value=0.3), ops.pad(x, pads=[0, 0, 1, 2, 0, 0, 2, 1],
+                                                                             mode="reflect"),
+                ops.pad(x, pads=[0, 0, 1, 2, 0, 0, 2, 1], mode="edge"))
+        return outs + ((ops.pad(x, pads=[0, 0, 1, 2, 0, 0, 2, 1], mode="wrap"),) if opset >= 19 else ())
+    check_against_ort(opforge.trace(f, TensorSpec(x.shape)), (x,), opset=opset, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda x: ops.average_pool(x, kernel_shape=[2], dilations=[2]), "dilations \\[2\\] need opset 19"),
+    (lambda x: ops.pad(x, pads=[0, 0, 1, 0, 0, 1], mode="wrap"), "mode 'wrap' needs opset 19"),
+])
+def test_newer_attributes_need_their_opset(fn, message):
+    graph = opforge.trace(fn, TensorSpec([1, 1, 6]))
+    with pytest.raises(ModelError, match=message):
         export(graph, opset=18)
 
 

@@ -362,6 +362,32 @@ def _(e):
              transB=int(e.attrs["trans_b"]))
 
 
+def conv_attributes(e: NodeExport):
+    return {"strides": list(e.attrs["strides"]) or None, "pads": list(e.attrs["pads"]) or None,
+            "dilations": list(e.attrs["dilations"]) or None, "group": e.attrs["group"]}
+
+
+@exporter("conv")
+def _(e):
+    e.result("Conv", e.inputs, **conv_attributes(e))
+
+
+@exporter("conv_transpose")
+def _(e):
+    e.result("ConvTranspose", e.inputs, output_padding=list(e.attrs["output_padding"]) or None, **conv_attributes(e))
+
+
+@exporter("pad")
+def _(e):
+    mode = e.attrs["mode"]
+    if mode == "wrap" and e.opset < 19:
+        raise e.error(f"mode 'wrap' needs opset 19 or later (ONNX Pad); the model's is {e.opset}")
+    inputs = [e.inputs[0], e.ints(e.attrs["pads"])]
+    if mode == "constant":  # the value crosses the kernel ABI as a float32: the same rounding here
+        inputs.append(e.const(np.float32(e.attrs["value"]), e.dtype(0)))
+    e.result("Pad", inputs, mode=mode)
+
+
 def pool_attributes(e: NodeExport, dilations_since):
     """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node, defaults left out."""
     dilations = list(e.attrs.get("dilations") or ())
