@@ -1,0 +1,129 @@
+"""ONNX's light models: opforge against onnxruntime, in one process.
+
+For each model of ``onnx/backend/test/data/light`` (or those --models
+names): load it with ``opforge.onnx.load`` (the time to load and run once is
+printed: kernels not prebuilt compile into the cache on a first run), check
+that opforge's output agrees with onnxruntime's on the same seeded random
+input (rtol 1e-3, atol 1e-4), then time both after --warmup runs: the median
+of --repeat runs, with
+
+- opforge on one BLAS thread against onnxruntime with ``intra_op_num_threads=1``;
+- opforge with OpenBLAS's default thread count against onnxruntime with all
+  threads (``intra_op_num_threads=0``).
+
+opforge's own kernels run on one thread; only the BLAS behind matmul, gemm
+and conv uses more.  A ratio is opforge's median over onnxruntime's (below 1:
+opforge is faster).  The machine's load shows in the figures; compare ratios
+taken in one run.
+
+    python benchmarks/onnx_models.py --models squeezenet,shufflenet --repeat 20
+
+The last line is ``onnx_models_geomean: <ratio 1 thread> <ratio all threads>``.
+"""
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import opforge
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    import opforge
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import opforge.onnx
+from opforge.cli import _random_input, set_blas_threads
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+MODELS = sorted(p.name[len("light_"):-len(".onnx")] for p in LIGHT.glob("light_*.onnx"))
+
+
+def median_ms(fn, warmup, repeat):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def ort_session(path, threads):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def bench_model(name, warmup, repeat):
+    path = LIGHT / f"light_{name}.onnx"
+    start = time.perf_counter()
+    graph = opforge.onnx.load(path)
+    loaded = time.perf_counter()
+    rng = np.random.default_rng(0)
+    arrays = [_random_input(v.spec, rng) for v in graph.inputs]
+    ours = graph(*arrays)
+    first = time.perf_counter()
+    ours = ours if isinstance(ours, tuple) else (ours,)
+
+    sessions = {threads: ort_session(path, threads) for threads in (1, 0)}
+    feed = {i.name: a for i, a in zip(sessions[1].get_inputs(), arrays)}
+    theirs = sessions[1].run(None, feed)
+    error = max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
+    agree = all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(ours, theirs))
+
+    set_blas_threads(1)
+    ours_1 = median_ms(lambda: graph(*arrays), warmup, repeat)
+    ort_1 = median_ms(lambda: sessions[1].run(None, feed), warmup, repeat)
+    set_blas_threads(os.cpu_count() or 1)
+    ours_all = median_ms(lambda: graph(*arrays), warmup, repeat)
+    ort_all = median_ms(lambda: sessions[0].run(None, feed), warmup, repeat)
+    return {"load_ms": 1e3 * (loaded - start), "first_ms": 1e3 * (first - loaded), "agree": agree, "error": error,
+            "ours_1": ours_1, "ort_1": ort_1, "ours_all": ours_all, "ort_all": ort_all}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated model names (default all: {','.join(MODELS)})")
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement (default 3)")
+    args = parser.parse_args(argv)
+    names = [n.strip().removeprefix("light_") for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+
+    print(f"{os.cpu_count()} CPU(s); onnxruntime {ort.__version__}; median of {args.repeat} runs after "
+          f"{args.warmup} warm-up; ratio = opforge / onnxruntime")
+    print(f"{'model':<16}{'load+1st ms':>12}{'agree':>7}{'opforge 1t':>12}{'ort 1t':>10}{'ratio':>7}"
+          f"{'opforge all':>13}{'ort all':>10}{'ratio':>7}")
+    ratios_1, ratios_all = [], []
+    for name in names:
+        try:
+            r = bench_model(name, args.warmup, args.repeat)
+        except opforge.OpforgeError as error:
+            print(f"{name:<16}failed: {str(error).splitlines()[0]}")
+            continue
+        ratios_1.append(r["ours_1"] / r["ort_1"])
+        ratios_all.append(r["ours_all"] / r["ort_all"])
+        print(f"{name:<16}{r['load_ms'] + r['first_ms']:>12.0f}{'yes' if r['agree'] else 'NO':>7}"
+              f"{r['ours_1']:>12.2f}{r['ort_1']:>10.2f}{ratios_1[-1]:>7.2f}"
+              f"{r['ours_all']:>13.2f}{r['ort_all']:>10.2f}{ratios_all[-1]:>7.2f}"
+              + ("" if r["agree"] else f"  (max abs difference {r['error']:.3g})"))
+    if not ratios_1:
+        return 1
+    geomean = [math.exp(statistics.fmean(math.log(r) for r in rs)) for rs in (ratios_1, ratios_all)]
+    print(f"onnx_models_geomean: {geomean[0]:.2f} {geomean[1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
