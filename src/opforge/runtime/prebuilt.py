@@ -88,9 +88,9 @@ def _portable(text: str, source_dir: str) -> str:
     return text
 
 
-def _plan(kernel, compiler):
+def _plan(kernel, compiler, source=None):
     cxx11_abi = False if kernel.cxx11_abi is None else kernel.cxx11_abi  # build()'s default
-    return plan(_source(kernel), extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=compiler,
+    return plan(source or _source(kernel), extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=compiler,
                 cuda_arch=None, cxx11_abi=cxx11_abi, optimization="-O3")
 
 
@@ -109,25 +109,12 @@ def kernel_key(kernel) -> str | None:
         return None
     build_plan = _plan(kernel, sys.executable)
     folder = str(source.parent)
-    digest = hashlib.sha256()
-
-    def feed(item) -> None:
-        raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogateescape")
-        digest.update(len(raw).to_bytes(8, "little"))
-        digest.update(raw)
-
-    feed(f"opforge-prebuilt format={FORMAT} abi={ABI_VERSION}")
-    feed(build_plan.language)
-    feed(f"cxx11_abi={int(build_plan.cxx11_abi)}")
-    feed(f"flags:{len(build_plan.flags)}")
-    for flag in build_plan.flags:
-        feed(_portable(flag, folder))
-    feed(_portable(str(source), folder))
-    feed(data)
-    for header, content in _local_headers(source, data, build_plan.search_dirs):
-        feed(_portable(str(header), folder))
-        feed(content)
-    return digest.hexdigest()
+    parts = [f"opforge-prebuilt format={FORMAT} abi={ABI_VERSION}", build_plan.language,
+             f"cxx11_abi={int(build_plan.cxx11_abi)}", [_portable(flag, folder) for flag in build_plan.flags],
+             [_portable(str(source), folder), hashlib.sha256(data).hexdigest()]]
+    parts += [[_portable(str(header), folder), hashlib.sha256(content).hexdigest()]
+              for header, content in _local_headers(source, data, build_plan.search_dirs)]
+    return hashlib.sha256(json.dumps(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 # --------------------------------------------------------------------------
@@ -192,13 +179,8 @@ def builtin_kernels():
 
 def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
     """Compile one variant to ``folder/<key>.so``; its index entry."""
-    if kernel.code is not None:
-        source = staging / _source(kernel).name  # written once by prebuild
-        build_plan = plan(source, extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=None,
-                          cuda_arch=None, cxx11_abi=False if kernel.cxx11_abi is None else kernel.cxx11_abi,
-                          optimization="-O3")
-    else:
-        build_plan = _plan(kernel, None)
+    # an inline source compiles from the copy prebuild wrote, the others from where they are
+    build_plan = _plan(kernel, None, staging / _source(kernel).name if kernel.code is not None else None)
     name = f"{key}.so"
     temporary = folder / f".tmp-{name}"
     try:
