@@ -1,5 +1,7 @@
 """opforge.onnx.export: traced graphs of built-ins become ONNX models that pass the checker and compute in
 onnxruntime what the opforge graph computes; user ops become nodes of their own domain."""
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -333,3 +335,16 @@ def test_dotted_namespace_is_the_domain_and_round_trips():
     assert ("com.example", 1) in {(o.domain, o.version) for o in model.opset_import}
     x = np.arange(3, dtype=np.float32)
     np.testing.assert_allclose(opforge.onnx.load(model)(x), x + 2.5)
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_loaded_light_model_exports_back(name):
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    graph = opforge.onnx.load(path)
+    model = export(graph)
+    x = rng.standard_normal(graph.inputs[0].spec.shape).astype(np.float32)
+    original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = original.run(None, {original.get_inputs()[0].name: x})
+    np.testing.assert_allclose(run_ort(model, [x])[0], expected[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(graph(x), expected[0], rtol=1e-3, atol=1e-4)
+    assert [o.name for o in model.graph.output] == [o.name for o in original.get_outputs()]
