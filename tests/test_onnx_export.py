@@ -348,3 +348,15 @@ def test_loaded_light_model_exports_back(name):
     np.testing.assert_allclose(run_ort(model, [x])[0], expected[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(graph(x), expected[0], rtol=1e-3, atol=1e-4)
     assert [o.name for o in model.graph.output] == [o.name for o in original.get_outputs()]
+
+
+def test_backward_graph_exports():
+    from opforge.graph.autodiff import backward
+
+    def f(x, w, b):
+        h = ops.add(ops.matmul(x, w), b)
+        return ops.reduce_sum(ops.leaky_relu(h, alpha=0.1) * ops.softmax(ops.relu(h)))
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3, 5), (5,)))
+    graph = backward(opforge.trace(f, TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)))
+    model = check_against_ort(graph, (x, w, b, np.array(1.0, np.float32)), rtol=1e-4)
+    assert {"Where", "MatMul", "Softmax"} <= {n.op_type for n in model.graph.node}
