@@ -586,3 +586,19 @@ def test_reduce_max_and_min_of_bool():
     empty = np.zeros((2, 0), bool)
     model = one_node_model("ReduceMax", [empty, np.asarray([1], np.int64)], opset=20, constant=("x1",))
     assert run_opforge(model, [empty], ("x1",))[0].tolist() == [[False], [False]]
+
+
+@pytest.mark.parametrize("op_type", ["Floor", "Ceil", "Round"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_rounding_matches_ort_and_numpy(op_type, dtype):
+    with np.errstate(over="ignore"):  # (1e30 is inf in float16)
+        x = np.concatenate([sample((20,), dtype, low=-6, high=6), np.arange(-3.5, 4, 0.5),
+                            [0.49999997, -0.49999997, 2.0 ** 40 + 0.5, 1e30, -1e30, np.inf, -np.inf, np.nan]]).astype(dtype)
+    got = run_opforge(one_node_model(op_type, [x], opset=13), [x])[0]
+    want = {"Floor": np.floor, "Ceil": np.ceil, "Round": np.round}[op_type](x)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, want)
+    if dtype != "float16":
+        assert_matches_ort(op_type, [x], opset=13, rtol=0, atol=0)
+    with pytest.raises(ox.ModelError, match="floating-point"):
+        ox.load(one_node_model(op_type, [np.arange(3)], opset=13))

@@ -1,7 +1,7 @@
 """Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Sum
 Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
 HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
-Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign),
+Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign Floor Ceil Round),
 comparisons, logic (And Or Xor Not), IsNaN, IsInf and Where, and the
 pass-through ops (Identity, Dropout, Cast, CastLike).
 
@@ -255,6 +255,50 @@ unary("Erf", ops.erf)
 unary("Sqrt", ops.sqrt, FLOATS)
 unary("Log", ops.log, FLOATS)
 unary("Abs", ops.abs, NUMERIC)
+
+
+# Floor, Ceil, Round (half to even): exact, in float64.  |v| >= 2**52 is an integer already; below, the
+# int64 cast truncates toward zero exactly, and v + 0.5 is exact.  Infinities and NaN pass through.
+
+def rounding(op_type, rule):
+    @converter(op_type, since=1)
+    def convert(node, x):
+        dtype = dtype_of(x)
+        if dtype not in FLOATS + ("float16", "bfloat16"):
+            raise node.error(f"input 'X' has dtype {dtype}; {op_type} takes floating-point tensors")
+        v = x if dtype == "float64" else ops.cast(x, dtype="float64")
+        small = ops.less(ops.abs(v), scalar(2.0 ** 52, v))  # false for inf and NaN
+        # the rule sees only the small values (0 elsewhere: no int64 cast out of range); elsewhere v itself
+        result = ops.where(small, rule(ops.where(small, v, scalar(0, v))), v)
+        return result if dtype == "float64" else ops.cast(result, dtype=dtype)
+
+    convert.__name__ = op_type.lower()
+
+
+def trunc(v):
+    return ops.cast(ops.cast(v, dtype="int64"), dtype="float64")
+
+
+def floor(v):
+    t = trunc(v)
+    return ops.sub(t, ops.cast(ops.greater(t, v), dtype="float64"))
+
+
+def ceil(v):
+    t = trunc(v)
+    return ops.add(t, ops.cast(ops.less(t, v), dtype="float64"))
+
+
+def round_half_even(v):
+    nearest = floor(ops.add(v, scalar(0.5, v)))
+    tie = ops.equal(ops.sub(nearest, v), scalar(0.5, v))
+    odd = ops.equal(ops.sub(nearest, ops.mul(floor(ops.mul(nearest, scalar(0.5, v))), scalar(2, v))), scalar(1, v))
+    return ops.sub(nearest, ops.cast(ops.where(tie, odd, np.zeros((), bool)), dtype="float64"))
+
+
+rounding("Floor", floor)
+rounding("Ceil", ceil)
+rounding("Round", round_half_even)
 
 
 @converter("LeakyRelu", since=1)
