@@ -602,3 +602,9 @@ def test_rounding_matches_ort_and_numpy(op_type, dtype):
         assert_matches_ort(op_type, [x], opset=13, rtol=0, atol=0)
     with pytest.raises(ox.ModelError, match="floating-point"):
         ox.load(one_node_model(op_type, [np.arange(3)], opset=13))
+
+
+@pytest.mark.parametrize("attrs", [{}, {"axes": [1]}, {"axes": [0, 2]}])
+def test_mean_variance_normalization_matches_ort(attrs):
+    x = sample((2, 3, 4, 5), low=-4, high=9)
+    assert_matches_ort("MeanVarianceNormalization", [x], attrs, opset=13, rtol=1e-4, atol=1e-5)

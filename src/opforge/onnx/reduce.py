@@ -1,6 +1,7 @@
 """Converters of ONNX's softmax and reductions: Softmax, LogSoftmax,
 ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
-ReduceMax, ReduceMin, ReduceProd, ReduceLogSumExp, ArgMax, ArgMin.
+ReduceMax, ReduceMin, ReduceProd, ReduceLogSumExp, ArgMax, ArgMin and
+MeanVarianceNormalization.
 
 Softmax before opset 13 flattens its input at ``axis`` (default 1) into a
 matrix and normalises each row, so it runs over every dim from ``axis`` on;
@@ -295,3 +296,16 @@ def arg_max(node, x):
 @converter("ArgMin", since=1)
 def arg_min(node, x):
     return widened(node, lambda v: arg_extreme(node, v, False), [x], NUMERIC, cast_back=False)
+
+
+@converter("MeanVarianceNormalization", since=9)
+def mean_variance_normalization(node, x):
+    """(x - mean) / (std + 1e-9) over ``axes`` (default [0, 2, 3]), std from the centred values."""
+    axes = list(node.attr("axes", [0, 2, 3]))
+
+    def normalize(v):
+        centred = ops.sub(v, ops.mean(v, axes=axes, keep_dims=True))
+        std = ops.sqrt(ops.mean(ops.mul(centred, centred), axes=axes, keep_dims=True))
+        return ops.div(centred, ops.add(std, np.asarray(1e-9, dtype_of(v))))
+
+    return widened(node, normalize, [x], FLOATS)
