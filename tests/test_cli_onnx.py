@@ -43,9 +43,14 @@ def ort_outputs(path, x):
     return session.run(None, {"x": x})
 
 
-def stats(array):
+def assert_output_line(out, name, array):
+    """``out`` has the line of output ``name`` with ``array``'s shape and dtype, and its min, max and mean."""
+    prefix = f"output {name}: shape {list(array.shape)}, {array.dtype}, "
+    (line,) = [line for line in out.splitlines() if line.startswith(prefix)]
+    printed = dict(item.split(" ") for item in line[len(prefix):].split(", "))
     values = array.astype(np.float64)
-    return f"min {values.min():.6g}, max {values.max():.6g}, mean {values.mean():.6g}"
+    expected = {"min": values.min(), "max": values.max(), "mean": values.mean()}
+    assert {k: float(v) for k, v in printed.items()} == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 def test_run_with_random_inputs_prints_outputs_and_latency(model, capsys):
@@ -54,8 +59,8 @@ def test_run_with_random_inputs_prints_outputs_and_latency(model, capsys):
     x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)  # the documented random input
     y, z = ort_outputs(model, x)
     assert "input x: not given, random float32 [1, 4] (seed 0)" in out
-    assert f"output y: shape [1, 4], float32, {stats(y)}" in out
-    assert f"output z: shape [1, 4], float32, {stats(z)}" in out
+    assert_output_line(out, "y", y)
+    assert_output_line(out, "z", z)
     assert "latency: load " in out and "first run " in out and "bench:" not in out
 
 
@@ -66,7 +71,7 @@ def test_run_with_given_input_and_bench(model, tmp_path, capsys):
     out = capsys.readouterr().out
     y, _ = ort_outputs(model, x)
     assert "random" not in out
-    assert f"output y: shape [3, 4], float32, {stats(y)}" in out
+    assert_output_line(out, "y", y)
     assert "bench: 3 runs, median " in out and " ms, min " in out
 
 
@@ -154,3 +159,24 @@ def test_squeezenet_through_python_m_opforge(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     expected = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"data_0": x})[0]
     np.testing.assert_allclose(graph(x), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_import_declares_the_ops_of_a_custom_domain(tmp_path, capsys, monkeypatch):
+    (tmp_path / "cli_twice_ops.py").write_text(
+        "import opforge\n"
+        "twice = opforge.op('cli.test::Twice(Tensor x) -> Tensor y')\n"
+        "twice.def_infer(opforge.infer.same_as(0))\n"
+        "twice.reference(fallback=True)(lambda x: x * 2)\n")
+    path = small_model(tmp_path / "twice.onnx", op_type="Twice", domain="cli.test")
+    monkeypatch.chdir(tmp_path)
+    status, err = error_of(capsys, ["run", str(path)])
+    assert status == 1 and "cli.test::Twice" in err
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "--import", "cli_twice_ops", "--input", "x=x.npy"]) == 0
+    s = 2 * x + np.arange(4, dtype=np.float32) / 4  # y = softmax(Twice(x) + b)
+    y = np.exp(s - s.max(axis=1, keepdims=True))
+    y /= y.sum(axis=1, keepdims=True)
+    assert_output_line(capsys.readouterr().out, "y", y)
+    status, err = error_of(capsys, ["convert", str(path), "g.json", "--import", "no_such_module_here"])
+    assert status == 2 and "cannot import module 'no_such_module_here'" in err

@@ -7,7 +7,8 @@
     opforge ops [--load FILE]... [--import MODULE]...
     opforge doctor
     opforge run MODEL.onnx [--input NAME=FILE.npy]... [--seed S] [--threads N] [--bench [--repeat N]]
-    opforge convert MODEL.onnx GRAPH.json
+                           [--load FILE]... [--import MODULE]...
+    opforge convert MODEL.onnx GRAPH.json [--load FILE]... [--import MODULE]...
 
 Each subcommand is one ``add_<name>(subparsers)`` function that declares its
 arguments and sets ``func`` to the function that runs it; ``SUBCOMMANDS``
@@ -232,7 +233,8 @@ def _kernel_line(kernel) -> str:
     return line
 
 
-def run_ops(args) -> int:
+def declare_ops(args) -> None:
+    """Import ``--import`` modules and load ``--load`` declaration files."""
     import opforge
 
     for name in args.modules:
@@ -242,6 +244,12 @@ def run_ops(args) -> int:
             opforge.load_ops(path)
         except OpforgeError as exc:
             raise UsageError(str(exc)) from None
+
+
+def run_ops(args) -> int:
+    import opforge
+
+    declare_ops(args)
     for op in opforge.registered_ops():
         print(getattr(op, "schema", op.name))
         if op.traits:
@@ -303,10 +311,20 @@ def add_run(subparsers) -> None:
     parser.add_argument("--threads", type=_positive_int, metavar="N",
                         help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; opforge's own "
                              "kernels run on one thread); sets OPENBLAS_NUM_THREADS")
+    _add_declaration_options(parser)
     parser.add_argument("--bench", action="store_true", help="time --repeat runs after the first")
     parser.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
                         help="runs timed by --bench (default 10)")
     parser.set_defaults(func=run_run)
+
+
+def _add_declaration_options(parser) -> None:
+    parser.add_argument("--load", action="append", default=[], metavar="FILE",
+                        help="load op declarations (YAML or JSON) first, e.g. the ops of the model's custom "
+                             "domains (repeatable)")
+    parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
+                        help="import a Python module that declares ops (or registers converters) first, found "
+                             "from the current folder (repeatable)")
 
 
 def _positive_int(text: str) -> int:
@@ -331,9 +349,12 @@ def set_blas_threads(count: int) -> None:
         setter(count)
 
 
-def _load_model(path: str):
+def _load_model(args):
+    """The model of ``args.model`` as a Graph, once the ops of ``--import`` / ``--load`` are declared."""
+    path = args.model
     if not os.path.isfile(path):
         raise UsageError(f"no model file at {path!r}")
+    declare_ops(args)
     try:
         import opforge.onnx
     except ImportError as exc:
@@ -410,7 +431,7 @@ def run_run(args) -> int:
     if args.threads is not None:
         set_blas_threads(args.threads)
     start = time.perf_counter()
-    graph = _load_model(args.model)
+    graph = _load_model(args)
     loaded = time.perf_counter()
     arrays = _model_inputs(graph, args)
     before_run = time.perf_counter()
@@ -445,11 +466,12 @@ def add_convert(subparsers) -> None:
                     "opforge.Graph.load reads back without the onnx package.")
     parser.add_argument("model", help="ONNX model file (.onnx)")
     parser.add_argument("output", help="graph JSON file to write")
+    _add_declaration_options(parser)
     parser.set_defaults(func=run_convert)
 
 
 def run_convert(args) -> int:
-    graph = _load_model(args.model)
+    graph = _load_model(args)
     graph.save(args.output)
     print(f"{args.output}: {len(graph.inputs)} input(s), {len(graph.nodes)} node(s), "
           f"{len(graph.outputs)} output(s)")
