@@ -11,5 +11,6 @@ from ..errors import ModelError, UnsupportedOpError  # noqa: F401
 from .load import load  # noqa: F401
 from .export import export  # noqa: F401
 from .registry import converter, find_converter, register  # noqa: F401
+from .backend import OpforgeBackend  # noqa: F401
 
 __all__ = ["load", "export", "register", "converter", "find_converter", "ModelError", "UnsupportedOpError"]

@@ -1,0 +1,216 @@
+"""opforge as an ONNX backend (``onnx.backend.base.Backend``), so onnx's own
+conformance suite and any tool written for that interface can run models with it::
+
+    from opforge.onnx.backend import OpforgeBackend
+    outputs = OpforgeBackend.run_model(model, [x])     # or prepare(model).run([x]) repeatedly
+
+Some inputs become opforge attributes: Reshape's shape, Slice's starts, Pad's
+pads, TopK's k...  A model normally holds them as initializers, but one may
+take them as graph inputs (onnx's node cases do).  ``run`` then converts the
+model with those inputs bound to the values given: it finds them by loading,
+and on the ``ModelError`` of a converter that needs an input at load time,
+binding the next integer input and retrying.  One graph is kept per tuple of
+bound values.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep
+
+from ..bounded_cache import BoundedCache
+from ..errors import ArityError, ModelError, UnsupportedOpError
+from .load import load
+
+__all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "prepare", "run_model", "run_node",
+           "supports_device"]
+
+# Inputs a converter may need at load time: integer and bool tensors (shapes, axes, counts, flags), then
+# float scalars (Dropout's ratio, ...).
+_BINDABLE = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
+_GRAPHS_PER_MODEL = 16
+
+
+class OpforgeRep(BackendRep):
+    """A prepared model: ``run(inputs)`` returns its outputs, in the model's order, as NumPy arrays."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        initializers = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self.output_names = [o.name for o in model.graph.output]
+        self._bindable = _bindable_inputs(model, self.input_names)
+        self._bound: tuple[str, ...] | None = None  # the inputs bound at load time, once found
+        self._graphs = BoundedCache(_GRAPHS_PER_MODEL)
+        self._lock = threading.Lock()
+
+    def run(self, inputs, **kwargs):
+        feeds = self._feeds(inputs)
+        graph = self._graph_for(feeds)
+        result = graph(*[feeds[name] for name in graph.input_names])
+        outputs = result if isinstance(result, tuple) else (result,)
+        return tuple(np.asarray(out) for out in outputs)
+
+    def _feeds(self, inputs) -> dict:
+        if isinstance(inputs, dict):
+            unknown = sorted(set(inputs) - set(self.input_names))
+            missing = [name for name in self.input_names if name not in inputs]
+            if unknown or missing:
+                raise ArityError(f"model '{self.model.graph.name}' takes inputs {self.input_names}; "
+                                 f"missing {missing}, unknown {unknown}")
+            return {name: np.asarray(inputs[name]) for name in self.input_names}
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        inputs = list(inputs)
+        if len(inputs) != len(self.input_names):
+            raise ArityError(f"model '{self.model.graph.name}' takes {len(self.input_names)} input(s) "
+                             f"{self.input_names}, got {len(inputs)}")
+        return {name: np.asarray(x) for name, x in zip(self.input_names, inputs)}
+
+    def _graph_for(self, feeds):
+        bound = self._bound
+        if bound is not None:
+            return self._graphs.get_or_create(
+                _key(bound, feeds), lambda: load(self.model, constants={n: feeds[n] for n in bound}))
+        with self._lock:
+            bound = []
+            while True:
+                try:
+                    graph = load(self.model, constants={n: feeds[n] for n in bound})
+                    break
+                except UnsupportedOpError:
+                    raise
+                except ModelError as error:
+                    name = _next_to_bind(error, [n for n in self._bindable if n not in bound])
+                    if name is None:
+                        raise
+                    bound.append(name)
+            self._bound = tuple(bound)
+            self._graphs.put(_key(self._bound, feeds), graph)
+            return graph
+
+
+def _bindable_inputs(model, names):
+    """The inputs ``run`` may bind at load time, in the order it tries them."""
+    infos = {i.name: i.type.tensor_type for i in model.graph.input}
+
+    def scalar(name):
+        tensor = infos[name]
+        return tensor.HasField("shape") and len(tensor.shape.dim) == 0
+
+    integral = [n for n in names if infos[n].elem_type in _BINDABLE]
+    return integral + [n for n in names if n not in integral and scalar(n)]
+
+
+def _key(names, feeds):
+    return tuple((name, feeds[name].dtype.str, feeds[name].shape, feeds[name].tobytes()) for name in names)
+
+
+def _next_to_bind(error, candidates):
+    """The input to bind after ``error``: None unless a converter said an input must be known at load
+    time; then one the message names, else the first candidate left."""
+    message = str(error)
+    if not candidates or "known when the model is loaded" not in message:
+        return None
+    for name in candidates:
+        if re.search(r"(?<![\w.])'?" + re.escape(name) + r"'?(?![\w.])", message):
+            return name
+    return candidates[0]
+
+
+class OpforgeBackend(Backend):
+    """``onnx.backend.base.Backend`` running models as opforge graphs, on the CPU."""
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs) -> OpforgeRep:
+        if not cls.supports_device(device):
+            raise ModelError(f"opforge's ONNX backend runs on CPU; device '{device}' is not supported")
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load_model(model) if isinstance(model, str) else onnx.load_model_from_string(model)
+        return OpforgeRep(model)
+
+    @classmethod
+    def run_model(cls, model, inputs, device="CPU", **kwargs):
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node, inputs, device="CPU", outputs_info=None, **kwargs):
+        """Run one NodeProto on ``inputs`` (a list, in the node's input order, or a dict by input name)."""
+        names = [name for name in node.input if name]
+        if isinstance(inputs, dict):
+            arrays = [np.asarray(inputs[name]) for name in names]
+        else:
+            arrays = [np.asarray(x) for x in inputs]
+        if len(arrays) != len(names):
+            raise ArityError(f"node '{node.name}' ({node.op_type}) takes {len(names)} input(s), got {len(arrays)}")
+        graph_inputs = [onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for name, x in zip(names, arrays)]
+        outputs = [name for name in node.output if name]
+        graph_outputs = []
+        for k, name in enumerate(outputs):
+            if outputs_info is not None and k < len(outputs_info):
+                dtype, shape = outputs_info[k]
+                graph_outputs.append(onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
+            else:
+                graph_outputs.append(onnx.helper.make_empty_tensor_value_info(name))
+        opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        opsets = [onnx.helper.make_opsetid("", opset)]
+        if domain:
+            opsets.append(onnx.helper.make_opsetid(domain, 1))
+        model = onnx.helper.make_model(
+            onnx.helper.make_graph([node], node.name or node.op_type, graph_inputs, graph_outputs),
+            opset_imports=opsets)
+        return cls.prepare(model, device).run(arrays)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device.split(":")[0].upper() == "CPU"
+
+
+prepare = OpforgeBackend.prepare
+run_model = OpforgeBackend.run_model
+run_node = OpforgeBackend.run_node
+supports_device = OpforgeBackend.supports_device
+
+
+def conformance_cases(op_types=None) -> dict:
+    """onnx's node conformance cases by the op they test: {op_type: [TestCase]}.
+
+    A case tests the op of its one node; an ``_expanded`` case (the op's
+    function body, several nodes) counts for the op of the case it expands.
+    ``op_types`` keeps only those ops.
+    """
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # making some cases' data overflows on purpose
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    single = {c.name: c.model.graph.node[0].op_type for c in cases if len(c.model.graph.node) == 1}
+    chosen = None if op_types is None else set(op_types)
+    found: dict[str, list] = {}
+    for case in cases:
+        op = single.get(re.sub(r"_expanded(_ver\d+)?$", "", case.name)) or single.get(case.name)
+        if op is not None and (chosen is None or op in chosen):
+            found.setdefault(op, []).append(case)
+    return found
+
+
+def check_case(backend, case):
+    """Run one conformance case (a ``TestCase`` of ``conformance_cases``) with ``backend`` and compare
+    as onnx's runner does: exact shapes and dtypes, values within the case's rtol and atol.
+    Raises what the backend raises, or AssertionError."""
+    from onnx.backend.test.runner import Runner
+
+    def array(x):
+        return onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
+
+    rep = backend.prepare(case.model, "CPU")
+    for inputs, expected in case.data_sets:
+        outputs = rep.run([array(x) for x in inputs])
+        Runner.assert_similar_outputs([array(x) for x in expected], list(outputs), rtol=case.rtol, atol=case.atol)

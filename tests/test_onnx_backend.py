@@ -1,0 +1,109 @@
+"""onnx's backend conformance suite, run through opforge's ONNX backend.
+
+Every node case of the ops opforge converts runs (``SUPPORTED_OPS``), except
+the ones named in ``EXCLUDED``, each with the reason; all others must pass.
+``benchmarks/onnx_conformance.py`` prints the pass counts beside onnxruntime's.
+"""
+import unittest
+
+import numpy as np
+import onnx
+import onnx.backend.test
+import pytest
+from onnx import TensorProto, helper
+
+import opforge
+from opforge.onnx.backend import OpforgeBackend, conformance_cases
+
+SUPPORTED_OPS = (
+    "Add AveragePool BatchNormalization Cast Clip Concat Constant ConstantOfShape Conv ConvTranspose Div Dropout "
+    "Gemm GlobalAveragePool HardSigmoid Identity LRN MatMul MaxPool Mul Pow ReduceMean Relu Reshape Resize Shape "
+    "Sigmoid Slice Softmax Sqrt Squeeze Sub Sum Transpose Unsqueeze LeakyRelu Tanh Exp Erf Gelu LayerNormalization "
+    "Gather Split Where Equal ReduceSum Tile TopK Flatten Pad Expand").split()
+
+# Cases opforge does not pass: {test name: why}.
+EXCLUDED = {
+}
+
+CASES = conformance_cases(SUPPORTED_OPS)
+INCLUDED = sorted(f"{case.name}_cpu" for cases in CASES.values() for case in cases
+                  if f"{case.name}_cpu" not in EXCLUDED)
+
+_backend_test = onnx.backend.test.BackendTest(OpforgeBackend, __name__)
+for _name in INCLUDED:
+    _backend_test.include(f"^{_name}$")
+
+
+def _only_included(test_cases):
+    """The runner's TestCase classes holding only the included CPU cases (no skipped entries)."""
+    chosen = {}
+    for class_name, test_case in test_cases.items():
+        methods = {name: getattr(test_case, name) for name in INCLUDED if hasattr(test_case, name)}
+        if methods:
+            chosen[class_name] = type(class_name, (unittest.TestCase,), {"__module__": __name__, **methods})
+    return chosen
+
+
+globals().update(_only_included(_backend_test.test_cases))
+
+
+def test_every_supported_op_has_cases_and_every_exclusion_is_a_case_with_a_reason():
+    names = {f"{case.name}_cpu" for cases in CASES.values() for case in cases}
+    assert sorted(set(SUPPORTED_OPS) - set(CASES)) == []
+    assert sorted(set(EXCLUDED) - names) == []
+    assert all(isinstance(reason, str) and len(reason) > 10 for reason in EXCLUDED.values())
+    collected = [name for test_case in _only_included(_backend_test.test_cases).values()
+                 for name in dir(test_case) if name.startswith("test_")]
+    assert sorted(collected) == INCLUDED
+
+
+def _reshape_model():
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape_by_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "columns"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_a_shape_input_is_bound_at_load_time_with_one_graph_per_value():
+    rep = OpforgeBackend.prepare(_reshape_model())
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    (y,) = rep.run([x, np.array([4, 6], np.int64)])
+    np.testing.assert_array_equal(y, x.reshape(4, 6))
+    assert rep._bound == ("shape",)
+    (y,) = rep.run({"x": x, "shape": np.array([-1, 2], np.int64)})
+    np.testing.assert_array_equal(y, x.reshape(-1, 2))
+    (y,) = rep.run([x + 1, np.array([4, 6], np.int64)])
+    np.testing.assert_array_equal(y, (x + 1).reshape(4, 6))
+    assert len(rep._graphs) == 2
+
+
+def test_run_checks_its_inputs_and_the_device():
+    rep = OpforgeBackend.prepare(_reshape_model())
+    with pytest.raises(opforge.ArityError, match="takes 2 input"):
+        rep.run([np.zeros((2, 3, 4), np.float32)])
+    with pytest.raises(opforge.ArityError, match="missing \\['shape'\\]"):
+        rep.run({"x": np.zeros((2, 3, 4), np.float32)})
+    assert OpforgeBackend.supports_device("CPU") and not OpforgeBackend.supports_device("CUDA")
+    with pytest.raises(opforge.onnx.ModelError, match="CUDA"):
+        OpforgeBackend.prepare(_reshape_model(), "CUDA")
+
+
+def test_run_node_and_run_model_agree_with_onnxruntime():
+    import onnxruntime.backend
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=1)
+    (ours,) = OpforgeBackend.run_node(node, [x])
+    single = helper.make_model(helper.make_graph(
+        [node], "softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)]), opset_imports=[helper.make_opsetid("", 13)])
+    (theirs,) = onnxruntime.backend.prepare(single).run([x])
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    model = _reshape_model()
+    inputs = [rng.standard_normal((2, 3, 4)).astype(np.float32), np.array([3, 8], np.int64)]
+    (ours,) = OpforgeBackend.run_model(model, inputs)
+    (theirs,) = onnxruntime.backend.prepare(model).run(inputs)
+    np.testing.assert_array_equal(ours, theirs)
