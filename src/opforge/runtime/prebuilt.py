@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from .build import ABI_VERSION, BuiltLibrary, _local_headers
-from .cache import atomic_write, sha256_file
+from .cache import TMP_PREFIX, atomic_write, sha256_file
 from .compilers import is_source, plan, run_compiler
 
 __all__ = ["PREBUILT_DIR", "builtin_kernels", "declared_by_builtins", "kernel_key", "load_index", "lookup",
@@ -48,6 +48,7 @@ INDEX = "index.json"
 FORMAT = 1
 BUILTINS = "opforge.builtins"
 PROGRESS_EVERY = 10
+STALE_TEMPORARY_SECONDS = 3600
 
 
 def declared_by_builtins() -> bool:
@@ -182,7 +183,7 @@ def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
     # an inline source compiles from the copy prebuild wrote, the others from where they are
     build_plan = _plan(kernel, None, staging / _source(kernel).name if kernel.code is not None else None)
     name = f"{key}.so"
-    temporary = folder / f".tmp-{name}"
+    temporary = folder / f"{TMP_PREFIX}{os.getpid()}-{name}"  # another build of the folder may run too
     try:
         done = run_compiler(build_plan.command(temporary))
         if done.returncode != 0:
@@ -221,7 +222,7 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
     old = load_index(folder)
     index = {key: dict(old[key]) for key in wanted if _reusable(folder, old.get(key))}
     todo = [key for key in wanted if key not in index]
-    staging = folder / ".tmp-sources"
+    staging = folder / f"{TMP_PREFIX}sources-{os.getpid()}"
     staging.mkdir(exist_ok=True)
     for key in todo:
         kernel = wanted[key][1]
@@ -255,9 +256,14 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
                                              "kernels": dict(sorted(index.items()))}, indent=1).encode())
     kept = {entry["file"] for entry in index.values()} | {INDEX}
     for stale in folder.iterdir():
-        if stale.name not in kept and stale.is_file():
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            # a temporary may be another build's, running now: only an old one is left over
+            if stale.name.startswith(TMP_PREFIX) and time.time() - stale.stat().st_mtime < STALE_TEMPORARY_SECONDS:
+                continue
+            if stale.name not in kept and stale.is_file():
                 stale.unlink()
+            elif stale.name.startswith(TMP_PREFIX) and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
     for line in failed:
         print(f"opforge: could not prebuild {line}", file=stream, flush=True)
     seconds = time.monotonic() - started
