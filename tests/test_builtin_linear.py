@@ -53,6 +53,33 @@ def test_openblas_is_found_and_loaded():
     assert blas.load().scipy_cblas_sgemm  # resolvable, so kernel libraries resolve it too
 
 
+def test_openblas_threads_can_be_set():
+    handle = blas.load()
+    before = handle.scipy_openblas_get_num_threads()
+    try:
+        blas.set_num_threads(1)
+        assert handle.scipy_openblas_get_num_threads() == 1
+        x = r(40, 30, dtype="float32")
+        np.testing.assert_allclose(matmul(x, x.T), x @ x.T, rtol=1e-5)
+    finally:
+        blas.set_num_threads(before)
+    with pytest.raises(opforge.OpforgeError, match="positive int"):
+        blas.set_num_threads(0)
+
+
+def test_check_op_passes_for_every_linear_op():
+    f32 = dict(dtype="float32")
+    cases = [(conv, [r(1, 2, 5, 5, **f32), r(3, 2, 3, 3, **f32), r(3, **f32)], dict(pads=[1, 1, 1, 1])),
+             (conv, [r(1, 2, 5, 5, **f32), r(3, 2, 3, 3, **f32), None], {}),
+             (conv_transpose, [r(1, 2, 4, 4, **f32), r(2, 3, 3, 3, **f32), r(3, **f32)], dict(strides=[2, 2])),
+             (gemm, [r(3, 4, **f32), r(4, 5, **f32), r(5, **f32)], {}),
+             (matmul, [r(2, 3, 4, **f32), r(1, 4, 5, **f32)], {}),
+             (conv_weight_grad, [r(1, 2, 5, 5, **f32), r(1, 3, 3, 3, **f32)], dict(kernel_shape=[3, 3]))]
+    for op, inputs, attrs in cases:
+        results = opforge.testing.check_op(op, *inputs, **attrs)
+        assert results and not [entry for entry in results if entry[1] is False], op.name
+
+
 def test_every_linear_kernel_needs_openblas():
     for op in (matmul, gemm, conv, conv_transpose, conv_weight_grad):
         natives = [k for k in op.kernels if not k.reference]

@@ -10,6 +10,10 @@ ahead of time, into a wheel), and dispatch selects them only where OpenBLAS is
 installed: each carries ``requires=blas.reject_reason`` (see
 ``Kernel.requires``), which loads OpenBLAS on first use.  Without it those
 ops run their NumPy reference, which is BLAS-backed too.
+
+OpenBLAS runs one thread per core unless ``OPFORGE_BLAS_THREADS`` (read when
+it loads) or ``set_num_threads(n)`` says otherwise; on a machine whose cores
+are busy with other work, one thread is often faster than waiting for them.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["available", "library_path", "load", "reject_reason", "requiring"]
+__all__ = ["available", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
 
 _lock = threading.Lock()
 _handle = None
@@ -51,10 +55,25 @@ def load():
                 _error = "OpenBLAS is not installed (pip install scipy-openblas32, or opforge[blas])"
             else:
                 try:
-                    _handle = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+                    handle = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
                 except OSError as error:
                     _error = f"OpenBLAS at {path} does not load: {error}"
+                else:
+                    threads = os.environ.get("OPFORGE_BLAS_THREADS", "")
+                    if threads.isdigit() and int(threads) > 0:
+                        handle.scipy_openblas_set_num_threads(int(threads))
+                    _handle = handle
     return _handle
+
+
+def set_num_threads(n: int) -> None:
+    """How many threads OpenBLAS's gemm uses (loads OpenBLAS; nothing happens without it)."""
+    from ..errors import OpforgeError
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OpforgeError(f"set_num_threads takes a positive int, got {n!r}")
+    if load() is not None:
+        _handle.scipy_openblas_set_num_threads(n)
 
 
 def available() -> bool:
