@@ -360,3 +360,9 @@ def test_backward_graph_exports():
     graph = backward(opforge.trace(f, TensorSpec(x.shape), TensorSpec(w.shape), TensorSpec(b.shape)))
     model = check_against_ort(graph, (x, w, b, np.array(1.0, np.float32)), rtol=1e-4)
     assert {"Where", "MatMul", "Softmax"} <= {n.op_type for n in model.graph.node}
+
+
+def test_unknown_rank_input_is_model_error():
+    graph = opforge.trace(ops.relu, TensorSpec(None))
+    with pytest.raises(ModelError, match="input '.*' has unknown rank"):
+        export(graph)

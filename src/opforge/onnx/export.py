@@ -470,8 +470,11 @@ def is_builtin(op) -> bool:
 
 # --------------------------------------------------------------------------
 
-def _value_info(name, spec):
-    shape = None if spec.rank is None else [d if d >= 0 else f"{name}_dim{k}" for k, d in enumerate(spec.shape)]
+def _value_info(graph, name, spec, what):
+    if spec.rank is None:  # the checker requires a shape for every graph input and output
+        raise ModelError(f"export: graph '{graph.name}': {what} '{name}' has unknown rank; an ONNX graph's inputs "
+                         "and outputs have a rank (trace with a TensorSpec of known rank, None for unknown dims)")
+    shape = [d if d >= 0 else f"{name}_dim{k}" for k, d in enumerate(spec.shape)]
     return helper.make_tensor_value_info(name, elem_type(spec.dtype), shape)
 
 
@@ -494,6 +497,7 @@ def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
 
     builder = _ModelBuilder(graph, opset)
     names = builder.names
+    graph_inputs = [_value_info(graph, names[v.id], v.spec, "input") for v in graph.inputs]
     for node in graph.nodes:
         if node.is_constant:
             builder.initializers.append(numpy_helper.from_array(node.value, names[node.outputs[0].id]))
@@ -515,10 +519,9 @@ def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
             builder.nodes.append(helper.make_node("Identity", [name], [copy], name=builder.fresh("identity")))
             name = copy
         seen.add(name)
-        outputs.append(_value_info(name, value.spec))
+        outputs.append(_value_info(graph, name, value.spec, "output"))
 
-    onnx_graph = helper.make_graph(builder.nodes, graph.name, [_value_info(names[v.id], v.spec) for v in graph.inputs],
-                                   outputs, initializer=builder.initializers)
+    onnx_graph = helper.make_graph(builder.nodes, graph.name, graph_inputs, outputs, initializer=builder.initializers)
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in sorted(builder.domains.items())]
     model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="opforge",
                               ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
