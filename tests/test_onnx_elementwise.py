@@ -608,3 +608,32 @@ def test_rounding_matches_ort_and_numpy(op_type, dtype):
 def test_mean_variance_normalization_matches_ort(attrs):
     x = sample((2, 3, 4, 5), low=-4, high=9)
     assert_matches_ort("MeanVarianceNormalization", [x], attrs, opset=13, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, fmod", [(d, f) for d in ["int8", "int16", "int32", "uint8", "uint32", "float16"]
+                                         for f in (0, 1) if (d, f) != ("float16", 0)])  # (float16 % : below)
+def test_mod_matches_ort(dtype, fmod):
+    low = 0 if np.dtype(dtype).kind == "u" else -100
+    a = sample((4, 6), dtype, low=low, high=100)
+    b = sample((6,), dtype, seed=1, low=1, high=9)
+    if np.dtype(dtype).kind != "u":
+        b = b * np.where(np.arange(6) % 2, 1, -1).astype(dtype)  # mixed signs
+    got = assert_matches_ort("Mod", [a, b], {"fmod": fmod}, opset=13, rtol=0, atol=0)
+    want = np.fmod(a, b) if fmod else np.mod(a, b)
+    np.testing.assert_array_equal(got[0], want)
+
+
+def test_mod_float16_python_style():
+    a = np.array([5.5, -5.5, 5.5, -5.5, 0.0, 3.0, -3.0, np.inf, 2.0], np.float16)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, np.inf, np.inf, 2.0, 0.0], np.float16)
+    got = run_opforge(one_node_model("Mod", [a, b], {"fmod": 0}, opset=13), [a, b])[0]
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got, np.mod(a, b))
+
+
+def test_mod_of_wide_dtypes_only_folds():
+    a, b = np.array([7, -7, 2**62 + 3], np.int64), np.array([3, 3, -5], np.int64)
+    model = one_node_model("Mod", [a, b], opset=13, constant=("x0", "x1"))
+    np.testing.assert_array_equal(run_opforge(model, [a, b], ("x0", "x1"))[0], np.mod(a, b))
+    with pytest.raises(ox.ModelError, match="Mod of float32"):
+        ox.load(one_node_model("Mod", [sample((3,)), sample((3,), seed=1)], {"fmod": 1}, opset=13))
