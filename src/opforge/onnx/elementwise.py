@@ -1,5 +1,5 @@
-"""Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Sum
-Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
+"""Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Mod
+Sum Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
 HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
 Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign Floor Ceil Round),
 comparisons, logic (And Or Xor Not), IsNaN, IsInf and Where, and the
