@@ -211,12 +211,42 @@ static bool MakeGeometry(ConvGeometry *g, const int64_t *in, const int64_t *out,
   return true;
 }
 
-// Keeps g as the signature's kernel data and asks for a columns matrix of `channels` image channels.
-static int Keep(ConvGeometry *g, int64_t channels, AotExtra *extra) {
+// The common part of the Inits: the geometry from the image, columns and kernel shapes (each N x C x
+// spatial or its like; a convolution's unless !exact), kept as the signature's kernel data, and a
+// columns matrix of channels(g) image channels as the workspace.  channels(g) is -1 when the op's
+// channel counts do not fit g's group.
+template <typename Channels>
+static int InitGeometry(const int64_t *image, const int64_t *cols, const int64_t *kernel, int rank, AotExtra *extra,
+                        bool exact, Channels channels) {
+  auto *g = new ConvGeometry;
+  const int64_t count = MakeGeometry(g, image + 2, cols + 2, kernel + 2, rank, extra, exact) ? channels(*g) : -1;
+  if (count < 0) {
+    delete g;
+    return 2;
+  }
   extra->SetKernelData(g);
-  extra->SetWorkSpace({size_t(g->direct ? 1 : channels * g->kernel_size * g->out_size) * sizeof(T)});
+  extra->SetWorkSpace({size_t(g->direct ? 1 : count * g->kernel_size * g->out_size) * sizeof(T)});
   return 0;
 }
+
+static const ConvGeometry *GeometryOf(void *extra) {
+  return static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+}
+
+// conv's and conv_transpose's parameters: x, w, b, y, then the columns workspace.
+struct ConvArgs {
+  const T *x, *w, *b;
+  T *y, *columns;
+  ConvArgs(void **params)
+      : x(static_cast<const T *>(params[0])), w(static_cast<const T *>(params[1])),
+        b(static_cast<const T *>(params[2])), y(static_cast<T *>(params[3])), columns(static_cast<T *>(params[4])) {}
+
+  // y (n x m x size) = the bias of each of its m channels, for the products to add to.
+  void FillBias(int64_t n, int64_t m, int64_t size) const {
+    for (int64_t i = 0; i < n * m; i++)
+      for (int64_t j = 0; j < size; j++) y[i * size + j] = b[i % m];
+  }
+};
 
 // For row (c, k) of the columns matrix: calls f(image row, columns row, lo, hi) for each run of
 // out[rank - 1] columns whose image row lies inside the image (lo..hi: the columns inside it), and
@@ -293,36 +323,27 @@ CONV = CONV_COMMON + r"""
 extern "C" int ConvInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
   if (rank < 1 || ndims[1] != ndims[0] || ndims[3] != ndims[0]) return 1;
-  auto *g = new ConvGeometry;
-  if (!MakeGeometry(g, shapes[0] + 2, shapes[3] + 2, shapes[1] + 2, rank, extra) ||
-      shapes[0][1] != shapes[1][1] * g->group || shapes[1][0] % g->group) {
-    delete g;
-    return 2;
-  }
-  return Keep(g, shapes[1][1], extra);
+  return InitGeometry(shapes[0], shapes[3], shapes[1], rank, extra, true, [&](const ConvGeometry &g) {
+    return shapes[0][1] != shapes[1][1] * g.group || shapes[1][0] % g.group ? -1 : shapes[1][1];
+  });
 }
 
 extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                     void *extra) {
-  const T *x = static_cast<const T *>(params[0]);
-  const T *w = static_cast<const T *>(params[1]);
-  const T *b = static_cast<const T *>(params[2]);
-  T *y = static_cast<T *>(params[3]);
-  T *columns = static_cast<T *>(params[4]);
-  const auto *g = static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+  const ConvArgs a(params);
+  const ConvGeometry *g = GeometryOf(extra);
   if (g == nullptr) return 1;
   const int64_t n = shapes[0][0], m = shapes[1][0], c_group = shapes[1][1], m_group = m / g->group;
   const int64_t inner = c_group * g->kernel_size;  // the product's inner dim
   if (!Fits(*g, m_group, inner)) return 3;
-  for (int64_t i = 0; i < n * m; i++)
-    for (int64_t j = 0; j < g->out_size; j++) y[i * g->out_size + j] = b[i % m];
+  a.FillBias(n, m, g->out_size);
   for (int64_t s = 0; s < n; s++) {
     for (int64_t grp = 0; grp < g->group; grp++) {
-      const T *image = x + (s * g->group + grp) * c_group * g->in_size;
-      if (!g->direct) Im2Col(*g, c_group, image, columns);
-      OpforgeGemm(false, false, m_group, g->out_size, inner, T(1), w + grp * m_group * inner, inner,
-                  g->direct ? image : columns, g->out_size, T(1),
-                  y + (s * m + grp * m_group) * g->out_size, g->out_size);
+      const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
+      if (!g->direct) Im2Col(*g, c_group, image, a.columns);
+      OpforgeGemm(false, false, m_group, g->out_size, inner, T(1), a.w + grp * m_group * inner, inner,
+                  g->direct ? image : a.columns, g->out_size, T(1),
+                  a.y + (s * m + grp * m_group) * g->out_size, g->out_size);
     }
   }
   return 0;
@@ -376,14 +397,11 @@ CONV_WEIGHT_GRAD = CONV_COMMON + r"""
 extern "C" int ConvWeightGradInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
   if (rank < 1 || ndims[1] != ndims[0] || ndims[2] != ndims[0]) return 1;
-  auto *g = new ConvGeometry;
-  if (!MakeGeometry(g, shapes[0] + 2, shapes[1] + 2, shapes[2] + 2, rank, extra) || shapes[0][1] % g->group ||
-      shapes[1][1] % g->group || shapes[2][0] != shapes[1][1] || shapes[2][1] * g->group != shapes[0][1] ||
-      shapes[1][0] != shapes[0][0]) {
-    delete g;
-    return 2;
-  }
-  return Keep(g, shapes[2][1], extra);
+  return InitGeometry(shapes[0], shapes[1], shapes[2], rank, extra, true, [&](const ConvGeometry &g) {
+    const bool fit = shapes[1][1] % g.group == 0 && shapes[2][0] == shapes[1][1] &&
+                     shapes[2][1] * g.group == shapes[0][1] && shapes[1][0] == shapes[0][0];
+    return fit ? shapes[2][1] : -1;
+  });
 }
 
 extern "C" int ConvWeightGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -392,7 +410,7 @@ extern "C" int ConvWeightGrad(int nparam, void **params, int *ndims, int64_t **s
   const T *dy = static_cast<const T *>(params[1]);
   T *dw = static_cast<T *>(params[2]);
   T *columns = static_cast<T *>(params[3]);
-  const auto *g = static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+  const ConvGeometry *g = GeometryOf(extra);
   if (g == nullptr) return 1;
   const int64_t n = shapes[0][0], m = shapes[1][1], c_group = shapes[2][1], m_group = m / g->group;
   const int64_t inner = c_group * g->kernel_size;

@@ -104,37 +104,30 @@ CONV_TRANSPOSE = CONV_COMMON + r"""
 extern "C" int ConvTransposeInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
   if (rank < 1 || ndims[1] != ndims[0] || ndims[3] != ndims[0]) return 1;
-  auto *g = new ConvGeometry;
-  if (!MakeGeometry(g, shapes[3] + 2, shapes[0] + 2, shapes[1] + 2, rank, extra, false) ||
-      shapes[0][1] != shapes[1][0] || shapes[0][1] % g->group || shapes[3][1] != shapes[1][1] * g->group) {
-    delete g;
-    return 2;
-  }
-  return Keep(g, shapes[1][1], extra);
+  return InitGeometry(shapes[3], shapes[0], shapes[1], rank, extra, false, [&](const ConvGeometry &g) {
+    const bool fit = shapes[0][1] == shapes[1][0] && shapes[0][1] % g.group == 0 &&
+                     shapes[3][1] == shapes[1][1] * g.group;
+    return fit ? shapes[1][1] : -1;
+  });
 }
 
 extern "C" int ConvTranspose(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                              void *stream, void *extra) {
-  const T *x = static_cast<const T *>(params[0]);
-  const T *w = static_cast<const T *>(params[1]);
-  const T *b = static_cast<const T *>(params[2]);
-  T *y = static_cast<T *>(params[3]);
-  T *columns = static_cast<T *>(params[4]);
-  const auto *g = static_cast<const ConvGeometry *>(static_cast<AotExtra *>(extra)->KernelData());
+  const ConvArgs a(params);
+  const ConvGeometry *g = GeometryOf(extra);
   if (g == nullptr) return 1;
   const int64_t n = shapes[0][0], c = shapes[0][1], c_group = c / g->group, m_group = shapes[1][1];
   const int64_t m = m_group * g->group, rows = m_group * g->kernel_size;  // rows of the columns matrix
   if (!Fits(*g, rows, c_group)) return 3;
-  for (int64_t i = 0; i < n * m; i++)
-    for (int64_t j = 0; j < g->in_size; j++) y[i * g->in_size + j] = b[i % m];
+  a.FillBias(n, m, g->in_size);
   for (int64_t s = 0; s < n; s++) {
     for (int64_t grp = 0; grp < g->group; grp++) {
-      T *image = y + (s * m + grp * m_group) * g->in_size;
+      T *image = a.y + (s * m + grp * m_group) * g->in_size;
       // columns (rows x in positions) = w[grp]^T (rows x c_group) @ x[s, grp] (c_group x in positions)
-      OpforgeGemm(true, false, rows, g->out_size, c_group, T(1), w + grp * c_group * rows, rows,
-                  x + (s * c + grp * c_group) * g->out_size, g->out_size, T(g->direct ? 1 : 0),
-                  g->direct ? image : columns, g->out_size);
-      if (!g->direct) Col2ImAdd(*g, m_group, columns, image);
+      OpforgeGemm(true, false, rows, g->out_size, c_group, T(1), a.w + grp * c_group * rows, rows,
+                  a.x + (s * c + grp * c_group) * g->out_size, g->out_size, T(g->direct ? 1 : 0),
+                  g->direct ? image : a.columns, g->out_size);
+      if (!g->direct) Col2ImAdd(*g, m_group, a.columns, image);
     }
   }
   return 0;
