@@ -637,3 +637,19 @@ def test_mod_of_wide_dtypes_only_folds():
     np.testing.assert_array_equal(run_opforge(model, [a, b], ("x0", "x1"))[0], np.mod(a, b))
     with pytest.raises(ox.ModelError, match="Mod of float32"):
         ox.load(one_node_model("Mod", [sample((3,)), sample((3,), seed=1)], {"fmod": 1}, opset=13))
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_hardmax_matches_ort(axis, opset):
+    x = sample((3, 4, 5), low=0, high=3).round()  # ties: the first maximum wins
+    assert_matches_ort("Hardmax", [x], {} if axis is None else {"axis": axis}, opset=opset, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_lp_normalization_matches_ort(p, axis):
+    x = sample((3, 4, 5), low=-3, high=3)
+    x[0, 0, :] = 0  # a zero norm along the last axis gives zeros
+    x[:, 0, 0] = 0
+    assert_matches_ort("LpNormalization", [x], {"p": p, "axis": axis}, opset=13)

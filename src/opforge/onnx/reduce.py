@@ -1,7 +1,7 @@
 """Converters of ONNX's softmax and reductions: Softmax, LogSoftmax,
 ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
-ReduceMax, ReduceMin, ReduceProd, ReduceLogSumExp, ArgMax, ArgMin and
-MeanVarianceNormalization.
+ReduceMax, ReduceMin, ReduceProd, ReduceLogSumExp, ArgMax, ArgMin, Hardmax,
+LpNormalization and MeanVarianceNormalization.
 
 Softmax before opset 13 flattens its input at ``axis`` (default 1) into a
 matrix and normalises each row, so it runs over every dim from ``axis`` on;
@@ -307,5 +307,65 @@ def mean_variance_normalization(node, x):
         centred = ops.sub(v, ops.mean(v, axes=axes, keep_dims=True))
         std = ops.sqrt(ops.mean(ops.mul(centred, centred), axes=axes, keep_dims=True))
         return ops.div(centred, ops.add(std, np.asarray(1e-9, dtype_of(v))))
+
+    return widened(node, normalize, [x], FLOATS)
+
+
+def hardmax(node, x, axes):
+    """1 at the first maximum over ``axes`` (contiguous: [axis] or axis to the last dim, in the flattened
+    order), 0 elsewhere."""
+    dims = dims_of(x)
+    inner = [dims[a] for a in axes]
+    if -1 in inner:
+        raise node.error(f"Hardmax over axes {axes} of input 'input' of shape {list(dims)} needs those dims "
+                         "known when the model is loaded")
+    count = int(np.prod(inner))
+    if count == 0:
+        return ops.sub(x, x)  # no elements
+    index = np.arange(count, dtype=np.int64).reshape(inner + [1] * (len(dims) - axes[-1] - 1))
+    hit = ops.equal(x, extreme(node, x, axes, True, True))
+    first = extreme(node, ops.where(hit, index, np.asarray(count, np.int64)), axes, True, False)
+    return ops.cast(ops.equal(index, first), dtype=dtype_of(x))
+
+
+def hardmax_axes(node, x, default_axis, flatten):
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK or not dims:
+        raise node.error("input 'input' must have a known rank >= 1 when the model is loaded")
+    axis = node.attr("axis", default_axis)
+    if not -len(dims) <= axis < len(dims):
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
+    axis %= len(dims)
+    return list(range(axis, len(dims))) if flatten else [axis]
+
+
+@converter("Hardmax", since=1)
+def hardmax_v1(node, x):
+    """Before opset 13, over every dim from ``axis`` (default 1) on, as if flattened there."""
+    axes = hardmax_axes(node, x, 1, True)
+    return widened(node, lambda v: hardmax(node, v, axes), [x], NUMERIC)
+
+
+@converter("Hardmax", since=13)
+def hardmax_v13(node, x):
+    axes = hardmax_axes(node, x, -1, False)
+    return widened(node, lambda v: hardmax(node, v, axes), [x], NUMERIC)
+
+
+@converter("LpNormalization", since=1)
+def lp_normalization(node, x):
+    """x divided by its L1 (p=1) or L2 (p=2, the default) norm along ``axis`` (default -1); where the norm
+    is 0, so is x, and the result is 0."""
+    p, axis = node.attr("p", 2), node.attr("axis", -1)
+    if p not in (1, 2):
+        raise node.error(f"attribute 'p' is {p}; supported: 1, 2")
+
+    def normalize(v):
+        if p == 1:
+            norm = ops.reduce_sum(ops.abs(v), axes=[axis], keep_dims=True)
+        else:
+            norm = ops.sqrt(ops.reduce_sum(ops.mul(v, v), axes=[axis], keep_dims=True))
+        zero = np.zeros((), dtype_of(v))
+        return ops.div(v, ops.where(ops.equal(norm, zero), np.ones((), dtype_of(v)), norm))  # zero norm: 0
 
     return widened(node, normalize, [x], FLOATS)
