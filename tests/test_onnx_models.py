@@ -5,7 +5,8 @@ Each model is fed what onnx's runner feeds it (``arange(n) / n`` in the input's
 shape, float32) and must match the stored ``*_output_0.pb`` and onnxruntime,
 at rtol 1e-3 / atol 1e-4.  A constant fill makes most of those outputs flat
 (softmax of equal logits), so each model also runs with seeded random
-weights in place of the fills, against onnxruntime on the same model.
+weights in place of the fills, against onnxruntime on the same model at
+atol 1e-6 (the outputs are probabilities of about 1e-3).
 """
 import gc
 import os
@@ -15,7 +16,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import opforge
+import opforge.onnx
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
@@ -111,4 +112,5 @@ def test_light_model_with_random_weights_matches_onnxruntime(name):
     del model
     gc.collect()
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
-    np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=ATOL)
+    assert np.ptp(theirs) > 1e-4  # the random weights give outputs that differ, unlike the fills
+    np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=1e-6)
