@@ -653,3 +653,15 @@ def test_lp_normalization_matches_ort(p, axis):
     x[0, 0, :] = 0  # a zero norm along the last axis gives zeros
     x[:, 0, 0] = 0
     assert_matches_ort("LpNormalization", [x], {"p": p, "axis": axis}, opset=13)
+
+
+def test_binarizer_of_the_ml_domain():
+    x = sample((3, 4), low=-2, high=2)
+    node = helper.make_node("Binarizer", ["x0"], ["y0"], domain="ai.onnx.ml", threshold=0.5)
+    graph = helper.make_graph([node], "m", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_empty_tensor_value_info("y0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    got = run_opforge(model, [x])[0]
+    np.testing.assert_array_equal(got, (x > 0.5).astype(np.float32))
+    np.testing.assert_array_equal(got, run_ort(model, [x])[0])

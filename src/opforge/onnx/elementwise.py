@@ -1,9 +1,10 @@
 """Converters of ONNX's elementwise ops: arithmetic (Add Sub Mul Div Pow Mod
 Sum Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
 HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
-Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign Floor Ceil Round),
-comparisons, logic (And Or Xor Not), IsNaN, IsInf and Where, and the
-pass-through ops (Identity, Dropout, Cast, CastLike).
+Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign Floor
+Ceil Round), comparisons, logic (And Or Xor Not), IsNaN, IsInf, Where,
+ai.onnx.ml's Binarizer, and the pass-through ops (Identity, Dropout, Cast,
+CastLike).
 
 Activations opforge has no op for are built from several ops (Elu from exp,
 minimum and where, ...).
@@ -522,6 +523,15 @@ comparison("Less", ops.less)
 comparison("Greater", ops.greater)
 comparison("LessOrEqual", ops.less_equal, since=12)
 comparison("GreaterOrEqual", ops.greater_equal, since=12)
+
+
+@converter("Binarizer", domain="ai.onnx.ml", since=1)
+def binarizer(node, x):
+    """1 where x > threshold (default 0), else 0, in x's dtype."""
+    def fn(v):
+        return ops.cast(ops.greater(v, scalar(node.attr("threshold", 0.0), v)), dtype=dtype_of(v))
+
+    return widened(node, fn, [x], NUMERIC)
 
 
 # -- logic ---------------------------------------------------------------------------------------
