@@ -90,23 +90,22 @@ def reduction_axes(node, x, axes, axes_from_input):
 
 
 def reducer(op_type, reduce, *, input_since):
-    """Register ``reduce(x, axes, keep_dims)`` for op_type: axes from the attribute before opset
-    ``input_since``, from the second input after."""
+    """Register ``reduce(node, x, axes, keep_dims)`` for op_type: axes from the attribute before opset
+    ``input_since``, from the second input after (one converter reads the node's opset)."""
     def convert(node, x, axes=None):
         chosen = reduction_axes(node, x, axes, node.opset >= input_since)
         if chosen is None:
             return x
-        return reduce(x, chosen, bool(node.attr("keepdims", 1)))
+        return reduce(node, x, chosen, bool(node.attr("keepdims", 1)))
 
     converter(op_type, since=1)(convert)
-    converter(op_type, since=input_since)(convert)
     convert.__name__ = op_type.lower()
 
 
 def in_float(fn):
     """``fn`` run on a floating-point x: other dtypes go through float64 and come back (integers
     truncate toward zero)."""
-    def run(x, axes, keep):
+    def run(node, x, axes, keep):
         dtype = dtype_of(x)
         if np.dtype(dtype).kind in "iub":
             return ops.cast(fn(ops.cast(x, dtype="float64"), axes, keep), dtype=dtype)
@@ -117,21 +116,18 @@ def in_float(fn):
     return run
 
 
-def reduce_sum(x, axes, keep):
-    return ops.reduce_sum(x, axes=axes, keep_dims=keep)
-
-
 def sum_square(x, axes, keep):
     return ops.reduce_sum(ops.mul(x, x), axes=axes, keep_dims=keep)
 
 
-reducer("ReduceSum", reduce_sum, input_since=13)
+reducer("ReduceSum", lambda node, x, axes, keep: ops.reduce_sum(x, axes=axes, keep_dims=keep), input_since=13)
 reducer("ReduceMean", in_float(lambda x, axes, keep: ops.mean(x, axes=axes, keep_dims=keep)), input_since=18)
-reducer("ReduceSumSquare", sum_square, input_since=18)
+reducer("ReduceSumSquare", lambda node, x, axes, keep: sum_square(x, axes, keep), input_since=18)
 reducer("ReduceL1", in_float(lambda x, axes, keep: ops.reduce_sum(ops.abs(x), axes=axes, keep_dims=keep)),
         input_since=18)
 reducer("ReduceL2", in_float(lambda x, axes, keep: ops.sqrt(sum_square(x, axes, keep))), input_since=18)
-reducer("ReduceLogSum", in_float(lambda x, axes, keep: ops.log(reduce_sum(x, axes, keep))), input_since=18)
+reducer("ReduceLogSum", in_float(lambda x, axes, keep: ops.log(ops.reduce_sum(x, axes=axes, keep_dims=keep))),
+        input_since=18)
 
 
 # -- ReduceMax, ReduceMin, ReduceLogSumExp, LogSoftmax -------------------------------------
@@ -199,12 +195,12 @@ def extreme_of_any_dtype(node, x, axes, keep, largest):
     return widened(node, lambda v: extreme(node, v, axes, keep, largest), [x], NUMERIC)
 
 
-def reduce_max(node):
-    return lambda x, axes, keep: extreme_of_any_dtype(node, x, axes, keep, True)
+def reduce_max(node, x, axes, keep):
+    return extreme_of_any_dtype(node, x, axes, keep, True)
 
 
-def reduce_min(node):
-    return lambda x, axes, keep: extreme_of_any_dtype(node, x, axes, keep, False)
+def reduce_min(node, x, axes, keep):
+    return extreme_of_any_dtype(node, x, axes, keep, False)
 
 
 def log_sum_exp(node, x, axes, keep):
@@ -216,26 +212,18 @@ def log_sum_exp(node, x, axes, keep):
     return result if keep or not axes else ops.squeeze(result, axes=axes)
 
 
-def node_reducer(op_type, make, *, input_since):
-    """reducer() for reductions that need the node (for errors) to build their function."""
-    def convert(node, x, axes=None):
-        chosen = reduction_axes(node, x, axes, node.opset >= input_since)
-        if chosen is None:
-            return x
-        return make(node)(x, chosen, bool(node.attr("keepdims", 1)))
-
-    converter(op_type, since=1)(convert)
-    converter(op_type, since=input_since)(convert)
-    convert.__name__ = op_type.lower()
+def reduce_prod(node, x, axes, keep):
+    return fold_axes(node, x, axes, keep, ops.mul, 1, False)
 
 
-node_reducer("ReduceMax", reduce_max, input_since=18)
-node_reducer("ReduceMin", reduce_min, input_since=18)
-node_reducer("ReduceProd", lambda node: lambda x, axes, keep: fold_axes(node, x, axes, keep, ops.mul, 1, False),
-             input_since=18)
-node_reducer("ReduceLogSumExp",
-             lambda node: lambda x, axes, keep: widened(node, lambda v: log_sum_exp(node, v, axes, keep), [x], FLOATS),
-             input_since=18)
+def reduce_log_sum_exp(node, x, axes, keep):
+    return widened(node, lambda v: log_sum_exp(node, v, axes, keep), [x], FLOATS)
+
+
+reducer("ReduceMax", reduce_max, input_since=18)
+reducer("ReduceMin", reduce_min, input_since=18)
+reducer("ReduceProd", reduce_prod, input_since=18)
+reducer("ReduceLogSumExp", reduce_log_sum_exp, input_since=18)
 
 
 def log_softmax(node, x, axes):
