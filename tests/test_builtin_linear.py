@@ -194,6 +194,19 @@ def test_conv_kernel(dtype, x_shape, w_shape, attrs):
     check(conv_weight_grad, [x, dy], f"ConvWeightGrad<{dtype},{dtype}>", kernel_shape=list(w_shape[2:]), **resolved)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_conv_ops_make_columns_a_block_at_a_time(dtype):
+    # The columns of these inputs need more than the 8 MiB workspace, so the kernels go in blocks of rows.
+    x, w = r(1, 64, 150, 151, dtype=dtype), r(4, 64, 3, 3, dtype=dtype, seed=1)
+    y = check(conv, [x, w, None], "conv_without_b", pads=[1, 0, 0, 1], strides=[1, 2])
+    dy = r(*y.shape, dtype=dtype, seed=2) / 20  # small: dw sums 11000 products per element
+    check(conv_weight_grad, [x, dy], f"ConvWeightGrad<{dtype},{dtype}>",
+          kernel_shape=[3, 3], strides=[1, 2], pads=[1, 0, 0, 1], dilations=[1, 1], group=1)
+    back = r(1, 64, 150, 151, dtype=dtype, seed=3)
+    check(conv_transpose, [back, r(64, 16, 3, 3, dtype=dtype, seed=4), None], "conv_transpose_without_b",
+          strides=[2, 1])
+
+
 def test_conv_reference_is_a_plain_sum():
     # The reference against the definition, written out for one small 2-D case.
     x, w, b = r(1, 2, 5, 4), r(2, 1, 2, 3, seed=1), r(2, seed=2)

@@ -10,7 +10,9 @@ The kernel copies each group's input windows into a workspace matrix
 (im2col: C/group * prod(kernel) rows, one column per output position) and
 multiplies it by the weights with OpenBLAS's gemm; a 1 x 1 convolution with
 stride 1 and no padding multiplies the input directly.  The workspace size
-comes from the kernel's Init, which also keeps the geometry for the calls.
+comes from the kernel's Init, which also keeps the geometry for the calls:
+up to 8 MiB, so large inputs make their columns a block of output rows at a
+time.
 Where OpenBLAS is missing the NumPy reference runs.
 
 The gradient: dx is ``conv_transpose`` of dy, dw is ``conv_weight_grad``
@@ -162,6 +164,7 @@ def conv_grad(saved, dy, *, strides, pads, dilations, group):
 # prod(kernel) rows and prod(out) columns: row (c, k), column o holds the image
 # at o * stride - pad_begin + k * dilation, or 0 in the padding.
 CONV_COMMON = r"""
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -174,8 +177,14 @@ struct ConvGeometry : AotKernelData {
   int rank = 0;                                              // spatial dims
   std::vector<int64_t> in, out, kernel, stride, pad, dilation;  // pad: the begin pads
   int64_t group = 1, in_size = 1, out_size = 1, kernel_size = 1;
+  int64_t last_out = 1, outer = 1;  // out's last dim; how many runs of it make out (its other dims)
+  int64_t block = 1;  // how many of those runs the workspace holds: the columns matrix is made a block at a time
   bool direct = true;  // 1 x 1 kernel, stride 1, no padding: the columns matrix is the image itself
 };
+
+#ifndef OPFORGE_CONV_COLUMN_BYTES
+#define OPFORGE_CONV_COLUMN_BYTES (8 << 20)  // the workspace's size, unless one run of columns needs more
+#endif
 
 // Fills g from the image dims, the columns' output dims, the kernel dims and the op's attributes;
 // false when they do not fit together (out is what a convolution of the image gives; up to that when
@@ -208,6 +217,8 @@ static bool MakeGeometry(ConvGeometry *g, const int64_t *in, const int64_t *out,
     g->kernel_size *= kernel[r];
     g->direct = g->direct && kernel[r] == 1 && strides[r] == 1 && pads[r] == 0 && pads[rank + r] == 0;
   }
+  g->last_out = out[rank - 1];
+  g->outer = g->out_size / g->last_out;
   return true;
 }
 
@@ -224,8 +235,10 @@ static int InitGeometry(const int64_t *image, const int64_t *cols, const int64_t
     delete g;
     return 2;
   }
+  const int64_t run_bytes = count * g->kernel_size * g->last_out * int64_t(sizeof(T));  // one run of columns
+  g->block = g->direct ? g->outer : std::max<int64_t>(1, std::min(g->outer, OPFORGE_CONV_COLUMN_BYTES / run_bytes));
   extra->SetKernelData(g);
-  extra->SetWorkSpace({size_t(g->direct ? 1 : count * g->kernel_size * g->out_size) * sizeof(T)});
+  extra->SetWorkSpace({size_t(g->direct ? 1 : run_bytes * g->block)});
   return 0;
 }
 
@@ -248,14 +261,21 @@ struct ConvArgs {
   }
 };
 
-// For row (c, k) of the columns matrix: calls f(image row, columns row, lo, hi) for each run of
-// out[rank - 1] columns whose image row lies inside the image (lo..hi: the columns inside it), and
-// empty(columns row) for those wholly in the padding.
+// Calls f(first, count) for each block of the columns matrix: its runs first .. first + count - 1
+// (count * last_out columns); one block when g.direct.
+template <typename F>
+static void ForEachBlock(const ConvGeometry &g, F f) {
+  for (int64_t first = 0; first < g.outer; first += g.block) f(first, std::min(g.block, g.outer - first));
+}
+
+// For row (c, k) of a block of the columns matrix (runs first .. first + count - 1): calls
+// row(image offset, columns offset, lo, hi) for each run of last_out columns whose image row lies
+// inside the image (lo..hi: the columns inside it), and empty(columns offset) for those wholly in the
+// padding.
 template <typename Row, typename Empty>
-static void ForEachRow(const ConvGeometry &g, int64_t channels, Row row, Empty empty) {
+static void ForEachRow(const ConvGeometry &g, int64_t channels, int64_t first, int64_t count, Row row, Empty empty) {
   const int R = g.rank;
   const int64_t last_out = g.out[R - 1], last_in = g.in[R - 1], s = g.stride[R - 1];
-  const int64_t outer = g.out_size / last_out;
   std::vector<int64_t> k(R), o(R);
   int64_t column_row = 0;
   for (int64_t c = 0; c < channels; c++) {
@@ -266,7 +286,7 @@ static void ForEachRow(const ConvGeometry &g, int64_t channels, Row row, Empty e
       int64_t hi = last_in > start ? (last_in - start + s - 1) / s : 0;
       if (hi > last_out) hi = last_out;
       if (hi < lo) hi = lo;
-      for (int64_t oo = 0; oo < outer; oo++, column_row++) {
+      for (int64_t oo = first; oo < first + count; oo++, column_row++) {
         int64_t offset = c, rest = oo;
         bool inside = true;
         for (int r = R - 2; r >= 0; r--) o[r] = rest % g.out[r], rest /= g.out[r];
@@ -284,10 +304,11 @@ static void ForEachRow(const ConvGeometry &g, int64_t channels, Row row, Empty e
   }
 }
 
-// image (channels x in...) -> columns (channels * prod(kernel) x prod(out)).
-static void Im2Col(const ConvGeometry &g, int64_t channels, const T *image, T *columns) {
-  const int64_t n = g.out[g.rank - 1], s = g.stride[g.rank - 1];
-  ForEachRow(g, channels,
+// image (channels x in...) -> a block of columns (channels * prod(kernel) x count * last_out); returns columns.
+static const T *Im2Col(const ConvGeometry &g, int64_t channels, int64_t first, int64_t count, const T *image,
+                       T *columns) {
+  const int64_t n = g.last_out, s = g.stride[g.rank - 1];
+  ForEachRow(g, channels, first, count,
              [&](int64_t from, int64_t to, int64_t lo, int64_t hi) {
                const T *src = image + from;
                T *dst = columns + to;
@@ -299,12 +320,14 @@ static void Im2Col(const ConvGeometry &g, int64_t channels, const T *image, T *c
                for (int64_t j = hi; j < n; j++) dst[j] = T(0);
              },
              [&](int64_t to) { std::memset(columns + to, 0, size_t(n) * sizeof(T)); });
+  return columns;
 }
 
-// The adjoint: adds each column entry to the image element it was copied from.
-static void Col2ImAdd(const ConvGeometry &g, int64_t channels, const T *columns, T *image) {
+// The adjoint: adds each entry of a block of columns to the image element it was copied from.
+static void Col2ImAdd(const ConvGeometry &g, int64_t channels, int64_t first, int64_t count, const T *columns,
+                      T *image) {
   const int64_t s = g.stride[g.rank - 1];
-  ForEachRow(g, channels,
+  ForEachRow(g, channels, first, count,
              [&](int64_t to, int64_t from, int64_t lo, int64_t hi) {
                T *dst = image + to;
                const T *src = columns + from;
@@ -314,7 +337,7 @@ static void Col2ImAdd(const ConvGeometry &g, int64_t channels, const T *columns,
 }
 
 static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
-  return OpforgeBlasFits({rows, inner, g.out_size, g.in_size, g.kernel_size * inner});
+  return OpforgeBlasFits({rows, inner, g.out_size, g.in_size, g.kernel_size * inner, g.block * g.last_out});
 }
 """
 
@@ -340,10 +363,14 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
   for (int64_t s = 0; s < n; s++) {
     for (int64_t grp = 0; grp < g->group; grp++) {
       const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
-      if (!g->direct) Im2Col(*g, c_group, image, a.columns);
-      OpforgeGemm(false, false, m_group, g->out_size, inner, T(1), a.w + grp * m_group * inner, inner,
-                  g->direct ? image : a.columns, g->out_size, T(1),
-                  a.y + (s * m + grp * m_group) * g->out_size, g->out_size);
+      T *out = a.y + (s * m + grp * m_group) * g->out_size;
+      ForEachBlock(*g, [&](int64_t first, int64_t count) {
+        // y[s, grp][:, block] += w[grp] (m_group x inner) @ the block's columns (inner x count * last_out)
+        const int64_t column0 = first * g->last_out, width = count * g->last_out;
+        OpforgeGemm(false, false, m_group, width, inner, T(1), a.w + grp * m_group * inner, inner,
+                    g->direct ? image + column0 : Im2Col(*g, c_group, first, count, image, a.columns),
+                    g->direct ? g->out_size : width, T(1), out + column0, g->out_size);
+      });
     }
   }
   return 0;
@@ -418,11 +445,15 @@ extern "C" int ConvWeightGrad(int nparam, void **params, int *ndims, int64_t **s
   for (int64_t s = 0; s < n; s++) {
     for (int64_t grp = 0; grp < g->group; grp++) {
       const T *image = x + (s * g->group + grp) * c_group * g->in_size;
-      if (!g->direct) Im2Col(*g, c_group, image, columns);
-      // dw[grp] (m_group x inner) (+)= dy[s, grp] (m_group x out) @ columns^T (out x inner)
-      OpforgeGemm(false, true, m_group, inner, g->out_size, T(1), dy + (s * m + grp * m_group) * g->out_size,
-                  g->out_size, g->direct ? image : columns, g->out_size, T(s == 0 ? 0 : 1),
-                  dw + grp * m_group * inner, inner);
+      const T *grads = dy + (s * m + grp * m_group) * g->out_size;
+      ForEachBlock(*g, [&](int64_t first, int64_t count) {
+        // dw[grp] (m_group x inner) (+)= dy[s, grp][:, block] (m_group x width) @ the block's columns^T
+        const int64_t column0 = first * g->last_out, width = count * g->last_out;
+        OpforgeGemm(false, true, m_group, inner, width, T(1), grads + column0, g->out_size,
+                    g->direct ? image + column0 : Im2Col(*g, c_group, first, count, image, columns),
+                    g->direct ? g->out_size : width, T(s == 0 && first == 0 ? 0 : 1), dw + grp * m_group * inner,
+                    inner);
+      });
     }
   }
   return 0;

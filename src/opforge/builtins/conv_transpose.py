@@ -123,11 +123,16 @@ extern "C" int ConvTranspose(int nparam, void **params, int *ndims, int64_t **sh
   for (int64_t s = 0; s < n; s++) {
     for (int64_t grp = 0; grp < g->group; grp++) {
       T *image = a.y + (s * m + grp * m_group) * g->in_size;
-      // columns (rows x in positions) = w[grp]^T (rows x c_group) @ x[s, grp] (c_group x in positions)
-      OpforgeGemm(true, false, rows, g->out_size, c_group, T(1), a.w + grp * c_group * rows, rows,
-                  a.x + (s * c + grp * c_group) * g->out_size, g->out_size, T(g->direct ? 1 : 0),
-                  g->direct ? image : a.columns, g->out_size);
-      if (!g->direct) Col2ImAdd(*g, m_group, a.columns, image);
+      const T *in = a.x + (s * c + grp * c_group) * g->out_size;
+      ForEachBlock(*g, [&](int64_t first, int64_t count) {
+        // columns (rows x width) = w[grp]^T (rows x c_group) @ x[s, grp][:, block] (c_group x width),
+        // added into y by col2im (directly, for a 1 x 1 kernel of stride 1)
+        const int64_t column0 = first * g->last_out, width = count * g->last_out;
+        OpforgeGemm(true, false, rows, width, c_group, T(1), a.w + grp * c_group * rows, rows, in + column0,
+                    g->out_size, T(g->direct ? 1 : 0), g->direct ? image + column0 : a.columns,
+                    g->direct ? g->out_size : width);
+        if (!g->direct) Col2ImAdd(*g, m_group, first, count, a.columns, image);
+      });
     }
   }
   return 0;
