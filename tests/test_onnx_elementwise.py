@@ -665,3 +665,18 @@ def test_binarizer_of_the_ml_domain():
     got = run_opforge(model, [x])[0]
     np.testing.assert_array_equal(got, (x > 0.5).astype(np.float32))
     np.testing.assert_array_equal(got, run_ort(model, [x])[0])
+
+
+@pytest.mark.parametrize("op_type, with_bias", [("Gelu", False), ("BiasGelu", True), ("FastGelu", False),
+                                                ("FastGelu", True)])
+def test_onnxruntime_contrib_gelus(op_type, with_bias):
+    x, bias = sample((2, 3, 8), low=-4, high=4), sample((8,), seed=1)
+    inputs = [x, bias] if with_bias else [x]
+    names = ["x0", "x1"] if with_bias else ["x0"]
+    node = helper.make_node(op_type, names, ["y0"], domain="com.microsoft")
+    graph = helper.make_graph([node], "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, v.shape)
+                                            for n, v in zip(names, inputs)], [helper.make_empty_tensor_value_info("y0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    got = run_opforge(model, inputs)[0]
+    np.testing.assert_allclose(got, run_ort(model, inputs)[0], rtol=1e-4, atol=1e-5)
