@@ -7,6 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import opforge
 from opforge import TensorSpec
@@ -223,3 +226,16 @@ def test_sum_of_integers_wraps_as_numpy_does(dtype):
     assert native_kernels_ran(checks)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(ops.sum(a, b, b), a + b + b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=4, min_side=0, max_side=4),
+       dtype=st.sampled_from(FLOATS + ["int32", "int64"]), count=st.integers(1, 3))
+def test_sum_broadcasts_any_shapes_as_numpy(shapes, dtype, count):
+    inputs = [sample(s, dtype, seed=k) for k, s in enumerate(shapes.input_shapes[:count])]
+    got = ops.sum(*inputs)
+    want = np.broadcast_to(inputs[0], np.broadcast_shapes(*(x.shape for x in inputs))).copy()
+    for x in inputs[1:]:
+        want = want + x
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6)
