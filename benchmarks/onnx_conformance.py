@@ -7,7 +7,7 @@ outputs as onnx's runner does (the case's rtol/atol, exact dtypes and shapes),
 and prints the pass counts side by side.  ``--failures`` lists every case that
 fails, with the first line of its error.
 
-    python benchmarks/onnx_conformance.py [--ops Conv,Pad] [--failures] [--backend ort|opforge|both]
+    python benchmarks/onnx_conformance.py [--ops Conv,Pad | --all] [--failures] [--backend ort|opforge|both]
 
 The last line is ``opforge_ge_ort: <ops where opforge passes at least as many>/<ops>``.
 """
@@ -42,11 +42,21 @@ def outcome(backend, case):
     return None
 
 
+def converted_ops():
+    """Every ai.onnx op type some converter covers."""
+    from opforge.onnx import converters, registry
+
+    converters.import_converters()
+    return [op for domain, op in registry._CONVERTERS if domain == ""]
+
+
 def backends(which):
     chosen = {}
     if which in ("ort", "both"):
+        import onnxruntime
         import onnxruntime.backend
 
+        onnxruntime.set_default_logger_severity(3)
         chosen["onnxruntime"] = onnxruntime.backend
     if which in ("opforge", "both"):
         from opforge.onnx.backend import OpforgeBackend
@@ -58,17 +68,25 @@ def backends(which):
 def main(argv=None):
     from test_onnx_backend import EXCLUDED, SUPPORTED_OPS
 
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma-separated op types (default: every supported op)")
+    parser.add_argument("--all", action="store_true",
+                        help="also every other ai.onnx op type opforge has a converter for")
     parser.add_argument("--backend", choices=["ort", "opforge", "both"], default="both")
     parser.add_argument("--failures", action="store_true", help="list failing cases with their error")
+    parser.add_argument("--markdown", action="store_true", help="print the table in Markdown (docs/onnx.md)")
     args = parser.parse_args(argv)
-    ops = args.ops.split(",") if args.ops else SUPPORTED_OPS
+    ops = args.ops.split(",") if args.ops else list(SUPPORTED_OPS)
+    if args.all:
+        ops += sorted(set(converted_ops()) - set(ops))
     cases = conformance_cases(ops)
     runners = backends(args.backend)
-    header = f"{'op':<20}{'cases':>6}" + "".join(f"{name:>13}" for name in runners) + f"{'excluded':>10}"
-    print(header)
+    columns = ["op", "cases", *runners, "excluded"]
+    if args.markdown:
+        print("| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
+    else:
+        widths = [6] + [13] * len(runners) + [10]
+        print(f"{'op':<26}" + "".join(f"{name:>{width}}" for name, width in zip(columns[1:], widths)))
     at_least, failures = 0, []
     for op in ops:
         passed = {}
@@ -80,9 +98,12 @@ def main(argv=None):
                     passed[name] += 1
                 else:
                     failures.append((name, op, case.name, error))
-        excluded = sum(f"{case.name}_cpu" in EXCLUDED for case in cases.get(op, []))
-        print(f"{op:<20}{len(cases.get(op, [])):>6}" + "".join(f"{passed[n]:>13}" for n in runners)
-              + f"{excluded:>10}", flush=True)
+        row = [op, len(cases.get(op, [])), *passed.values(),
+               sum(f"{case.name}_cpu" in EXCLUDED for case in cases.get(op, []))]
+        if args.markdown:
+            print("| " + " | ".join(str(cell) for cell in row) + " |", flush=True)
+        else:
+            print(f"{op:<26}" + "".join(f"{cell:>{width}}" for cell, width in zip(row[1:], widths)), flush=True)
         if len(runners) == 2:
             at_least += passed["opforge"] >= passed["onnxruntime"]
     if args.failures:
