@@ -77,7 +77,7 @@ def _array(tensor, what):
         array = onnx.numpy_helper.to_array(tensor)
     except Exception as error:
         raise ModelError(f"{what} cannot be read: {type(error).__name__}: {error}") from None
-    return np.ascontiguousarray(array)
+    return np.require(array, requirements='C')  # ascontiguousarray would make 0-d arrays 1-d
 
 
 # -- attributes -------------------------------------------------------------------
@@ -277,7 +277,7 @@ def _bound_constant(model_name, name, spec, value):
     if spec.rank is not None and not spec.matches(array.shape):
         raise ModelError(f"model '{model_name}': constants['{name}'] has shape {list(array.shape)}; the input "
                          f"is declared {list(spec.shape)}")
-    return np.ascontiguousarray(array)
+    return np.require(array, requirements='C')  # ascontiguousarray would make 0-d arrays 1-d
 
 
 def _is_placeholder(name):
