@@ -2,6 +2,7 @@
 the NumPy references (f32 and f64, shapes, strides, pads, dilations, groups), the
 kernel choice with and without OpenBLAS, inference and errors, and the ONNX
 converters (MatMul, Gemm, Conv, ConvTranspose) against onnxruntime."""
+import os
 import time
 
 import numpy as np
@@ -56,6 +57,8 @@ def test_openblas_is_found_and_loaded():
 def test_openblas_threads_can_be_set():
     handle = blas.load()
     before = handle.scipy_openblas_get_num_threads()
+    if "OPFORGE_BLAS_THREADS" not in os.environ:
+        assert before == 1  # single-threaded by default
     try:
         blas.set_num_threads(1)
         assert handle.scipy_openblas_get_num_threads() == 1

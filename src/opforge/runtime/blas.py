@@ -11,9 +11,13 @@ installed: each carries ``requires=blas.reject_reason`` (see
 ``Kernel.requires``), which loads OpenBLAS on first use.  Without it those
 ops run their NumPy reference, which is BLAS-backed too.
 
-OpenBLAS runs one thread per core unless ``OPFORGE_BLAS_THREADS`` (read when
-it loads) or ``set_num_threads(n)`` says otherwise; on a machine whose cores
-are busy with other work, one thread is often faster than waiting for them.
+OpenBLAS runs single-threaded, as opforge's other kernels do, unless
+``OPFORGE_BLAS_THREADS`` says otherwise when it loads (a number of threads;
+0: OpenBLAS's own default, one per core) or ``set_num_threads(n)`` later.
+Several threads pay for large products on an idle machine; on one whose
+cores are busy, each product waits for its threads to be scheduled (about a
+scheduler tick, 4 ms, per call was measured with 2 cores shared), which
+costs small products far more than they gain.
 """
 from __future__ import annotations
 
@@ -59,9 +63,10 @@ def load():
                 except OSError as error:
                     _error = f"OpenBLAS at {path} does not load: {error}"
                 else:
-                    threads = os.environ.get("OPFORGE_BLAS_THREADS", "")
-                    if threads.isdigit() and int(threads) > 0:
-                        handle.scipy_openblas_set_num_threads(int(threads))
+                    threads = os.environ.get("OPFORGE_BLAS_THREADS", "").strip()
+                    threads = int(threads) if threads.isdigit() else 1
+                    if threads > 0:
+                        handle.scipy_openblas_set_num_threads(threads)
                     _handle = handle
     return _handle
 
