@@ -149,6 +149,8 @@ GRADCHECKS = {
                    {"epsilon": 1e-3}),
     "pad_constant": (ops.pad, [r(3, 4)], {"pads": [1, -1, 2, 2], "value": 0.5}),
     "pad_reflect": (ops.pad, [r(3, 4)], {"pads": [2, 1, 1, 3], "mode": "reflect"}),
+    "layer_norm": (ops.layer_norm, [r(2, 3, 4), r(3, 4, seed=1), r(4, seed=2)], {"axis": 1}),
+    "layer_norm_no_bias": (ops.layer_norm, [r(2, 5), r(5, seed=1)], {"epsilon": 1e-3}),
     # matmul (broadcast), gemm, conv, conv_transpose
     "matmul_broadcast": (ops.matmul, [r(2, 1, 3, 4), r(1, 3, 4, 2, seed=1)], {}),
     "gemm": (ops.gemm, [r(3, 4), r(4, 5, seed=1), r(5, seed=2)], {"alpha": 0.5, "beta": 2.0}),

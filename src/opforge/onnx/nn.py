@@ -211,3 +211,16 @@ def pad_v11(node, x, pads, constant_value=None, axes=None):
     outside = ops.sub(np.ones((), dtype), inside)
     value = ops.reshape(constant_value, shape=[])
     return ops.add(padded(node, x, pads, mode, 0.0, axes), ops.mul(outside, value))
+
+
+# -- LayerNormalization -------------------------------------------------------------------
+
+@converter("LayerNormalization", since=17)
+def layer_normalization(node, x, scale, bias=None):
+    y, mean, inv_std_dev = ops.layer_norm(x, scale, bias, axis=node.attr("axis", -1),
+                                          epsilon=node.attr("epsilon", 1e-5))
+    if node.num_outputs <= 1:
+        return y
+    if node.attr("stash_type", 1) == 1 and dtype_of(x) != "float32":  # the statistics' type U is float32
+        mean, inv_std_dev = ops.cast(mean, dtype="float32"), ops.cast(inv_std_dev, dtype="float32")
+    return (y, mean, inv_std_dev)[:node.num_outputs]

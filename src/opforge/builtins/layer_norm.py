@@ -1,0 +1,171 @@
+"""layer_norm: x normalised over its dims from ``axis`` on, then scaled and shifted (ONNX LayerNormalization).
+
+``y = (x - mean) * inv_std_dev * scale + bias`` where mean and
+``inv_std_dev = 1 / sqrt(var + epsilon)`` (population variance) are taken
+over dims ``axis..rank-1``; scale and bias broadcast against those dims.
+The op also returns mean and inv_std_dev, shaped like x with the
+normalised dims set to 1 (ONNX's optional outputs).  The kernel (float32,
+float64; two passes per row, in double) broadcasts scale and bias itself;
+without a bias the NumPy reference runs.  The gradient covers all three outputs and every input.
+"""
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.add import sum_to
+from opforge.builtins.common import floating_point, known_dims, zeros_like
+from opforge.spec import UNKNOWN_RANK
+
+layer_norm = opforge.op("layer_norm(Tensor x, Tensor scale, Tensor? bias=None, *, int axis=-1, float epsilon=1e-05)"
+                        " -> (Tensor y, Tensor mean, Tensor inv_std_dev)", traits=["no_side_effect"],
+                        doc="Layer normalization over the dims from axis on: (x - mean) / sqrt(var + epsilon) "
+                            "* scale + bias; also returns mean and 1 / sqrt(var + epsilon) (normalised dims as 1).")
+is_float = floating_point("layer_norm", "x")
+
+
+@layer_norm.check
+def layer_norm_check(x, scale, bias, *, axis, epsilon):
+    is_float(x)
+    for name, spec in (("scale", scale), ("bias", bias)):
+        if spec is not None and spec.dtype != x.dtype:
+            raise opforge.DTypeError(f"op 'layer_norm': input '{name}' has dtype {spec.dtype}, 'x' has {x.dtype}; "
+                                     f"they must match")
+    if x.rank is None:
+        return None
+    if not -x.rank <= axis < max(x.rank, 1):
+        return f"axis {axis} is out of range for input 'x' of rank {x.rank} (valid: {-x.rank}..{x.rank - 1})"
+    normalised = x.shape[axis % x.rank:] if x.rank else ()
+    for name, spec in (("scale", scale), ("bias", bias)):
+        if spec is None or spec.rank is None:
+            continue
+        if spec.rank > len(normalised) or any(
+                s not in (1, -1) and n != -1 and s != n for s, n in zip(spec.shape[::-1], normalised[::-1])):
+            return (f"input '{name}' has shape {list(spec.shape)}; it must broadcast to the normalised dims "
+                    f"{list(normalised)} of 'x' (axis {axis})")
+    return None
+
+
+@layer_norm.infer
+def layer_norm_infer(x, scale, bias, *, axis, epsilon):
+    if x.rank is None:
+        return TensorSpec(None, x.dtype), TensorSpec(None, x.dtype), TensorSpec(None, x.dtype)
+    axis %= max(x.rank, 1)
+    stats = TensorSpec(list(x.shape[:axis]) + [1] * (x.rank - axis), x.dtype)
+    return TensorSpec(x.shape, x.dtype), stats, stats
+
+
+@layer_norm.reference(fallback=True)
+def layer_norm_reference(x, scale, bias=None, *, axis, epsilon):
+    axes = tuple(range(axis % max(x.ndim, 1), x.ndim))
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=axes, keepdims=True)
+    inv = 1.0 / np.sqrt(np.square(wide - mean).mean(axis=axes, keepdims=True) + np.float64(np.float32(epsilon)))
+    y = (wide - mean) * inv * scale + (0 if bias is None else bias)
+    return y.astype(x.dtype), mean.astype(x.dtype), inv.astype(x.dtype)
+
+
+@layer_norm.grad(save=["x", "scale", "bias", "mean", "inv_std_dev"])
+def layer_norm_grad(saved, dy, dmean, dinv, *, axis, epsilon):
+    ops = opforge.ops
+    dims = known_dims(saved.x)
+    if dims == UNKNOWN_RANK:
+        raise opforge.ShapeError("op 'layer_norm': its gradient needs the rank of input 'x'; it is unknown")
+    axes = list(range(axis % max(len(dims), 1), len(dims)))
+    inner = dims[axes[0]:] if axes else ()
+    if -1 in inner:  # counted at run time
+        count = ops.reduce_sum(ops.add(zeros_like(saved.x, dy.dtype), np.ones((), dy.dtype)), axes=axes,
+                               keep_dims=True)
+    else:
+        count = np.asarray(int(np.prod(inner)), dy.dtype)
+    r = saved.inv_std_dev
+    xhat = ops.mul(ops.sub(saved.x, saved.mean), r)
+    g = ops.mul(dy, saved.scale)
+    mean_g = ops.mean(g, axes=axes, keep_dims=True)
+    mean_gx = ops.mean(ops.mul(g, xhat), axes=axes, keep_dims=True)
+    dx = ops.mul(r, ops.sub(ops.sub(g, mean_g), ops.mul(xhat, mean_gx)))
+    # mean = sum(x) / n; inv_std_dev's derivative is -r^2 * xhat / n
+    dx = ops.add(dx, ops.div(ops.sub(dmean, ops.mul(ops.mul(dinv, ops.mul(r, r)), xhat)), count))
+    dscale = sum_to(ops.mul(dy, xhat), saved.scale)
+    dbias = None if saved.bias is None else sum_to(dy, saved.bias)
+    return dx, dscale, dbias
+
+
+layer_norm.kernel(function="LayerNorm", dtypes=[(d,) * 3 for d in ("float32", "float64")], code=r"""
+#include <cmath>
+#include <cstring>
+
+#include "custom_aot_extra.h"
+
+#include <vector>
+
+// For each element of the normalised dims (x's dims from axis on), the offset of the element of a
+// tensor broadcast against them (its dims aligned at the right); false when it does not broadcast.
+static bool Broadcast(int rank, const int64_t *x, int64_t axis, int ndim, const int64_t *shape,
+                      std::vector<int64_t> *offsets) {
+  const int n = rank - static_cast<int>(axis);
+  if (ndim > n) return false;
+  std::vector<int64_t> stride(n, 0);
+  for (int64_t d = n - 1, step = 1; d >= 0; d--) {
+    const int k = ndim - (n - static_cast<int>(d));  // the tensor's dim aligned with normalised dim d
+    if (k < 0) continue;
+    if (shape[k] != 1 && shape[k] != x[axis + d]) return false;
+    stride[d] = shape[k] == 1 ? 0 : step;
+    step *= shape[k];
+  }
+  int64_t inner = 1;
+  for (int d = 0; d < n; d++) inner *= x[axis + d];
+  offsets->assign(inner, 0);
+  std::vector<int64_t> index(n, 0);
+  for (int64_t i = 0, at = 0; i < inner; i++) {
+    (*offsets)[i] = at;
+    for (int d = n - 1; d >= 0; d--) {
+      at += stride[d];
+      if (++index[d] < x[axis + d]) break;
+      at -= stride[d] * index[d];
+      index[d] = 0;
+    }
+  }
+  return true;
+}
+
+// params: x, scale, bias, y, mean, inv_std_dev.
+template <typename T>
+static int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
+  const int rank = ndims[0];
+  int64_t axis = extra->Attr<int64_t>("axis");
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis > rank) return 1;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < rank; d++) (d < axis ? outer : inner) *= shapes[0][d];
+  std::vector<int64_t> at_scale, at_bias;
+  if (!Broadcast(rank, shapes[0], axis, ndims[1], shapes[1], &at_scale) ||
+      !Broadcast(rank, shapes[0], axis, ndims[2], shapes[2], &at_bias))
+    return 3;  // the op's check refuses these first
+  const T *x = static_cast<const T *>(params[0]), *scale = static_cast<const T *>(params[1]),
+          *bias = static_cast<const T *>(params[2]);
+  T *y = static_cast<T *>(params[3]), *mean_out = static_cast<T *>(params[4]), *inv_out = static_cast<T *>(params[5]);
+  const double eps = extra->Attr<float>("epsilon");
+  for (int64_t o = 0; o < outer; o++) {
+    const T *xr = x + o * inner;
+    T *yr = y + o * inner;
+    double sum = 0, squares = 0;
+    for (int64_t i = 0; i < inner; i++) sum += xr[i];
+    const double mean = inner ? sum / inner : 0.0;
+    for (int64_t i = 0; i < inner; i++) squares += (xr[i] - mean) * (xr[i] - mean);
+    const double inv = 1.0 / std::sqrt((inner ? squares / inner : 0.0) + eps);
+    for (int64_t i = 0; i < inner; i++)
+      yr[i] = static_cast<T>((xr[i] - mean) * inv * scale[at_scale[i]] + bias[at_bias[i]]);
+    mean_out[o] = static_cast<T>(mean);
+    inv_out[o] = static_cast<T>(inv);
+  }
+  return 0;
+}
+
+extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *stream, void *extra) {
+  AotExtra *e = static_cast<AotExtra *>(extra);
+  if (!std::strcmp(dtypes[0], "float32")) return Run<float>(params, ndims, shapes, e);
+  if (!std::strcmp(dtypes[0], "float64")) return Run<double>(params, ndims, shapes, e);
+  return 2;
+}
+""")
