@@ -141,6 +141,28 @@ def test_a_shape_input_is_bound_at_load_time_with_one_graph_per_value():
     assert len(rep._graphs) == 2
 
 
+def test_errors_binding_cannot_fix_are_raised_as_load_raises_them():
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["s"], ["shape"], to=TensorProto.INT64),
+         helper.make_node("Reshape", ["x", "shape"], ["y"])], "shape_from_floats",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    rep = OpforgeBackend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    with pytest.raises(opforge.onnx.ModelError, match="known when the model is loaded"):
+        rep.run([np.zeros((2, 3), np.float32), np.array([3, 2], np.float32)])
+    assert rep._bound is None
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x", "k"], ["y"])], "unknown",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    rep = OpforgeBackend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    with pytest.raises(opforge.onnx.UnsupportedOpError, match="NoSuchOp"):
+        rep.run([np.zeros(2, np.float32), np.array([1], np.int64)])
+    assert rep._bound is None
+
+
 def test_run_checks_its_inputs_and_the_device():
     rep = OpforgeBackend.prepare(_reshape_model())
     with pytest.raises(opforge.ArityError, match="takes 2 input"):
