@@ -276,6 +276,18 @@ def test_conv_transpose_kernel(dtype, x_shape, w_shape, attrs):
     check(conv_transpose, [x, w, None], "conv_transpose_without_b", **attrs)
 
 
+def test_check_op_over_every_conv_case():
+    # check_op runs native kernels in checked mode: a write past any buffer, or output never written, fails.
+    for x_shape, w_shape, attrs in CONV_CASES:
+        x, w = r(*x_shape, dtype="float64"), r(*w_shape, dtype="float64", seed=1)
+        for op, inputs in ((conv, [x, w, r(w_shape[0], dtype="float64")]),
+                           (conv_transpose, [conv(x, w, None, **attrs), w,
+                                             r(w_shape[1] * attrs.get("group", 1), dtype="float64")])):
+            results = opforge.testing.check_op(op, *inputs, **attrs)
+            assert not [entry for entry in results if entry[1] is False], (op.name, x_shape)
+            assert any("writes every element" in entry[0] for entry in results)
+
+
 def test_conv_transpose_is_the_adjoint_of_conv():
     # <conv(x, w), y> == <x, conv_transpose(y, w)> when the output padding restores x's size.
     x, w = r(2, 4, 9, 8), r(6, 2, 3, 2, seed=1)
