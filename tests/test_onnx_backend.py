@@ -163,6 +163,18 @@ def test_errors_binding_cannot_fix_are_raised_as_load_raises_them():
     assert rep._bound is None
 
 
+def test_prepare_takes_a_path_or_bytes(tmp_path):
+    model = _reshape_model()
+    path = tmp_path / "reshape.onnx"
+    onnx.save(model, str(path))
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for given in (str(path), path, model.SerializeToString()):
+        (y,) = OpforgeBackend.prepare(given).run([x, np.array([4, 6], np.int64)])
+        np.testing.assert_array_equal(y, x.reshape(4, 6))
+    with pytest.raises(opforge.onnx.ModelError, match="no ONNX model file"):
+        OpforgeBackend.prepare(str(tmp_path / "missing.onnx"))
+
+
 def test_run_checks_its_inputs_and_the_device():
     rep = OpforgeBackend.prepare(_reshape_model())
     with pytest.raises(opforge.ArityError, match="takes 2 input"):

@@ -24,7 +24,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from ..bounded_cache import BoundedCache
 from ..errors import ArityError, ModelError, UnsupportedOpError
-from .load import load
+from .load import load, read_model
 
 __all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "prepare", "run_model", "run_node",
            "supports_device"]
@@ -129,9 +129,7 @@ class OpforgeBackend(Backend):
     def prepare(cls, model, device="CPU", **kwargs) -> OpforgeRep:
         if not cls.supports_device(device):
             raise ModelError(f"opforge's ONNX backend runs on CPU; device '{device}' is not supported")
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load_model(model) if isinstance(model, str) else onnx.load_model_from_string(model)
-        return OpforgeRep(model)
+        return OpforgeRep(read_model(model))
 
     @classmethod
     def run_model(cls, model, inputs, device="CPU", **kwargs):
