@@ -53,3 +53,4 @@ from . import gemm  # noqa: F401
 from . import conv  # noqa: F401
 from . import conv_transpose  # noqa: F401
 from . import layer_norm  # noqa: F401
+from . import resize  # noqa: F401

@@ -224,3 +224,70 @@ def layer_normalization(node, x, scale, bias=None):
     if node.attr("stash_type", 1) == 1 and dtype_of(x) != "float32":  # the statistics' type U is float32
         mean, inv_std_dev = ops.cast(mean, dtype="float32"), ops.cast(inv_std_dev, dtype="float32")
     return (y, mean, inv_std_dev)[:node.num_outputs]
+
+
+# -- Resize, Upsample ---------------------------------------------------------------------
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def floats(node, value, what):
+    return [] if value is None else [float(v) for v in np.asarray(node.constant(value, what)).reshape(-1)]
+
+
+def resized(node, x, scales, sizes, roi, **attrs):
+    if scales and sizes:
+        raise node.error("inputs 'scales' and 'sizes' are both given; give one")
+    if not scales and not sizes:
+        raise node.error("neither input 'scales' nor 'sizes' is given")
+    return ops.resize(x, scales=scales, sizes=sizes, roi=roi, **attrs)
+
+
+def resize_attrs(node):
+    mode = text(node.attr("mode", "nearest"))
+    if mode not in ("nearest", "linear", "cubic"):
+        raise node.error(f"attribute 'mode' is {mode!r}; supported: nearest, linear, cubic")
+    return dict(mode=mode,
+                coordinate_transformation_mode=text(node.attr("coordinate_transformation_mode", "half_pixel")),
+                nearest_mode=text(node.attr("nearest_mode", "round_prefer_floor")),
+                cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
+                exclude_outside=bool(node.attr("exclude_outside", 0)),
+                extrapolation_value=float(node.attr("extrapolation_value", 0.0)),
+                antialias=bool(node.attr("antialias", 0)),
+                axes=list(node.attr("axes", [])),
+                keep_aspect_ratio_policy=text(node.attr("keep_aspect_ratio_policy", "stretch")))
+
+
+def upsample_like(node, x, scales):
+    """Opset 10 Resize and Upsample: asymmetric coordinates; nearest rounds down (up when shrinking)."""
+    mode = text(node.attr("mode", "nearest"))
+    if mode in ("bilinear", "linear"):
+        mode = "linear"
+    elif mode != "nearest":
+        raise node.error(f"attribute 'mode' is {mode!r}; supported: nearest, linear")
+    return ops.resize(x, scales=scales, mode=mode, coordinate_transformation_mode="asymmetric",
+                      nearest_mode="ceil" if any(s < 1 for s in scales) else "floor")
+
+
+@converter("Upsample", since=7)
+def upsample_v7(node, x):
+    return upsample_like(node, x, [float(s) for s in node.attr("scales", [])])
+
+
+@converter("Upsample", since=9)
+def upsample_v9(node, x, scales):
+    return upsample_like(node, x, floats(node, scales, "input 'scales'"))
+
+
+@converter("Resize", since=10)
+def resize_v10(node, x, scales):
+    return upsample_like(node, x, floats(node, scales, "input 'scales'"))
+
+
+@converter("Resize", since=11)
+def resize_v11(node, x, roi=None, scales=None, sizes=None):
+    attrs = resize_attrs(node)
+    roi = floats(node, roi, "input 'roi'") if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize" else []
+    sizes = [] if sizes is None else [int(s) for s in np.asarray(node.constant(sizes, "input 'sizes'")).reshape(-1)]
+    return resized(node, x, floats(node, scales, "input 'scales'"), sizes, roi, **attrs)

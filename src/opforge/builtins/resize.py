@@ -1,0 +1,212 @@
+"""resize: x resampled along some axes (ONNX Resize, opsets 10 to 19).
+
+Each resized axis is independent (nearest, linear and cubic are all
+separable), so both the reference and the kernel resample one axis at a
+time: per output position, a few taps (input positions) and their weights.
+
+* Output length: ``sizes`` (with ``keep_aspect_ratio_policy`` ``not_larger``
+  / ``not_smaller``: one scale for all ``axes``, the smallest / largest
+  ratio, lengths rounded), or ``floor(length * scale)`` for ``scales``
+  (times the roi's extent for ``tf_crop_and_resize``).  The scale used for
+  coordinates is the given one, or out / in for sizes.
+* ``coordinate_transformation_mode`` maps an output position to an input
+  coordinate: half_pixel, half_pixel_symmetric, pytorch_half_pixel,
+  align_corners, asymmetric, tf_half_pixel_for_nn, tf_crop_and_resize
+  (``roi``: starts then ends per axis, as fractions; coordinates outside x
+  give ``extrapolation_value``).
+* ``mode`` nearest (``nearest_mode`` round_prefer_floor, round_prefer_ceil,
+  floor, ceil), linear, cubic (``cubic_coeff_a``).  Taps outside x repeat
+  the border, or with ``exclude_outside`` are dropped and the rest
+  renormalised.  ``antialias`` widens linear and cubic filters by 1 / scale
+  when downsampling.
+
+Floating-point; the C++ kernel (float32, float64) builds the same tap
+tables.  No gradient (trait no_grad): resampling appears in inference
+graphs; the NumPy tables could give one later.
+"""
+import math
+
+import numpy as np
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.common import floating_point
+
+MODES = ("nearest", "linear", "cubic")
+TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+              "tf_half_pixel_for_nn", "tf_crop_and_resize")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+POLICIES = ("stretch", "not_larger", "not_smaller")
+
+resize = opforge.op(
+    'resize(Tensor x, *, float[] scales=[], int[] sizes=[], int[] axes=[], str mode="nearest", '
+    'str coordinate_transformation_mode="half_pixel", str nearest_mode="round_prefer_floor", '
+    'float cubic_coeff_a=-0.75, bool exclude_outside=False, float extrapolation_value=0.0, bool antialias=False, '
+    'float[] roi=[], str keep_aspect_ratio_policy="stretch") -> Tensor y',
+    traits=["no_side_effect", "no_grad", "always_compute"],
+    doc="ONNX Resize: nearest / linear / cubic resampling of the given axes (default all) to sizes or by scales.")
+is_float = floating_point("resize", "x")
+
+
+@resize.check
+def resize_check(x, *, scales, sizes, axes, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
+                 exclude_outside, extrapolation_value, antialias, roi, keep_aspect_ratio_policy):
+    is_float(x)
+    for name, value, allowed in (("mode", mode, MODES), ("coordinate_transformation_mode",
+                                 coordinate_transformation_mode, TRANSFORMS),
+                                 ("nearest_mode", nearest_mode, NEAREST_MODES),
+                                 ("keep_aspect_ratio_policy", keep_aspect_ratio_policy, POLICIES)):
+        if value not in allowed:
+            return f"'{name}' is {value!r}; it is one of {', '.join(allowed)}"
+    if bool(scales) == bool(sizes):
+        return "give exactly one of 'scales' and 'sizes'"
+    if any(s <= 0 for s in scales) or any(s < 0 for s in sizes):
+        return f"'scales' must be > 0 and 'sizes' >= 0; got scales {list(scales)}, sizes {list(sizes)}"
+    count = len(scales or sizes)
+    if axes and len(axes) != count:
+        return f"'axes' has {len(axes)} entries and {'scales' if scales else 'sizes'} {count}; they must match"
+    if roi and len(roi) != 2 * count:
+        return f"'roi' has {len(roi)} entries; {count} axes need {2 * count} (starts, then ends)"
+    if x.rank is None:
+        return None
+    if not axes and count != x.rank:
+        return f"{'scales' if scales else 'sizes'} has {count} entries; input 'x' of rank {x.rank} needs {x.rank}"
+    if any(not -x.rank <= a < x.rank for a in axes):
+        return f"'axes' {list(axes)} is out of range for input 'x' of rank {x.rank}"
+    if len({a % x.rank for a in axes}) != len(axes):
+        return f"'axes' {list(axes)} names an axis twice"
+    return None
+
+
+def plan(shape, scales, sizes, axes, roi, transform, policy):
+    """Per resized axis: (axis, output length, coordinate scale, roi start, roi end).  Unknown lengths -1."""
+    rank = len(shape)
+    axes = [a % rank for a in axes] if axes else list(range(rank))
+    roi = list(roi) or [0.0] * len(axes) + [1.0] * len(axes)
+    starts, ends = roi[:len(axes)], roi[len(axes):]
+    if sizes and policy != "stretch":
+        if any(shape[a] == -1 for a in axes):
+            ratio = None
+        else:
+            ratios = [s / shape[a] if shape[a] else 1.0 for a, s in zip(axes, sizes)]
+            ratio = min(ratios) if policy == "not_larger" else max(ratios)
+        return [(a, -1 if ratio is None else int(math.floor(ratio * shape[a] + 0.5)), ratio, s, e)
+                for a, s, e in zip(axes, starts, ends)]
+    result = []
+    for k, a in enumerate(axes):
+        n = shape[a]
+        if sizes:
+            result.append((a, sizes[k], None if n in (-1, 0) else sizes[k] / n, starts[k], ends[k]))
+        else:
+            extent = ends[k] - starts[k] if transform == "tf_crop_and_resize" else 1.0
+            # in float32, as ONNX's scales are (floor of a product that is a whole number in float32)
+            out = -1 if n == -1 else int(math.floor(np.float32(n) * np.float32(extent) * np.float32(scales[k])))
+            result.append((a, out, scales[k], starts[k], ends[k]))
+    return result
+
+
+@resize.infer
+def resize_infer(x, *, scales, sizes, axes, coordinate_transformation_mode, keep_aspect_ratio_policy, roi,
+                 **rest):
+    if x.rank is None:
+        return TensorSpec(None, x.dtype)
+    shape = list(x.shape)
+    for axis, out, *_ in plan(x.shape, scales, sizes, axes, roi, coordinate_transformation_mode,
+                              keep_aspect_ratio_policy):
+        shape[axis] = out
+    return TensorSpec(shape, x.dtype)
+
+
+def coordinate(o, n, m, scale, start, end, transform):
+    """The input coordinate of output position o (n in, m out)."""
+    if transform == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if transform == "half_pixel_symmetric":
+        adjustment = m / (scale * n)
+        return n / 2 * (1 - adjustment) + (o + 0.5) / scale - 0.5
+    if transform == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if m > 1 else 0.0
+    if transform == "align_corners":  # the output's length before flooring, as onnx's test cases have it
+        length = n * scale
+        return 0.0 if m == 1 or length == 1 else o * (n - 1) / (length - 1)
+    if transform == "asymmetric":
+        return o / scale
+    if transform == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    # tf_crop_and_resize
+    if m > 1:
+        return start * (n - 1) + o * (end - start) * (n - 1) / (m - 1)
+    return 0.5 * (start + end) * (n - 1)
+
+
+def nearest(c, nearest_mode):
+    if nearest_mode == "floor":
+        return math.floor(c)
+    if nearest_mode == "ceil":
+        return math.ceil(c)
+    if c == math.floor(c) + 0.5:
+        return math.floor(c) if nearest_mode == "round_prefer_floor" else math.ceil(c)
+    return math.floor(c + 0.5)
+
+
+def cubic_weight(t, a):
+    t = abs(t)
+    if t <= 1:
+        return ((a + 2) * t - (a + 3)) * t * t + 1
+    if t < 2:
+        return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return 0.0
+
+
+def taps(n, m, scale, start, end, *, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
+         exclude_outside, antialias, **rest):
+    """Per output position along one axis: ([(input index, weight), ...], extrapolated?)."""
+    rows = []
+    for o in range(m):
+        c = coordinate(o, n, m, scale, start, end, coordinate_transformation_mode)
+        outside = coordinate_transformation_mode == "tf_crop_and_resize" and not 0 <= c <= n - 1
+        if mode == "nearest":
+            rows.append(([(min(max(nearest(c, nearest_mode), 0), n - 1), 1.0)], outside))
+            continue
+        width = 1.0 if mode == "linear" else 2.0
+        stretch = scale if antialias and scale < 1 else 1.0  # the filter widens by 1 / scale
+        support = width / stretch
+        entries = []
+        for i in range(math.floor(c - support) + 1, math.floor(c + support) + 1):
+            t = (i - c) * stretch
+            w = max(0.0, 1.0 - abs(t)) if mode == "linear" else cubic_weight(t, cubic_coeff_a)
+            if not 0 <= i < n:
+                if exclude_outside:
+                    continue
+                i = min(max(i, 0), n - 1)
+            entries.append((i, w))
+        total = sum(w for _, w in entries)
+        if total != 0 and (exclude_outside or antialias):
+            entries = [(i, w / total) for i, w in entries]
+        rows.append((entries, outside))
+    return rows
+
+
+@resize.reference(fallback=True)
+def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value, **attrs):
+    y = x.astype(np.float64)
+    outside = np.zeros(x.shape, bool)
+    for axis, m, scale, start, end in plan(x.shape, scales, sizes, axes, roi,
+                                           attrs["coordinate_transformation_mode"], keep_aspect_ratio_policy):
+        n = x.shape[axis]
+        rows = taps(n, m, scale, start, end, **attrs) if n else []
+        weights = np.zeros((m, n))
+        extrapolated = np.zeros(m, bool)
+        for o, (entries, out) in enumerate(rows):
+            extrapolated[o] = out
+            for i, w in entries:
+                weights[o, i] += w
+        if attrs["mode"] == "nearest":  # a gather: no 0 * inf
+            index = [entries[0][0] for entries, _ in rows]
+            y = np.take(y, np.asarray(index, np.int64), axis=axis)
+        else:
+            y = np.moveaxis(np.tensordot(weights, y, axes=([1], [axis])), 0, axis)
+        outside = np.take(outside, np.zeros(m, np.int64), axis=axis) if n else np.zeros(y.shape, bool)
+        outside |= extrapolated.reshape([-1 if d == axis else 1 for d in range(x.ndim)])
+    y[outside] = np.float32(extrapolation_value)
+    return y.astype(x.dtype)
