@@ -210,6 +210,22 @@ def test_conv_ops_make_columns_a_block_at_a_time(dtype):
           strides=[2, 1])
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_empty_products_leave_the_bias(dtype):
+    # No input channels, no inner dim: y is the bias (beta * c), not the zeros of a skipped kernel.
+    b = r(3, dtype=dtype, seed=2)
+    y = check(conv, [r(2, 0, 4, 4, dtype=dtype), r(3, 0, 3, 3, dtype=dtype), b], f"Conv<{dtype},{dtype},{dtype}>",
+              pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(y, np.broadcast_to(b.reshape(3, 1, 1), (2, 3, 4, 4)))
+    y = check(conv_transpose, [r(1, 0, 3, dtype=dtype), r(0, 3, 2, dtype=dtype), b],
+              f"ConvTranspose<{dtype},{dtype},{dtype}>")
+    np.testing.assert_array_equal(y, np.broadcast_to(b.reshape(3, 1), (1, 3, 4)))
+    y = check(gemm, [r(2, 0, dtype=dtype), r(0, 3, dtype=dtype), b], f"Gemm<{dtype},{dtype},{dtype}>", beta=2.0)
+    np.testing.assert_array_equal(y, np.broadcast_to(2 * b, (2, 3)))
+    assert check(conv, [r(0, 2, 4, 4, dtype=dtype), r(3, 2, 3, 3, dtype=dtype), b],
+                 f"Conv<{dtype},{dtype},{dtype}>").shape == (0, 3, 2, 2)
+
+
 def test_conv_reference_is_a_plain_sum():
     # The reference against the definition, written out for one small 2-D case.
     x, w, b = r(1, 2, 5, 4), r(2, 1, 2, 3, seed=1), r(2, seed=2)

@@ -28,7 +28,9 @@ from opforge.runtime import blas
 
 GEOMETRY_ATTRS = "int[] strides=[], int[] pads=[], int[] dilations=[], int group=1"
 
-conv = opforge.op(f"conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}) -> Tensor y", traits=["no_side_effect"],
+conv = opforge.op(f"conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}) -> Tensor y",
+                  # always_compute: with no input channels (x and w empty) y is still the bias
+                  traits=["no_side_effect", "always_compute"],
                   doc="ONNX Conv on N x C x spatial (any number of spatial dims): weights M x C/group x kernel, "
                       "optional bias of M; pads are begin pads then end pads.")
 
@@ -235,7 +237,8 @@ static int InitGeometry(const int64_t *image, const int64_t *cols, const int64_t
     delete g;
     return 2;
   }
-  const int64_t run_bytes = count * g->kernel_size * g->last_out * int64_t(sizeof(T));  // one run of columns
+  // One run of columns (at least a byte: no channels make no columns, and their products are empty).
+  const int64_t run_bytes = std::max<int64_t>(1, count * g->kernel_size * g->last_out * int64_t(sizeof(T)));
   g->block = g->direct ? g->outer : std::max<int64_t>(1, std::min(g->outer, OPFORGE_CONV_COLUMN_BYTES / run_bytes));
   extra->SetKernelData(g);
   extra->SetWorkSpace({size_t(g->direct ? 1 : run_bytes * g->block)});

@@ -21,7 +21,8 @@ from opforge.builtins.gemm import same_float_dtype, zeros_for_absent
 from opforge.runtime import blas
 
 conv_transpose = opforge.op(f"conv_transpose(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}, "
-                            "int[] output_padding=[]) -> Tensor y", traits=["no_side_effect"],
+                            "int[] output_padding=[]) -> Tensor y",
+                            traits=["no_side_effect", "always_compute"],  # (as conv's)
                             doc="ONNX ConvTranspose on N x C x spatial: weights C x M/group x kernel, optional bias "
                                 "of M; pads are begin pads then end pads, output_padding adds to the end.")
 

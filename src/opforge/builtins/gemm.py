@@ -16,7 +16,9 @@ from opforge.builtins.common import FLOATS, known_dims
 from opforge.runtime import blas
 
 gemm = opforge.op("gemm(Tensor a, Tensor b, Tensor? c, *, float alpha=1.0, float beta=1.0, bool trans_a=False, "
-                  "bool trans_b=False) -> Tensor y", traits=["no_side_effect"],
+                  "bool trans_b=False) -> Tensor y",
+                  # always_compute: with k == 0 (a and b empty) y is still beta * c
+                  traits=["no_side_effect", "always_compute"],
                   doc="alpha * op(a) @ op(b) + beta * c for matrices a, b (op: transposed when trans_a / trans_b) "
                       "and c broadcast to the product's shape (ONNX Gemm).")
 
@@ -144,8 +146,7 @@ extern "C" int Gemm(int nparam, void **params, int *ndims, int64_t **shapes, con
     else
       for (int64_t j = 0; j < n; j++) y_row[j] = beta * c_row[j];
   }
-  if (k > 0)
-    OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, T(1), y, n);
+  OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, T(1), y, n);
   return 0;
 }
 """
