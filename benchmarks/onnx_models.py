@@ -8,8 +8,8 @@ input (rtol 1e-3, atol 1e-4), then time both after --warmup runs: the median
 of --repeat runs, with
 
 - opforge on one BLAS thread against onnxruntime with ``intra_op_num_threads=1``;
-- opforge with OpenBLAS's default thread count against onnxruntime with all
-  threads (``intra_op_num_threads=0``).
+- opforge with one BLAS thread per core against onnxruntime with all threads
+  (``intra_op_num_threads=0``).
 
 opforge's own kernels run on one thread; only the BLAS behind matmul, gemm
 and conv uses more.  A ratio is opforge's median over onnxruntime's (below 1:

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 import opforge
 from opforge.cli import main
+from opforge.runtime import blas
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -76,10 +77,15 @@ def test_run_with_given_input_and_bench(model, tmp_path, capsys):
 
 
 def test_run_threads_sets_the_blas_threads(model, capsys, monkeypatch):
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")
-    assert main(["run", str(model), "--threads", "1", "--seed", "3"]) == 0
-    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
-    assert "(seed 3)" in capsys.readouterr().out
+    monkeypatch.setenv("OPFORGE_BLAS_THREADS", "1")
+    handle = blas.load()
+    try:
+        assert main(["run", str(model), "--threads", "2", "--seed", "3"]) == 0
+        assert os.environ["OPFORGE_BLAS_THREADS"] == "2"
+        assert handle.scipy_openblas_get_num_threads() == 2
+        assert "(seed 3)" in capsys.readouterr().out
+    finally:
+        blas.set_num_threads(1)
 
 
 def test_convert_writes_a_graph_json_that_runs(model, tmp_path, capsys):

@@ -309,8 +309,8 @@ def add_run(subparsers) -> None:
                         help="the array for the model input NAME, from a .npy file (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument("--threads", type=_positive_int, metavar="N",
-                        help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; opforge's own "
-                             "kernels run on one thread); sets OPENBLAS_NUM_THREADS")
+                        help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; default 1, or "
+                             "OPFORGE_BLAS_THREADS); opforge's other kernels run on one thread")
     _add_declaration_options(parser)
     parser.add_argument("--bench", action="store_true", help="time --repeat runs after the first")
     parser.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
@@ -338,15 +338,11 @@ def _positive_int(text: str) -> int:
 
 
 def set_blas_threads(count: int) -> None:
-    """Make OpenBLAS (the linear ops' BLAS) use ``count`` threads: the environment for a library loaded later,
-    its own setter when it is loaded."""
-    os.environ["OPENBLAS_NUM_THREADS"] = str(count)
+    """Make OpenBLAS (the linear ops' BLAS) use ``count`` threads, now and in child processes."""
     from .runtime import blas
 
-    handle = blas.load()
-    setter = getattr(handle, "scipy_openblas_set_num_threads", None) if handle is not None else None
-    if setter is not None:
-        setter(count)
+    os.environ["OPFORGE_BLAS_THREADS"] = str(count)
+    blas.set_num_threads(count)
 
 
 def _load_model(args):
