@@ -98,7 +98,7 @@ def plan(shape, scales, sizes, axes, roi, transform, policy):
         if sizes:
             result.append((a, sizes[k], None if n in (-1, 0) else sizes[k] / n, starts[k], ends[k]))
         else:
-            extent = ends[k] - starts[k] if transform == "tf_crop_and_resize" else 1.0
+            extent = np.float32(ends[k]) - np.float32(starts[k]) if transform == "tf_crop_and_resize" else 1.0
             # in float32, as ONNX's scales are (floor of a product that is a whole number in float32)
             out = -1 if n == -1 else int(math.floor(np.float32(n) * np.float32(extent) * np.float32(scales[k])))
             result.append((a, out, scales[k], starts[k], ends[k]))
@@ -189,6 +189,9 @@ def taps(n, m, scale, start, end, *, mode, coordinate_transformation_mode, neare
 
 @resize.reference(fallback=True)
 def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value, **attrs):
+    # float attributes cross the ABI as 32-bit floats: the reference rounds them the same way
+    scales, roi = [float(np.float32(v)) for v in scales], [float(np.float32(v)) for v in roi]
+    attrs["cubic_coeff_a"] = float(np.float32(attrs["cubic_coeff_a"]))
     y = x.astype(np.float64)
     outside = np.zeros(x.shape, bool)
     for axis, m, scale, start, end in plan(x.shape, scales, sizes, axes, roi,
@@ -210,3 +213,186 @@ def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, e
         outside |= extrapolated.reshape([-1 if d == axis else 1 for d in range(x.ndim)])
     y[outside] = np.float32(extrapolation_value)
     return y.astype(x.dtype)
+
+
+# The kernel: resize_reference's tap tables, built the same way, applied one axis at a time in double.
+resize.kernel(function="Resize", dtypes=[(d,) for d in ("float32", "float64")], code=r"""
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "custom_aot_extra.h"
+
+namespace {
+
+struct Settings {
+  std::string mode, transform, nearest;
+  double a = -0.75;
+  bool exclude = false, antialias = false;
+};
+
+struct Tap {
+  int64_t index;
+  double weight;
+};
+
+double Coordinate(int64_t o, int64_t n, int64_t m, double scale, double start, double end, const std::string &t) {
+  if (t == "half_pixel") return (o + 0.5) / scale - 0.5;
+  if (t == "half_pixel_symmetric") return n / 2.0 * (1 - m / (scale * n)) + (o + 0.5) / scale - 0.5;
+  if (t == "pytorch_half_pixel") return m > 1 ? (o + 0.5) / scale - 0.5 : 0.0;
+  if (t == "align_corners") {
+    const double length = n * scale;
+    return m == 1 || length == 1 ? 0.0 : o * (n - 1) / (length - 1);
+  }
+  if (t == "asymmetric") return o / scale;
+  if (t == "tf_half_pixel_for_nn") return (o + 0.5) / scale;
+  if (m > 1) return start * (n - 1) + o * (end - start) * (n - 1) / (m - 1);  // tf_crop_and_resize
+  return 0.5 * (start + end) * (n - 1);
+}
+
+int64_t Nearest(double c, const std::string &mode) {
+  if (mode == "floor") return static_cast<int64_t>(std::floor(c));
+  if (mode == "ceil") return static_cast<int64_t>(std::ceil(c));
+  if (c == std::floor(c) + 0.5)
+    return static_cast<int64_t>(mode == "round_prefer_floor" ? std::floor(c) : std::ceil(c));
+  return static_cast<int64_t>(std::floor(c + 0.5));
+}
+
+double Cubic(double t, double a) {
+  t = std::fabs(t);
+  if (t <= 1) return ((a + 2) * t - (a + 3)) * t * t + 1;
+  if (t < 2) return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a;
+  return 0.0;
+}
+
+// The taps of every output position along one axis; outside[o]: the coordinate left x (tf_crop_and_resize).
+void Taps(int64_t n, int64_t m, double scale, double start, double end, const Settings &s,
+          std::vector<std::vector<Tap>> *rows, std::vector<char> *outside) {
+  rows->assign(m, {});
+  outside->assign(m, 0);
+  for (int64_t o = 0; o < m; o++) {
+    const double c = Coordinate(o, n, m, scale, start, end, s.transform);
+    (*outside)[o] = s.transform == "tf_crop_and_resize" && !(c >= 0 && c <= n - 1);
+    std::vector<Tap> &row = (*rows)[o];
+    if (s.mode == "nearest") {
+      row.push_back({std::min(std::max<int64_t>(Nearest(c, s.nearest), 0), n - 1), 1.0});
+      continue;
+    }
+    const double stretch = s.antialias && scale < 1 ? scale : 1.0;
+    const double support = (s.mode == "linear" ? 1.0 : 2.0) / stretch;
+    double total = 0;
+    for (int64_t i = static_cast<int64_t>(std::floor(c - support)) + 1; i <= static_cast<int64_t>(std::floor(c + support));
+         i++) {
+      const double t = (i - c) * stretch;
+      const double w = s.mode == "linear" ? std::max(0.0, 1.0 - std::fabs(t)) : Cubic(t, s.a);
+      int64_t at = i;
+      if (i < 0 || i >= n) {
+        if (s.exclude) continue;
+        at = std::min(std::max<int64_t>(i, 0), n - 1);
+      }
+      row.push_back({at, w});
+      total += w;
+    }
+    if (total != 0 && (s.exclude || s.antialias))
+      for (Tap &tap : row) tap.weight /= total;
+  }
+}
+
+template <typename T>
+int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
+  const int rank = ndims[0];
+  const int64_t *in_shape = shapes[0], *out_shape = shapes[1];
+  Settings s;
+  s.mode = extra->Attr<std::string>("mode");
+  s.transform = extra->Attr<std::string>("coordinate_transformation_mode");
+  s.nearest = extra->Attr<std::string>("nearest_mode");
+  s.a = extra->Attr<float>("cubic_coeff_a");
+  s.exclude = extra->Attr<bool>("exclude_outside");
+  s.antialias = extra->Attr<bool>("antialias");
+  const std::vector<float> scales = extra->Attr<std::vector<float>>("scales");
+  const std::vector<int64_t> sizes = extra->Attr<std::vector<int64_t>>("sizes");
+  std::vector<int64_t> axes = extra->Attr<std::vector<int64_t>>("axes");
+  const std::vector<float> roi = extra->Attr<std::vector<float>>("roi");
+  const std::string policy = extra->Attr<std::string>("keep_aspect_ratio_policy");
+  const size_t count = scales.empty() ? sizes.size() : scales.size();
+  if (axes.empty())
+    for (int d = 0; d < rank; d++) axes.push_back(d);
+  if (axes.size() != count || (!roi.empty() && roi.size() != 2 * count)) return 1;
+  for (int64_t &a : axes) {
+    if (a < 0) a += rank;
+    if (a < 0 || a >= rank) return 1;
+  }
+  double ratio = 0;  // keep_aspect_ratio_policy's one scale
+  if (!sizes.empty() && policy != "stretch") {
+    for (size_t k = 0; k < count; k++) {
+      const double r = in_shape[axes[k]] ? static_cast<double>(sizes[k]) / in_shape[axes[k]] : 1.0;
+      ratio = k == 0 ? r : policy == "not_larger" ? std::min(ratio, r) : std::max(ratio, r);
+    }
+  }
+  std::vector<int64_t> shape(in_shape, in_shape + rank);
+  int64_t total = 1;
+  for (int d = 0; d < rank; d++) total *= shape[d];
+  std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + total), next;
+  std::vector<std::vector<char>> outside(rank);
+  for (size_t k = 0; k < count; k++) {
+    const int64_t axis = axes[k], n = shape[axis], m = out_shape[axis];
+    double scale;
+    if (!scales.empty()) scale = scales[k];
+    else if (policy != "stretch") scale = ratio;
+    else scale = n ? static_cast<double>(m) / n : 1.0;
+    const double start = roi.empty() ? 0.0 : roi[k], end = roi.empty() ? 1.0 : roi[count + k];
+    std::vector<std::vector<Tap>> rows;
+    if (n == 0 && m > 0) return 1;
+    Taps(n, m, scale, start, end, s, &rows, &outside[axis]);
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; d++) outer *= shape[d];
+    for (int d = axis + 1; d < rank; d++) inner *= shape[d];
+    next.assign(outer * m * inner, 0.0);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < m; j++) {
+        double *dst = next.data() + (o * m + j) * inner;
+        for (const Tap &tap : rows[j]) {
+          const double *src = cur.data() + (o * n + tap.index) * inner;
+          for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
+        }
+      }
+    cur.swap(next);
+    shape[axis] = m;
+  }
+  T *y = static_cast<T *>(params[1]);
+  int64_t out_total = 1;
+  for (int d = 0; d < rank; d++) {
+    if (shape[d] != out_shape[d]) return 1;
+    out_total *= shape[d];
+  }
+  for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
+  if (s.transform == "tf_crop_and_resize" && out_total > 0) {
+    const T value = static_cast<T>(extra->Attr<float>("extrapolation_value"));
+    std::vector<int64_t> index(rank, 0);
+    for (int64_t i = 0; i < out_total; i++) {
+      for (int d = 0; d < rank; d++)
+        if (!outside[d].empty() && outside[d][index[d]]) {
+          y[i] = value;
+          break;
+        }
+      for (int d = rank - 1; d >= 0; d--) {
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int Resize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                      void *extra) {
+  AotExtra *e = static_cast<AotExtra *>(extra);
+  if (!std::strcmp(dtypes[0], "float32")) return Run<float>(params, ndims, shapes, e);
+  if (!std::strcmp(dtypes[0], "float64")) return Run<double>(params, ndims, shapes, e);
+  return 2;
+}
+""")
