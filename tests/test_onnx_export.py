@@ -147,14 +147,55 @@ def test_conv_and_pad_match_onnxruntime(opset):
     check_against_ort(opforge.trace(f, TensorSpec(x.shape)), (x,), opset=opset, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fn, message", [
-    (lambda x: ops.average_pool(x, kernel_shape=[2], dilations=[2]), "dilations \\[2\\] need opset 19"),
-    (lambda x: ops.pad(x, pads=[0, 0, 1, 0, 0, 1], mode="wrap"), "mode 'wrap' needs opset 19"),
+@pytest.mark.parametrize("opset, dtype", [(11, "float32"), (17, "float32"), (18, "float64")])
+def test_layer_norm_matches_onnxruntime(opset, dtype):
+    x = rng.standard_normal((2, 3, 4)).astype(dtype)
+    scale, bias = (rng.standard_normal((3, 4)).astype(dtype) for _ in range(2))
+
+    def f(x):
+        y, mean, inv_std_dev = ops.layer_norm(x, scale, bias, axis=1, epsilon=1e-3)
+        return y, mean, inv_std_dev, ops.layer_norm(x, scale[0], axis=-1)[0]
+    model = check_against_ort(opforge.trace(f, TensorSpec(x.shape, dtype)), (x,), opset=opset, rtol=1e-4)
+    assert ("LayerNormalization" in {n.op_type for n in model.graph.node}) == (opset >= 17 and dtype == "float32")
+
+
+RESIZES = [
+    (11, dict(scales=[1.0, 1.0, 2.0, 1.5])),
+    (11, dict(sizes=[5, 3], axes=[2, 3], mode="linear", coordinate_transformation_mode="align_corners")),
+    (11, dict(scales=[0.5, 2.0], axes=[-2, -1], mode="cubic", coordinate_transformation_mode="asymmetric",
+              exclude_outside=True)),
+    (11, dict(sizes=[1, 3, 5, 5], mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+              roi=[0, 0, 0.2, 0.1, 1, 1, 0.9, 0.8], extrapolation_value=2.0)),
+    (11, dict(scales=[1.0, 1.0, 2.0, 1.5], coordinate_transformation_mode="tf_half_pixel_for_nn")),
+    (13, dict(scales=[1.0, 1.0, 1.7, 0.6], mode="nearest", nearest_mode="ceil",
+              coordinate_transformation_mode="pytorch_half_pixel")),
+    (18, dict(scales=[0.6, 0.5], axes=[2, 3], mode="linear", antialias=True)),
+    (18, dict(sizes=[5, 7], axes=[2, 3], keep_aspect_ratio_policy="not_larger")),
+    (19, dict(scales=[2.0, 1.5], axes=[2, 3], mode="linear", coordinate_transformation_mode="half_pixel_symmetric")),
+]
+
+
+@pytest.mark.parametrize("opset, attrs", RESIZES)
+def test_resize_matches_onnxruntime(opset, attrs):
+    x = rng.standard_normal((1, 3, 4, 6)).astype(np.float32)
+    graph = opforge.trace(lambda x: ops.resize(x, **attrs), TensorSpec(x.shape))
+    model = check_against_ort(graph, (x,), opset=opset, rtol=1e-4)
+    assert [n.op_type for n in model.graph.node] == ["Resize"]
+
+
+@pytest.mark.parametrize("fn, opset, message", [
+    (lambda x: ops.average_pool(x, kernel_shape=[2], dilations=[2]), 18, "dilations \\[2\\] need opset 19"),
+    (lambda x: ops.pad(x, pads=[0, 0, 1, 0, 0, 1], mode="wrap"), 18, "mode 'wrap' needs opset 19"),
+    (lambda x: ops.resize(x, scales=[0.5], axes=[2], antialias=True, mode="linear"), 17, "antialias needs opset 18"),
+    (lambda x: ops.resize(x, scales=[1, 1, 2.0], coordinate_transformation_mode="half_pixel_symmetric"), 18,
+     "'half_pixel_symmetric' needs opset 19"),
+    (lambda x: ops.resize(x, scales=[1, 1, 2.0], coordinate_transformation_mode="tf_half_pixel_for_nn"), 13,
+     "before opset 13 only"),
 ])
-def test_newer_attributes_need_their_opset(fn, message):
+def test_newer_attributes_need_their_opset(fn, opset, message):
     graph = opforge.trace(fn, TensorSpec([1, 1, 6]))
     with pytest.raises(ModelError, match=message):
-        export(graph, opset=18)
+        export(graph, opset=opset)
 
 
 def test_gelu_is_one_node_from_opset_20():

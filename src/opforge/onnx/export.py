@@ -388,6 +388,74 @@ def _(e):
     e.result("Pad", inputs, mode=mode)
 
 
+def reduce_mean(e: NodeExport, x, axes):
+    """ReduceMean over ``axes`` keeping dims (axes an input from opset 18); returns the output's names."""
+    if e.opset >= 18:
+        return e.emit("ReduceMean", [x, e.ints(axes)], keepdims=1)
+    return e.emit("ReduceMean", [x], axes=axes, keepdims=1)
+
+
+@exporter("layer_norm")
+def _(e):
+    x, scale, bias = (e.inputs + ["", ""])[:3]
+    axis, epsilon = e.attrs["axis"], e.attrs["epsilon"]
+    # LayerNormalization (opset 17) computes Mean and InvStdDev in float32: the op itself for float32 x only
+    if e.opset >= 17 and e.spec(0).dtype == "float32":
+        e.result("LayerNormalization", [x, scale] + ([bias] if bias else []), axis=axis, epsilon=epsilon)
+        return
+    rank = e.rank(0, " (layer_norm before opset 17 or of a dtype other than float32 is written as its formula)")
+    axes = list(range(axis % rank, rank))
+    mean = reduce_mean(e, x, axes)
+    centered = e.emit("Sub", [x] + mean)
+    variance = reduce_mean(e, e.emit("Mul", centered + centered)[0], axes)
+    e.emit("Reciprocal", e.emit("Sqrt", e.emit("Add", variance + [e.const(epsilon, e.dtype(0))])), e.outputs[2:3])
+    e.emit("Identity", mean, e.outputs[1:2])
+    scaled = e.emit("Mul", e.emit("Mul", centered + e.outputs[2:3]) + [scale], 1 if bias else e.outputs[:1])
+    if bias:
+        e.emit("Add", scaled + [bias], e.outputs[:1])
+
+
+@exporter("resize")
+def _(e):
+    a = e.attrs
+    scales, sizes, axes, roi = list(a["scales"]), list(a["sizes"]), list(a["axes"]), list(a["roi"])
+    transform, policy = a["coordinate_transformation_mode"], a["keep_aspect_ratio_policy"]
+    needs = [(transform == "half_pixel_symmetric", 19, f"coordinate_transformation_mode '{transform}'"),
+             (bool(a["antialias"]), 18, "antialias"), (policy != "stretch", 18, f"keep_aspect_ratio_policy '{policy}'")]
+    for used, since, what in needs:
+        if used and e.opset < since:
+            raise e.error(f"{what} needs opset {since} or later (ONNX Resize); the model's is {e.opset}")
+    if transform == "tf_half_pixel_for_nn" and e.opset >= 13:
+        raise e.error(f"coordinate_transformation_mode '{transform}' exists in ONNX Resize before opset 13 only; "
+                      f"the model's is {e.opset}")
+    if axes and e.opset < 18:  # no axes attribute yet: every axis, the others kept
+        rank = e.rank(0, " (resize of some axes before opset 18)")
+        axes = [axis % rank for axis in axes]
+        if sizes:
+            dims = e.spec(0).shape
+            if any(dims[k] < 0 for k in range(rank) if k not in axes):
+                raise e.error(f"resizing axes {axes} of a tensor with unknown dims {list(dims)} elsewhere needs "
+                              "opset 18 (the axes attribute)")
+            sizes = [sizes[axes.index(k)] if k in axes else dims[k] for k in range(rank)]
+        else:
+            scales = [scales[axes.index(k)] if k in axes else 1.0 for k in range(rank)]
+        if roi:
+            roi = [roi[axes.index(k)] if k in axes else 0.0 for k in range(rank)] + \
+                  [roi[len(axes) + axes.index(k)] if k in axes else 1.0 for k in range(rank)]
+        axes = []
+    empty = e.const([], "float32") if e.opset < 13 else ""  # roi and scales are required inputs before 13
+    inputs = [e.inputs[0], e.const(roi, "float32") if roi else empty, e.const(scales, "float32") if scales else empty]
+    if sizes:
+        inputs.append(e.ints(sizes))
+    while not inputs[-1]:
+        inputs.pop()
+    newer = {"antialias": int(a["antialias"]), "keep_aspect_ratio_policy": policy, "axes": axes or None} \
+        if e.opset >= 18 else {}
+    e.result("Resize", inputs, mode=a["mode"], coordinate_transformation_mode=transform,
+             nearest_mode=a["nearest_mode"], cubic_coeff_a=a["cubic_coeff_a"],
+             exclude_outside=int(a["exclude_outside"]), extrapolation_value=a["extrapolation_value"], **newer)
+
+
 def pool_attributes(e: NodeExport, dilations_since):
     """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node, defaults left out."""
     dilations = list(e.attrs.get("dilations") or ())
