@@ -124,7 +124,8 @@ def test_pooling_and_normalization_match_onnxruntime(opset):
                 ops.average_pool(x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=True),
                 ops.average_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
                 ops.global_average_pool(x), ops.batch_norm(x, scale, bias, mean, var, epsilon=1e-3),
-                ops.lrn(x, size=3, alpha=0.01, beta=0.6, bias=1.5))
+                ops.lrn(x, size=3, alpha=0.01, beta=0.6, bias=1.5)) + \
+            ops.max_pool_with_indices(x, kernel_shape=[2, 3], strides=[2, 2], pads=[0, 1, 1, 1])
         return outs + ((ops.average_pool(x, kernel_shape=[2, 2], dilations=[2, 2]),) if opset >= 19 else ())
     check_against_ort(opforge.trace(f, TensorSpec(x.shape)), (x,), opset=opset)
 
