@@ -408,3 +408,11 @@ def test_unknown_rank_input_is_model_error():
     graph = opforge.trace(ops.relu, TensorSpec(None))
     with pytest.raises(ModelError, match="input '.*' has unknown rank"):
         export(graph)
+
+
+def test_every_builtin_op_but_gradient_ops_has_an_onnx_form():
+    from opforge.onnx.export import is_builtin
+
+    builtins = [op.name for op in opforge.registered_ops() if is_builtin(op)]
+    assert {"relu", "conv", "resize", "layer_norm"} <= set(builtins)
+    assert [name for name in builtins if name not in EXPORTERS and not name.endswith("_grad")] == []
