@@ -12,9 +12,9 @@ import itertools
 import numpy as np
 
 import opforge
-from opforge import TensorSpec
 from opforge.builtins.common import floating_point
-from opforge.builtins.max_pool import POOL_ATTRS, POOL_CC, pool_params, pool_problem, pooled_dim, pooled_spec, windows
+from opforge.builtins.max_pool import (POOL_ATTRS, POOL_CC, gradient_check, pool_params, pool_problem, pooled_dim,
+                                      pooled_spec, shaped_like_x, windows)
 
 AVERAGE_ATTRS = f"{POOL_ATTRS}, bool count_include_pad=False"
 FLOAT_SIGNATURES = [("float32", "float32"), ("float64", "float64")]
@@ -80,22 +80,8 @@ average_pool_grad = opforge.op(f"average_pool_grad(Tensor dy, Tensor x, *, {AVER
                                    "to the window's taps inside x (x lends only its shape).")
 
 
-@average_pool_grad.check
-def average_pool_grad_check(dy, x, **attrs):
-    if dy.dtype != x.dtype:
-        raise opforge.DTypeError(f"op 'average_pool_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must "
-                                 f"have one dtype")
-    problem = average_pool_check(x, **attrs)
-    if problem is None and dy.rank is not None:
-        want = average_pool_infer(x, **attrs)
-        if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
-            problem = f"input 'dy' has shape {list(dy.shape)}; average_pool of 'x' has {list(want.shape)}"
-    return problem
-
-
-@average_pool_grad.infer
-def average_pool_grad_infer(dy, x, **attrs):
-    return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+average_pool_grad.check(gradient_check("average_pool", average_pool_check, average_pool_infer))
+average_pool_grad.def_infer(shaped_like_x)
 
 
 @average_pool_grad.reference(fallback=True)

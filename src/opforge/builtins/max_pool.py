@@ -194,22 +194,30 @@ max_pool_grad = opforge.op(f"max_pool_grad(Tensor dy, Tensor x, *, {MAX_ATTRS}) 
                                "first maximum.")
 
 
-@max_pool_grad.check
-def max_pool_grad_check(dy, x, **attrs):
-    if dy.dtype != x.dtype:
-        raise opforge.DTypeError(f"op 'max_pool_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must "
-                                 f"have one dtype")
-    problem = max_pool_check(x, **attrs)
-    if problem is None and dy.rank is not None:
-        want = max_pool_infer(x, **attrs)
-        if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
-            problem = f"input 'dy' has shape {list(dy.shape)}; max_pool of 'x' has {list(want.shape)}"
-    return problem
+def gradient_check(name, check, infer):
+    """The check of the gradient op of ``name`` (inputs dy, x): one dtype, attributes valid for x (``check``),
+    and dy shaped as the op's output for x (``infer``)."""
+    def gradient_check_fn(dy, x, **attrs):
+        if dy.dtype != x.dtype:
+            raise opforge.DTypeError(f"op '{name}_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must have "
+                                     f"one dtype")
+        problem = check(x, **attrs)
+        if problem is None and dy.rank is not None:
+            want = infer(x, **attrs)
+            if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
+                problem = f"input 'dy' has shape {list(dy.shape)}; {name} of 'x' has {list(want.shape)}"
+        return problem
+
+    return gradient_check_fn
 
 
-@max_pool_grad.infer
-def max_pool_grad_infer(dy, x, **attrs):
+def shaped_like_x(dy, x, **attrs):
+    """Inference of a gradient op (inputs dy, x): dx has x's shape and dy's dtype."""
     return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+
+
+max_pool_grad.check(gradient_check("max_pool", max_pool_check, max_pool_infer))
+max_pool_grad.def_infer(shaped_like_x)
 
 
 @max_pool_grad.reference(fallback=True)

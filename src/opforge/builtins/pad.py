@@ -15,6 +15,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.max_pool import gradient_check, shaped_like_x
 
 MODES = ("constant", "reflect", "edge", "wrap")
 PAD_ATTRS = 'int[] pads, str mode="constant", float value=0.0'
@@ -259,21 +260,8 @@ pad_grad = opforge.op(f"pad_grad(Tensor dy, Tensor x, *, {PAD_ATTRS}) -> Tensor 
                           "from (constant outputs contribute nothing; x lends only its shape).")
 
 
-@pad_grad.check
-def pad_grad_check(dy, x, *, pads, mode, value):
-    if dy.dtype != x.dtype:
-        raise opforge.DTypeError(f"op 'pad_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must have one dtype")
-    problem = pad_problem(x, pads, mode)
-    if problem is None and x.rank is not None and dy.rank is not None:
-        want = pad_infer(x, pads=pads, mode=mode, value=value)
-        if dy.rank != want.rank or not want.matches(dy.shape):
-            problem = f"input 'dy' has shape {list(dy.shape)}; pad of 'x' has {list(want.shape)}"
-    return problem
-
-
-@pad_grad.infer
-def pad_grad_infer(dy, x, **attrs):
-    return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
+pad_grad.check(gradient_check("pad", pad_check, pad_infer))
+pad_grad.def_infer(shaped_like_x)
 
 
 @pad_grad.reference(fallback=True)

@@ -283,8 +283,9 @@ void Taps(int64_t n, int64_t m, double scale, double start, double end, const Se
     const double stretch = s.antialias && scale < 1 ? scale : 1.0;
     const double support = (s.mode == "linear" ? 1.0 : 2.0) / stretch;
     double total = 0;
-    for (int64_t i = static_cast<int64_t>(std::floor(c - support)) + 1; i <= static_cast<int64_t>(std::floor(c + support));
-         i++) {
+    const int64_t first = static_cast<int64_t>(std::floor(c - support)) + 1;
+    const int64_t last = static_cast<int64_t>(std::floor(c + support));
+    for (int64_t i = first; i <= last; i++) {
       const double t = (i - c) * stretch;
       const double w = s.mode == "linear" ? std::max(0.0, 1.0 - std::fabs(t)) : Cubic(t, s.a);
       int64_t at = i;
