@@ -16,7 +16,7 @@ and conv uses more.  A ratio is opforge's median over onnxruntime's (below 1:
 opforge is faster).  The machine's load shows in the figures; compare ratios
 taken in one run.
 
-    python benchmarks/onnx_models.py --models squeezenet,shufflenet --repeat 20
+    python benchmarks/onnx_models.py --models squeezenet,shufflenet,alexnet --repeat 20
 
 The last line is ``onnx_models_geomean: <ratio 1 thread> <ratio all threads>``.
 """
@@ -42,6 +42,12 @@ from opforge.cli import _random_input, set_blas_threads
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = sorted(p.name[len("light_"):-len(".onnx")] for p in LIGHT.glob("light_*.onnx"))
+
+
+def resolve(name):
+    """A model's name, or the one model whose name ends with it (alexnet: bvlc_alexnet)."""
+    matches = [m for m in MODELS if m.endswith("_" + name)]
+    return matches[0] if name not in MODELS and len(matches) == 1 else name
 
 
 def median_ms(fn, warmup, repeat):
@@ -96,7 +102,7 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement (default 3)")
     args = parser.parse_args(argv)
-    names = [n.strip().removeprefix("light_") for n in args.models.split(",") if n.strip()]
+    names = [resolve(n.strip().removeprefix("light_")) for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
