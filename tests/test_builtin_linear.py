@@ -228,6 +228,16 @@ def test_empty_products_leave_the_bias(dtype):
                  f"Conv<{dtype},{dtype},{dtype}>").shape == (0, 3, 2, 2)
 
 
+def test_float16_runs_the_references():
+    x, w, b = r(1, 2, 5, 5), r(3, 2, 3, 3, seed=1), r(3, seed=2)
+    for op, inputs in ((conv, [x, w, b]), (conv_transpose, [x, r(2, 3, 3, 3), None]), (gemm, [x[0, 0, :, :3], w[0, 0], b])):
+        half = [None if a is None else a.astype(np.float16) for a in inputs]
+        assert select_kernel(op, [None if a is None else TensorSpec.of(a) for a in half]).reference
+        got = op(*half)
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got, op(*inputs), rtol=2e-2, atol=5e-2)
+
+
 def test_conv_reference_is_a_plain_sum():
     # The reference against the definition, written out for one small 2-D case.
     x, w, b = r(1, 2, 5, 4), r(2, 1, 2, 3, seed=1), r(2, seed=2)
@@ -263,7 +273,7 @@ def test_conv_inference_with_unknown_dims():
     (lambda: conv(r(1, 3, 5, 5), r(4, 3, 3, 3), None, dilations=[0, 1]), opforge.AttrError, "'dilations'"),
     (lambda: conv(r(1, 3, 5, 5), r(4, 3, 3, 3), None, group=0), opforge.AttrError, "'group'"),
     (lambda: conv(r(1, 3, 5, 5, dtype="int64"), r(4, 3, 3, 3, dtype="int64"), None), opforge.DTypeError,
-     "float32 or float64"),
+     "float16, float32 or float64"),
     (lambda: conv_transpose(r(1, 3, 5), r(4, 2, 3), None), opforge.ShapeError, "w .* takes 4"),
     (lambda: conv_transpose(r(1, 3, 5), r(3, 2, 3), None, output_padding=[-1]), opforge.AttrError,
      "'output_padding'"),

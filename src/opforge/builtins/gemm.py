@@ -24,11 +24,11 @@ gemm = opforge.op("gemm(Tensor a, Tensor b, Tensor? c, *, float alpha=1.0, float
 
 
 def same_float_dtype(op_name, specs, names):
-    """DTypeError unless every present spec has the first one's float dtype."""
+    """DTypeError unless every present spec has the first one's float dtype (float16 runs the reference)."""
     first = specs[0].dtype
-    if first not in FLOATS:
-        raise opforge.DTypeError(f"op '{op_name}': input '{names[0]}' has dtype {first}; {op_name} takes float32 "
-                                 "or float64")
+    if first not in FLOATS + ["float16"]:
+        raise opforge.DTypeError(f"op '{op_name}': input '{names[0]}' has dtype {first}; {op_name} takes float16, "
+                                 "float32 or float64")
     for spec, name in zip(specs[1:], names[1:]):
         if spec is not None and spec.dtype != first:
             raise opforge.DTypeError(f"op '{op_name}': input '{name}' has dtype {spec.dtype}, input '{names[0]}' "
