@@ -98,6 +98,20 @@ def test_convert_writes_a_graph_json_that_runs(model, tmp_path, capsys):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_convert_back_to_onnx_and_run_a_graph_json(model, tmp_path, capsys):
+    assert main(["convert", str(model), str(tmp_path / "g.json")]) == 0
+    assert main(["convert", str(tmp_path / "g.json"), str(tmp_path / "back.onnx"), "--opset", "13"]) == 0
+    assert f"{tmp_path / 'back.onnx'}: 1 input(s), " in capsys.readouterr().out
+    back = onnx.load(str(tmp_path / "back.onnx"))
+    assert back.opset_import[0].version == 13
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    for got, expected in zip(ort_outputs(tmp_path / "back.onnx", x), ort_outputs(model, x)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert main(["run", str(tmp_path / "g.json")]) == 0
+    y, _ = ort_outputs(model, np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32))
+    assert_output_line(capsys.readouterr().out, "y", y)
+
+
 def error_of(capsys, argv):
     status = main(argv)
     captured = capsys.readouterr()

@@ -9,6 +9,7 @@
     opforge run MODEL.onnx [--input NAME=FILE.npy]... [--seed S] [--threads N] [--bench [--repeat N]]
                            [--load FILE]... [--import MODULE]...
     opforge convert MODEL.onnx GRAPH.json [--load FILE]... [--import MODULE]...
+    opforge convert GRAPH.json MODEL.onnx [--opset N] [--load FILE]... [--import MODULE]...
 
 Each subcommand is one ``add_<name>(subparsers)`` function that declares its
 arguments and sets ``func`` to the function that runs it; ``SUBCOMMANDS``
@@ -304,7 +305,7 @@ def add_run(subparsers) -> None:
                     "inputs not given) and print each output's name, shape and dtype with the latency of "
                     "the first run (load included). --bench runs it --repeat more times and prints the "
                     "median and minimum.")
-    parser.add_argument("model", help="ONNX model file (.onnx)")
+    parser.add_argument("model", help="ONNX model file (.onnx), or an opforge graph JSON file (.json)")
     parser.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
                         help="the array for the model input NAME, from a .npy file (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -345,17 +346,24 @@ def set_blas_threads(count: int) -> None:
     blas.set_num_threads(count)
 
 
-def _load_model(args):
-    """The model of ``args.model`` as a Graph, once the ops of ``--import`` / ``--load`` are declared."""
-    path = args.model
-    if not os.path.isfile(path):
-        raise UsageError(f"no model file at {path!r}")
-    declare_ops(args)
+def _onnx():
     try:
         import opforge.onnx
     except ImportError as exc:
         raise UsageError(f"ONNX models need the onnx package (pip install \"opforge[onnx]\"): {exc}") from None
-    return opforge.onnx.load(path)
+    return opforge.onnx
+
+
+def _load_model(args):
+    """The model of ``args.model`` as a Graph, once the ops of ``--import`` / ``--load`` are declared."""
+    if not os.path.isfile(args.model):
+        raise UsageError(f"no model file at {args.model!r}")
+    declare_ops(args)
+    if args.model.lower().endswith(".json"):  # convert: a graph to export
+        from .graph import Graph
+
+        return Graph.load(args.model)
+    return _onnx().load(args.model)
 
 
 def _graph_input_names(graph) -> list[str]:
@@ -457,17 +465,26 @@ def run_run(args) -> int:
 
 def add_convert(subparsers) -> None:
     parser = subparsers.add_parser(
-        "convert", help="convert an ONNX model into an opforge graph JSON file",
+        "convert", help="convert an ONNX model into an opforge graph JSON file, or back",
         description="Load an ONNX model and write it as an opforge graph (Graph.save), which "
-                    "opforge.Graph.load reads back without the onnx package.")
-    parser.add_argument("model", help="ONNX model file (.onnx)")
-    parser.add_argument("output", help="graph JSON file to write")
+                    "opforge.Graph.load reads back without the onnx package. An output ending in .onnx "
+                    "is written as an ONNX model instead (opforge.onnx.export), from a model or a graph "
+                    "JSON file (.json).")
+    parser.add_argument("model", help="ONNX model file (.onnx), or a graph JSON file (.json) to export")
+    parser.add_argument("output", help="graph JSON file to write (.onnx: the exported ONNX model)")
+    parser.add_argument("--opset", type=_positive_int, default=17,
+                        help="the ai.onnx opset of an exported model (default 17)")
     _add_declaration_options(parser)
     parser.set_defaults(func=run_convert)
 
 
 def run_convert(args) -> int:
     graph = _load_model(args)
+    if args.output.lower().endswith(".onnx"):
+        model = _onnx().export(graph, args.output, opset=args.opset)
+        print(f"{args.output}: {len(model.graph.input)} input(s), {len(model.graph.node)} node(s), "
+              f"{len(model.graph.output)} output(s), opset {args.opset}")
+        return 0
     graph.save(args.output)
     print(f"{args.output}: {len(graph.inputs)} input(s), {len(graph.nodes)} node(s), "
           f"{len(graph.outputs)} output(s)")
