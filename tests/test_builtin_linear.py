@@ -425,6 +425,9 @@ def test_onnx_conv(x_shape, w_shape, attrs, bias):
     ((1, 2, 3, 4), (2, 3, 4, 3), dict(strides=[2, 3], auto_pad="SAME_LOWER"), True),
     ((1, 4, 3, 3), (4, 1, 2, 2), dict(group=2, dilations=[2, 2], pads=[1, 0, 0, 1]), True),
     ((1, 2, 5), (2, 2, 3), dict(strides=[2], pads=[1, 1]), False),
+    ((1, 2, 5), (2, 2, 3), dict(strides=[2], auto_pad="VALID"), True),
+    ((1, 2, 5), (2, 2, 3), dict(strides=[2], auto_pad="VALID", output_shape=[10]), True),
+    ((1, 2, 5), (2, 2, 3), dict(strides=[2], pads=[2, 2], output_shape=[9]), False),
 ])
 def test_onnx_conv_transpose(x_shape, w_shape, attrs, bias):
     x, w = r(*x_shape, dtype="float32"), r(*w_shape, dtype="float32", seed=1)

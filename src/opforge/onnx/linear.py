@@ -100,9 +100,9 @@ def conv_transpose(node, x, w, b=None):
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     output_shape = list(node.attr("output_shape", []))
     pads = list(node.attr("pads", [])) or [0] * (2 * spatial)
-    if auto_pad == "VALID":
-        pads = [0] * (2 * spatial)
-    elif output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    if auto_pad not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise node.error(f"attribute 'auto_pad' is {auto_pad!r}; supported: NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):  # output_shape wins over pads and auto_pad
         x_dims = dims_of(x)
         if -1 in kernel_shape or x_dims == UNKNOWN_RANK or -1 in x_dims[2:]:
             raise node.error("output_shape / auto_pad SAME_* need X's spatial dims and W's shape known when the "
@@ -124,8 +124,8 @@ def conv_transpose(node, x, w, b=None):
             begin.append(small if auto_pad == "SAME_UPPER" else large)
             end.append(large if auto_pad == "SAME_UPPER" else small)
         pads = begin + end
-    elif auto_pad not in ("NOTSET", ""):
-        raise node.error(f"attribute 'auto_pad' is {auto_pad!r}; supported: NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * spatial)
     w_dims = dims_of(w)
     b = zero_bias(b, x, -1 if w_dims == UNKNOWN_RANK or w_dims[1] == -1 else w_dims[1] * group)
     return ops.conv_transpose(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group,
