@@ -435,6 +435,29 @@ def test_onnx_conv_transpose(x_shape, w_shape, attrs, bias):
     agrees_with_onnxruntime("ConvTranspose", [x, w, b], attrs, opset=11, constant=("x1", "x2"))
 
 
+def test_onnx_cnn_with_a_dynamic_batch():
+    # Conv -> Relu -> ConvTranspose -> Flatten -> Gemm -> MatMul, batch dim "N", against onnxruntime.
+    f32 = dict(dtype="float32")
+    weights = {"w1": r(4, 3, 3, 3, **f32), "b1": r(4, **f32), "w2": r(4, 2, 2, 2, **f32),
+               "g": r(2 * 8 * 8, 5, **f32), "c": r(5, **f32), "m": r(5, 3, **f32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["h1"], ["h2"]),
+             helper.make_node("ConvTranspose", ["h2", "w2"], ["h3"], strides=[2, 2]),
+             helper.make_node("Flatten", ["h3"], ["h4"]),
+             helper.make_node("Gemm", ["h4", "g", "c"], ["h5"], alpha=0.5),
+             helper.make_node("MatMul", ["h5", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    loaded = ox.load(model)
+    for batch in (1, 3):
+        x = r(batch, 3, 8, 8, **f32, seed=batch)
+        np.testing.assert_allclose(loaded(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
 def test_onnx_conv_same_padding_needs_known_dims():
     model = model_of("Conv", [r(1, 3, 8, 8, dtype="float32"), r(2, 3, 3, 3, dtype="float32")],
                      dict(auto_pad="SAME_UPPER"), 11, ("x1",))
