@@ -555,6 +555,8 @@ def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
 
     if not isinstance(graph, Graph):
         raise ModelError(f"export takes an opforge Graph, got {type(graph).__name__}")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ModelError(f"export: path must be a file path (str or os.PathLike), got {type(path).__name__}")
     newest = onnx.defs.onnx_opset_version()
     if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
         raise ModelError(f"export: opset must be an int from {MIN_OPSET} to {newest}, got {opset!r}")
