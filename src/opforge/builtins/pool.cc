@@ -112,8 +112,42 @@ inline int64_t ArgMax(const Geometry &g, const T *x, int64_t i, int64_t j, int64
   return at;
 }
 
+// The maximum alone (no position to track): a plain max over the taps, rows of the window at a time.
+template <typename T>
+void MaxOnly(const Geometry &g, const T *x, T *y) {
+  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
+  const int64_t in = g.in_size(), out = g.out_size();
+  T lowest = std::numeric_limits<T>::lowest();
+  if (std::numeric_limits<T>::has_infinity) lowest = -std::numeric_limits<T>::infinity();
+  for (int64_t plane = 0; plane < g.planes; plane++) {
+    const T *xp = x + plane * in;
+    T *yp = y + plane * out;
+    for (int64_t i = 0; i < A.out; i++)
+      for (int64_t j = 0; j < B.out; j++) {
+        const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
+        for (int64_t k = 0; k < C.out; k++) {
+          const int64_t c0 = k * C.s - C.pb, cf = C.first[k], cl = C.last[k];
+          T best = lowest;
+          for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
+            for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
+              const T *row = xp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * C.in + c0;
+              for (int64_t tc = cf; tc < cl; tc++) {
+                const T v = row[tc * C.d];
+                best = v > best ? v : best;
+              }
+            }
+          *yp++ = best;
+        }
+      }
+  }
+}
+
 template <typename T>
 int MaxPoolT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
+  if (!indices) {
+    MaxOnly(g, x, y);
+    return 0;
+  }
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t H = g.axis[1].in, W = g.axis[2].in, D = g.axis[0].in;
   for (int64_t plane = 0; plane < g.planes; plane++) {
@@ -161,16 +195,26 @@ inline int64_t Count(const Geometry &g, int64_t i, int64_t j, int64_t k, bool in
 
 template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
+  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
   for (int64_t plane = 0; plane < g.planes; plane++) {
     const T *xp = x + plane * in;
     T *yp = y + plane * out;
-    ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-      double sum = 0;
-      ForEachTap(g, i, j, k, [&](int64_t p) { sum += xp[p]; });
-      const int64_t n = Count(g, i, j, k, include_pad);
-      yp[o] = n > 0 ? static_cast<T>(sum / n) : T(0);
-    });
+    for (int64_t i = 0; i < A.out; i++)
+      for (int64_t j = 0; j < B.out; j++) {
+        const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
+        for (int64_t k = 0; k < C.out; k++) {
+          const int64_t c0 = k * C.s - C.pb, cf = C.first[k], cl = C.last[k];
+          double sum = 0;
+          for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
+            for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
+              const T *row = xp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * C.in + c0;
+              for (int64_t tc = cf; tc < cl; tc++) sum += row[tc * C.d];
+            }
+          const int64_t n = Count(g, i, j, k, include_pad);
+          *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
+        }
+      }
   }
   return 0;
 }
