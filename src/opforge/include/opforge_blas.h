@@ -23,31 +23,31 @@ void scipy_cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k,
                        int lda, const double *b, int ldb, double beta, double *c, int ldc);
 }
 
-// C = beta * C when the product is empty (k == 0), which BLAS would refuse (lda < 1).
+// The CBLAS gemm of each element type.
+inline void OpforgeCblasGemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                             int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  scipy_cblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline void OpforgeCblasGemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double *a,
+                             int lda, const double *b, int ldb, double beta, double *c, int ldc) {
+  scipy_cblas_dgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C for T = float or double, op(X) = X or X^T;
+// lda, ldb, ldc are the row lengths of A, B and C as stored.  Empty sizes are fine: with k == 0
+// (which BLAS would refuse, lda < 1) C becomes beta * C.
 template <typename T>
-inline bool OpforgeGemmEmpty(int64_t m, int64_t n, int64_t k, T beta, T *c, int64_t ldc) {
-  if (m > 0 && n > 0 && k > 0) return false;
-  for (int64_t i = 0; i < m && k <= 0; i++)
-    for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-  return true;
-}
-
-// Row-major C = alpha * op(A) @ op(B) + beta * C for float and double, op(X) = X or X^T;
-// lda, ldb, ldc are the row lengths of A, B and C as stored.  Empty sizes are fine.
-inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                        int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (OpforgeGemmEmpty(m, n, k, beta, c, ldc)) return;
-  scipy_cblas_sgemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
-                    trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
-                    int(ldb), beta, c, int(ldc));
-}
-
-inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
-                        int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
-  if (OpforgeGemmEmpty(m, n, k, beta, c, ldc)) return;
-  scipy_cblas_dgemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
-                    trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
-                    int(ldb), beta, c, int(ldc));
+inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a, int64_t lda,
+                        const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  OpforgeCblasGemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
+                   trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
+                   int(ldb), beta, c, int(ldc));
 }
 
 // Whether every size fits OpenBLAS's 32-bit integers.
