@@ -204,6 +204,10 @@ def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, e
             extrapolated[o] = out
             for i, w in entries:
                 weights[o, i] += w
+        if n == m and np.array_equal(weights, np.eye(n)):  # (weights summed per index, as in the kernel)
+            outside = outside | np.array([out for _, out in rows]).reshape(  # an identity: only the mask
+                [-1 if d == axis else 1 for d in range(x.ndim)])
+            continue
         if attrs["mode"] == "nearest":  # a gather: no 0 * inf
             index = [entries[0][0] for entries, _ in rows]
             y = np.take(y, np.asarray(index, np.int64), axis=axis)
@@ -215,7 +219,8 @@ def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, e
     return y.astype(x.dtype)
 
 
-# The kernel: resize_reference's tap tables, built the same way, applied one axis at a time in double.
+# The kernel: resize_reference's tap tables, built the same way; when only the last two axes resample, each
+# output row blends rows of x straight into y, otherwise one axis at a time through buffers of double.
 resize.kernel(function="Resize", dtypes=[(d,) for d in ("float32", "float64")], code=r"""
 #include <algorithm>
 #include <cmath>
@@ -301,6 +306,20 @@ void Taps(int64_t n, int64_t m, double scale, double start, double end, const Se
   }
 }
 
+// Every output copies the input at its own position (weight 1, the other taps 0): nothing to do.
+bool Identity(int64_t n, int64_t m, const std::vector<std::vector<Tap>> &rows) {
+  if (n != m) return false;
+  for (int64_t o = 0; o < m; o++) {  // weights summed per index (a clamped tap may repeat one)
+    double own = 0;
+    for (const Tap &tap : rows[o]) {
+      if (tap.index == o) own += tap.weight;
+      else if (tap.weight != 0) return false;
+    }
+    if (own != 1.0) return false;
+  }
+  return true;
+}
+
 template <typename T>
 int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const int rank = ndims[0];
@@ -332,43 +351,80 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
       ratio = k == 0 ? r : policy == "not_larger" ? std::min(ratio, r) : std::max(ratio, r);
     }
   }
-  std::vector<int64_t> shape(in_shape, in_shape + rank);
-  int64_t total = 1;
-  for (int d = 0; d < rank; d++) total *= shape[d];
-  std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + total), next;
+  // The taps of every resized axis that is not an identity (rows[axis] empty otherwise).
+  std::vector<std::vector<std::vector<Tap>>> rows(rank);
   std::vector<std::vector<char>> outside(rank);
+  std::vector<double> axis_scale(rank, 1.0);
   for (size_t k = 0; k < count; k++) {
-    const int64_t axis = axes[k], n = shape[axis], m = out_shape[axis];
+    const int64_t axis = axes[k], n = in_shape[axis], m = out_shape[axis];
     double scale;
     if (!scales.empty()) scale = scales[k];
     else if (policy != "stretch") scale = ratio;
     else scale = n ? static_cast<double>(m) / n : 1.0;
     const double start = roi.empty() ? 0.0 : roi[k], end = roi.empty() ? 1.0 : roi[count + k];
-    std::vector<std::vector<Tap>> rows;
     if (n == 0 && m > 0) return 1;
-    Taps(n, m, scale, start, end, s, &rows, &outside[axis]);
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < axis; d++) outer *= shape[d];
-    for (int d = axis + 1; d < rank; d++) inner *= shape[d];
-    next.assign(outer * m * inner, 0.0);
-    for (int64_t o = 0; o < outer; o++)
-      for (int64_t j = 0; j < m; j++) {
-        double *dst = next.data() + (o * m + j) * inner;
-        for (const Tap &tap : rows[j]) {
-          const double *src = cur.data() + (o * n + tap.index) * inner;
-          for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
-        }
-      }
-    cur.swap(next);
-    shape[axis] = m;
+    Taps(n, m, scale, start, end, s, &rows[axis], &outside[axis]);
+    if (Identity(n, m, rows[axis])) rows[axis].clear();
   }
+  for (int d = 0; d < rank; d++)
+    if (rows[d].empty() && in_shape[d] != out_shape[d]) return 1;
   T *y = static_cast<T *>(params[1]);
   int64_t out_total = 1;
-  for (int d = 0; d < rank; d++) {
-    if (shape[d] != out_shape[d]) return 1;
-    out_total *= shape[d];
+  for (int d = 0; d < rank; d++) out_total *= out_shape[d];
+  bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
+  for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
+  if (planar && out_total > 0) {
+    const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
+    std::vector<std::vector<Tap>> rh = rows[rank - 2], rw = rows[rank - 1];
+    if (rh.empty())
+      for (int64_t o = 0; o < oh; o++) rh.push_back({{o, 1.0}});
+    if (rw.empty())
+      for (int64_t o = 0; o < ow; o++) rw.push_back({{o, 1.0}});
+    const int64_t planes = out_total / (oh * ow);
+    const T *x = static_cast<const T *>(params[0]);
+    std::vector<double> line(w);
+    for (int64_t p = 0; p < planes; p++) {
+      const T *xp = x + p * h * w;
+      T *yp = y + p * oh * ow;
+      for (int64_t i = 0; i < oh; i++) {
+        std::fill(line.begin(), line.end(), 0.0);  // the rows of x blended for output row i
+        for (const Tap &th : rh[i]) {
+          const T *src = xp + th.index * w;
+          for (int64_t j = 0; j < w; j++) line[j] += th.weight * src[j];
+        }
+        for (int64_t j = 0; j < ow; j++) {
+          double acc = 0;
+          for (const Tap &tw : rw[j]) acc += tw.weight * line[tw.index];
+          yp[i * ow + j] = static_cast<T>(acc);
+        }
+      }
+    }
+  } else if (out_total > 0) {
+    std::vector<int64_t> shape(in_shape, in_shape + rank);
+    int64_t total = 1;
+    for (int d = 0; d < rank; d++) total *= shape[d];
+    std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + total), next;
+    for (int axis = 0; axis < rank; axis++) {
+      if (rows[axis].empty()) continue;
+      const int64_t n = shape[axis], m = out_shape[axis];
+      int64_t outer = 1, inner = 1;
+      for (int d = 0; d < axis; d++) outer *= shape[d];
+      for (int d = axis + 1; d < rank; d++) inner *= shape[d];
+      next.assign(outer * m * inner, 0.0);
+      for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < m; j++) {
+          double *dst = next.data() + (o * m + j) * inner;
+          for (const Tap &tap : rows[axis][j]) {
+            const double *src = cur.data() + (o * n + tap.index) * inner;
+            for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
+          }
+        }
+      cur.swap(next);
+      shape[axis] = m;
+    }
+    for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
   }
-  for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
+  const int64_t *shape = out_shape;
   if (s.transform == "tf_crop_and_resize" && out_total > 0) {
     const T value = static_cast<T>(extra->Attr<float>("extrapolation_value"));
     std::vector<int64_t> index(rank, 0);
