@@ -178,6 +178,8 @@ CONV_CASES = [  # x shape, w shape, attributes
     ((2, 3, 7, 6), (4, 3, 3, 3), {}),
     ((1, 4, 9, 8), (6, 2, 3, 2), dict(strides=[2, 1], pads=[1, 0, 2, 1], dilations=[1, 2], group=2)),
     ((2, 6, 5, 5), (6, 1, 3, 3), dict(pads=[1, 1, 1, 1], group=6)),  # depthwise
+    ((1, 4, 9, 8), (4, 1, 3, 2), dict(pads=[1, 0, 2, 1], strides=[2, 3], dilations=[2, 1], group=4)),
+    ((1, 3, 10), (6, 1, 3), dict(group=3, pads=[1, 1])),  # a channel multiplier of 2: not depthwise
     ((1, 8, 5, 4), (4, 8, 1, 1), {}),  # 1 x 1: no im2col
     ((2, 4, 6, 6), (4, 4, 1, 1), dict(strides=[2, 2])),
     ((1, 3, 11), (2, 3, 4), dict(strides=[3], pads=[2, 3], dilations=[2])),  # 1-D

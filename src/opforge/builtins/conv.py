@@ -9,7 +9,8 @@ rounded down.  ONNX's ``auto_pad`` is resolved into pads by the converter.
 The kernel copies each group's input windows into a workspace matrix
 (im2col: C/group * prod(kernel) rows, one column per output position) and
 multiplies it by the weights with OpenBLAS's gemm; a 1 x 1 convolution with
-stride 1 and no padding multiplies the input directly.  The workspace size
+stride 1 and no padding multiplies the input directly, and a depthwise one
+(a channel per group) adds the weighted windows without a product.  The workspace size
 comes from the kernel's Init, which also keeps the geometry for the calls:
 up to 8 MiB, so large inputs make their columns a block of output rows at a
 time.
@@ -272,9 +273,9 @@ static void ForEachBlock(const ConvGeometry &g, F f) {
 }
 
 // For row (c, k) of a block of the columns matrix (runs first .. first + count - 1): calls
-// row(image offset, columns offset, lo, hi) for each run of last_out columns whose image row lies
-// inside the image (lo..hi: the columns inside it), and empty(columns offset) for those wholly in the
-// padding.
+// row(image offset, columns offset, lo, hi, k, run) for each run of last_out columns whose image row
+// lies inside the image (lo..hi: the columns inside it), and empty(columns offset) for those wholly in
+// the padding.
 template <typename Row, typename Empty>
 static void ForEachRow(const ConvGeometry &g, int64_t channels, int64_t first, int64_t count, Row row, Empty empty) {
   const int R = g.rank;
@@ -289,19 +290,20 @@ static void ForEachRow(const ConvGeometry &g, int64_t channels, int64_t first, i
       int64_t hi = last_in > start ? (last_in - start + s - 1) / s : 0;
       if (hi > last_out) hi = last_out;
       if (hi < lo) hi = lo;
+      for (int64_t rest = first, r = R - 2; r >= 0; r--) o[r] = rest % g.out[r], rest /= g.out[r];
       for (int64_t oo = first; oo < first + count; oo++, column_row++) {
-        int64_t offset = c, rest = oo;
+        int64_t offset = c;
         bool inside = true;
-        for (int r = R - 2; r >= 0; r--) o[r] = rest % g.out[r], rest /= g.out[r];
         for (int r = 0; r < R - 1; r++) {
           const int64_t i = o[r] * g.stride[r] - g.pad[r] + k[r] * g.dilation[r];
           inside = inside && i >= 0 && i < g.in[r];
           offset = offset * g.in[r] + i;
         }
         if (inside)
-          row(offset * last_in + start, column_row * last_out, lo, hi);
+          row(offset * last_in + start, column_row * last_out, lo, hi, kk, oo);
         else
           empty(column_row * last_out);
+        for (int r = R - 2; r >= 0 && ++o[r] == g.out[r]; r--) o[r] = 0;  // the next output position
       }
     }
   }
@@ -312,7 +314,7 @@ static const T *Im2Col(const ConvGeometry &g, int64_t channels, int64_t first, i
                        T *columns) {
   const int64_t n = g.last_out, s = g.stride[g.rank - 1];
   ForEachRow(g, channels, first, count,
-             [&](int64_t from, int64_t to, int64_t lo, int64_t hi) {
+             [&](int64_t from, int64_t to, int64_t lo, int64_t hi, int64_t, int64_t) {
                const T *src = image + from;
                T *dst = columns + to;
                for (int64_t j = 0; j < lo; j++) dst[j] = T(0);
@@ -331,10 +333,27 @@ static void Col2ImAdd(const ConvGeometry &g, int64_t channels, int64_t first, in
                       T *image) {
   const int64_t s = g.stride[g.rank - 1];
   ForEachRow(g, channels, first, count,
-             [&](int64_t to, int64_t from, int64_t lo, int64_t hi) {
+             [&](int64_t to, int64_t from, int64_t lo, int64_t hi, int64_t, int64_t) {
                T *dst = image + to;
                const T *src = columns + from;
                for (int64_t j = lo; j < hi; j++) dst[j * s] += src[j];
+             },
+             [](int64_t) {});
+}
+
+// A depthwise group (one image channel, one output channel): out += sum over k of w[k] * columns row k,
+// without making the columns (a product with one row is memory-bound: gemm gains nothing).
+static void DepthwiseAdd(const ConvGeometry &g, const T *image, const T *w, T *out) {
+  const int64_t s = g.stride[g.rank - 1];
+  ForEachRow(g, 1, 0, g.outer,
+             [&](int64_t from, int64_t, int64_t lo, int64_t hi, int64_t k, int64_t run) {
+               const T weight = w[k];
+               const T *src = image + from;
+               T *dst = out + run * g.last_out;
+               if (s == 1)
+                 for (int64_t j = lo; j < hi; j++) dst[j] += weight * src[j];
+               else
+                 for (int64_t j = lo; j < hi; j++) dst[j] += weight * src[j * s];
              },
              [](int64_t) {});
 }
@@ -367,6 +386,10 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
     for (int64_t grp = 0; grp < g->group; grp++) {
       const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
       T *out = a.y + (s * m + grp * m_group) * g->out_size;
+      if (c_group == 1 && m_group == 1) {
+        DepthwiseAdd(*g, image, a.w + grp * inner, out);
+        continue;
+      }
       ForEachBlock(*g, [&](int64_t first, int64_t count) {
         // y[s, grp][:, block] += w[grp] (m_group x inner) @ the block's columns (inner x count * last_out)
         const int64_t column0 = first * g->last_out, width = count * g->last_out;
