@@ -6,6 +6,7 @@
 // output position along an axis the taps that land inside x are worked out
 // once (first, last), so the inner loops have no bounds tests.  The op's
 // check has validated the attributes and inference the output shape.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -112,33 +113,55 @@ inline int64_t ArgMax(const Geometry &g, const T *x, int64_t i, int64_t j, int64
   return at;
 }
 
-// The maximum alone (no position to track): a plain max over the taps, rows of the window at a time.
+// For every output row (i, j) of one plane: fold(row, first) for each row of x its windows cover (along
+// the last axis), then finish(i, j, empty), which reduces the folded line along the last axis.
+template <typename T, typename Line, typename Finish>
+void ByRows(const Geometry &g, const T *xp, Line fold, Finish finish) {
+  const Axis &A = g.axis[0], &B = g.axis[1];
+  for (int64_t i = 0; i < A.out; i++)
+    for (int64_t j = 0; j < B.out; j++) {
+      const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
+      bool first = true;
+      for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
+        for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
+          fold(xp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * g.axis[2].in, first);
+          first = false;
+        }
+      finish(i, j, first);  // first still set: the window covers no row of x
+    }
+}
+
+// The maximum alone (no position to track): the window's rows folded into one line with an elementwise
+// max (contiguous, vectorised), then each output takes the max of its taps along that line.
 template <typename T>
 void MaxOnly(const Geometry &g, const T *x, T *y) {
-  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
+  const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
   T lowest = std::numeric_limits<T>::lowest();
   if (std::numeric_limits<T>::has_infinity) lowest = -std::numeric_limits<T>::infinity();
+  std::vector<T> line(C.in);
   for (int64_t plane = 0; plane < g.planes; plane++) {
-    const T *xp = x + plane * in;
     T *yp = y + plane * out;
-    for (int64_t i = 0; i < A.out; i++)
-      for (int64_t j = 0; j < B.out; j++) {
-        const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
-        for (int64_t k = 0; k < C.out; k++) {
-          const int64_t c0 = k * C.s - C.pb, cf = C.first[k], cl = C.last[k];
-          T best = lowest;
-          for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
-            for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
-              const T *row = xp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * C.in + c0;
-              for (int64_t tc = cf; tc < cl; tc++) {
-                const T v = row[tc * C.d];
-                best = v > best ? v : best;
-              }
-            }
-          *yp++ = best;
-        }
-      }
+    ByRows(g, x + plane * in,
+           [&](const T *row, bool first) {
+             if (first) {
+               std::copy(row, row + C.in, line.begin());
+               return;
+             }
+             for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
+           },
+           [&](int64_t, int64_t, bool empty) {
+             for (int64_t k = 0; k < C.out; k++) {
+               const int64_t c0 = k * C.s - C.pb;
+               T best = lowest;
+               if (!empty)
+                 for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) {
+                   const T v = line[c0 + tc * C.d];
+                   best = v > best ? v : best;
+                 }
+               *yp++ = best;
+             }
+           });
   }
 }
 
@@ -195,26 +218,26 @@ inline int64_t Count(const Geometry &g, int64_t i, int64_t j, int64_t k, bool in
 
 template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
-  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
+  const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
+  std::vector<double> line(C.in);  // the window's rows summed
   for (int64_t plane = 0; plane < g.planes; plane++) {
-    const T *xp = x + plane * in;
     T *yp = y + plane * out;
-    for (int64_t i = 0; i < A.out; i++)
-      for (int64_t j = 0; j < B.out; j++) {
-        const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
-        for (int64_t k = 0; k < C.out; k++) {
-          const int64_t c0 = k * C.s - C.pb, cf = C.first[k], cl = C.last[k];
-          double sum = 0;
-          for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
-            for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
-              const T *row = xp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * C.in + c0;
-              for (int64_t tc = cf; tc < cl; tc++) sum += row[tc * C.d];
-            }
-          const int64_t n = Count(g, i, j, k, include_pad);
-          *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
-        }
-      }
+    ByRows(g, x + plane * in,
+           [&](const T *row, bool first) {
+             if (first) std::fill(line.begin(), line.end(), 0.0);
+             for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
+           },
+           [&](int64_t i, int64_t j, bool empty) {
+             for (int64_t k = 0; k < C.out; k++) {
+               const int64_t c0 = k * C.s - C.pb;
+               double sum = 0;
+               if (!empty)
+                 for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) sum += line[c0 + tc * C.d];
+               const int64_t n = Count(g, i, j, k, include_pad);
+               *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
+             }
+           });
   }
   return 0;
 }
