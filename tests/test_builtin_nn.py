@@ -330,3 +330,18 @@ def test_every_pool_combination_agrees_with_onnxruntime_in_1d():
         attrs = {"kernel_shape": [k], "strides": [s], "pads": [p, 1 - p], "ceil_mode": ceil, "dilations": [d]}
         agree("MaxPool", [x], attrs)
         agree("AveragePool", [x], {**attrs, "count_include_pad": p})
+
+
+def test_edge_shapes():
+    check_op(ops.pad, np.zeros((0, 3), np.float32), pads=[1, 0, 1, 2], value=3.0)
+    np.testing.assert_array_equal(ops.pad(np.zeros((0, 3), np.float32), pads=[1, 0, 1, 2], value=3.0),
+                                  np.full((2, 5), 3.0))
+    check_op(ops.pad, np.array(5.0, np.float32), pads=[])
+    check_op(ops.resize, sample(2, 3), scales=[0.2, 1.0])  # an output dim of 0
+    assert ops.resize(sample(2, 3), scales=[0.2, 1.0]).shape == (0, 3)
+    check_op(ops.layer_norm, np.arange(4.0), np.ones(4), np.zeros(4), axis=0)
+    check_op(ops.max_pool, sample(0, 3, 4, 4), kernel_shape=[2, 2])
+    # windows of padding only: the lowest value and index -1 (max), 0 (average)
+    y, where = ops.max_pool_with_indices(sample(1, 1, 2, 2), kernel_shape=[2, 2], pads=[2, 2, 2, 2])
+    assert y[0, 0, 0, 0] == -np.inf and where[0, 0, 0, 0] == -1
+    assert ops.average_pool(sample(1, 1, 2, 2), kernel_shape=[2, 2], pads=[2, 2, 2, 2])[0, 0, 0, 0] == 0

@@ -351,6 +351,9 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
       ratio = k == 0 ? r : policy == "not_larger" ? std::min(ratio, r) : std::max(ratio, r);
     }
   }
+  int64_t out_total = 1;
+  for (int d = 0; d < rank; d++) out_total *= out_shape[d];
+  if (out_total == 0) return 0;
   // The taps of every resized axis that is not an identity (rows[axis] empty otherwise).
   std::vector<std::vector<std::vector<Tap>>> rows(rank);
   std::vector<std::vector<char>> outside(rank);
@@ -369,8 +372,6 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   for (int d = 0; d < rank; d++)
     if (rows[d].empty() && in_shape[d] != out_shape[d]) return 1;
   T *y = static_cast<T *>(params[1]);
-  int64_t out_total = 1;
-  for (int d = 0; d < rank; d++) out_total *= out_shape[d];
   bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
   for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
   if (planar && out_total > 0) {
