@@ -151,6 +151,12 @@ GRADCHECKS = {
     "pad_reflect": (ops.pad, [r(3, 4)], {"pads": [2, 1, 1, 3], "mode": "reflect"}),
     "layer_norm": (ops.layer_norm, [r(2, 3, 4), r(3, 4, seed=1), r(4, seed=2)], {"axis": 1}),
     "layer_norm_no_bias": (ops.layer_norm, [r(2, 5), r(5, seed=1)], {"epsilon": 1e-3}),
+    "resize_linear": (ops.resize, [r(1, 2, 4, 5)], {"scales": [1, 1, 2, 1.5], "mode": "linear"}),
+    "resize_cubic_antialias": (ops.resize, [r(1, 2, 6, 5)], {"sizes": [3, 7], "axes": [2, 3], "mode": "cubic",
+                                                             "antialias": True}),
+    "resize_crop": (ops.resize, [r(1, 2, 4, 5)], {"scales": [1, 1, 1.5, 1.2], "mode": "linear",
+                                                  "coordinate_transformation_mode": "tf_crop_and_resize",
+                                                  "roi": [0, 0, 0.2, 0.1, 1, 1, 0.9, 1.2]}),
     # matmul (broadcast), gemm, conv, conv_transpose
     "matmul_broadcast": (ops.matmul, [r(2, 1, 3, 4), r(1, 3, 4, 2, seed=1)], {}),
     "gemm": (ops.gemm, [r(3, 4), r(4, 5, seed=1), r(5, seed=2)], {"alpha": 0.5, "beta": 2.0}),

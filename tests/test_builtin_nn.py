@@ -162,7 +162,9 @@ RESIZE_CASES = [
 @pytest.mark.parametrize("attrs", RESIZE_CASES)
 def test_resize_kernel_matches_reference(attrs):
     for dtype in ("float32", "float64"):
-        check_op(ops.resize, sample(2, 3, 10, 12, dtype=dtype), **attrs)
+        x = sample(2, 3, 10, 12, dtype=dtype)
+        check_op(ops.resize, x, **attrs)
+        check_op(ops.resize_grad, sample(*ops.resize(x, **attrs).shape, seed=1, dtype=dtype), x, **attrs)
 
 
 def test_inference_with_unknown_dims_and_rank():

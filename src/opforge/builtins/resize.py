@@ -21,8 +21,8 @@ time: per output position, a few taps (input positions) and their weights.
   when downsampling.
 
 Floating-point; the C++ kernel (float32, float64) builds the same tap
-tables.  No gradient (trait no_grad): resampling appears in inference
-graphs; the NumPy tables could give one later.
+tables.  The gradient is ``resize_grad``: dy sent back through the taps
+(the transposed weights), one axis at a time, by the same kernel source.
 """
 import math
 
@@ -31,6 +31,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import floating_point
+from opforge.builtins.max_pool import gradient_check, shaped_like_x
 
 MODES = ("nearest", "linear", "cubic")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -38,13 +39,13 @@ TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 POLICIES = ("stretch", "not_larger", "not_smaller")
 
-resize = opforge.op(
-    'resize(Tensor x, *, float[] scales=[], int[] sizes=[], int[] axes=[], str mode="nearest", '
-    'str coordinate_transformation_mode="half_pixel", str nearest_mode="round_prefer_floor", '
-    'float cubic_coeff_a=-0.75, bool exclude_outside=False, float extrapolation_value=0.0, bool antialias=False, '
-    'float[] roi=[], str keep_aspect_ratio_policy="stretch") -> Tensor y',
-    traits=["no_side_effect", "no_grad", "always_compute"],
-    doc="ONNX Resize: nearest / linear / cubic resampling of the given axes (default all) to sizes or by scales.")
+RESIZE_ATTRS = ('float[] scales=[], int[] sizes=[], int[] axes=[], str mode="nearest", '
+                'str coordinate_transformation_mode="half_pixel", str nearest_mode="round_prefer_floor", '
+                'float cubic_coeff_a=-0.75, bool exclude_outside=False, float extrapolation_value=0.0, '
+                'bool antialias=False, float[] roi=[], str keep_aspect_ratio_policy="stretch"')
+resize = opforge.op(f"resize(Tensor x, *, {RESIZE_ATTRS}) -> Tensor y", traits=["no_side_effect", "always_compute"],
+                    doc="ONNX Resize: nearest / linear / cubic resampling of the given axes (default all) to sizes "
+                        "or by scales.")
 is_float = floating_point("resize", "x")
 
 
@@ -187,41 +188,52 @@ def taps(n, m, scale, start, end, *, mode, coordinate_transformation_mode, neare
     return rows
 
 
-@resize.reference(fallback=True)
-def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value, **attrs):
+def tables(shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs):
+    """Per resampled axis that is not an identity: (axis, weights [out, in], nearest index or None); and the
+    mask (broadcastable to the output) of positions outside the roi."""
     # float attributes cross the ABI as 32-bit floats: the reference rounds them the same way
     scales, roi = [float(np.float32(v)) for v in scales], [float(np.float32(v)) for v in roi]
-    attrs["cubic_coeff_a"] = float(np.float32(attrs["cubic_coeff_a"]))
-    y = x.astype(np.float64)
-    outside = np.zeros(x.shape, bool)
-    for axis, m, scale, start, end in plan(x.shape, scales, sizes, axes, roi,
-                                           attrs["coordinate_transformation_mode"], keep_aspect_ratio_policy):
-        n = x.shape[axis]
+    attrs = dict(attrs, cubic_coeff_a=float(np.float32(attrs["cubic_coeff_a"])))
+    rank = len(shape)
+    result, outside = [], np.zeros((1,) * rank, bool)
+    for axis, m, scale, start, end in plan(shape, scales, sizes, axes, roi, attrs["coordinate_transformation_mode"],
+                                           keep_aspect_ratio_policy):
+        n = shape[axis]
         rows = taps(n, m, scale, start, end, **attrs) if n else []
         weights = np.zeros((m, n))
-        extrapolated = np.zeros(m, bool)
-        for o, (entries, out) in enumerate(rows):
-            extrapolated[o] = out
+        for o, (entries, _) in enumerate(rows):
             for i, w in entries:
                 weights[o, i] += w
+        extrapolated = np.array([out for _, out in rows], bool).reshape([-1 if d == axis else 1 for d in range(rank)])
+        outside = outside | extrapolated if m else np.zeros(np.broadcast_shapes(outside.shape, extrapolated.shape))
         if n == m and np.array_equal(weights, np.eye(n)):  # (weights summed per index, as in the kernel)
-            outside = outside | np.array([out for _, out in rows]).reshape(  # an identity: only the mask
-                [-1 if d == axis else 1 for d in range(x.ndim)])
             continue
-        if attrs["mode"] == "nearest":  # a gather: no 0 * inf
-            index = [entries[0][0] for entries, _ in rows]
+        index = [entries[0][0] for entries, _ in rows] if attrs["mode"] == "nearest" else None
+        result.append((axis, weights, index))
+    return result, outside.astype(bool)
+
+
+@resize.reference(fallback=True)
+def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value, **attrs):
+    y = x.astype(np.float64)
+    resampled, outside = tables(x.shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs)
+    for axis, weights, index in resampled:
+        if index is not None:  # a gather: no 0 * inf
             y = np.take(y, np.asarray(index, np.int64), axis=axis)
         else:
             y = np.moveaxis(np.tensordot(weights, y, axes=([1], [axis])), 0, axis)
-        outside = np.take(outside, np.zeros(m, np.int64), axis=axis) if n else np.zeros(y.shape, bool)
-        outside |= extrapolated.reshape([-1 if d == axis else 1 for d in range(x.ndim)])
-    y[outside] = np.float32(extrapolation_value)
+    y[np.broadcast_to(outside, y.shape)] = np.float32(extrapolation_value)
     return y.astype(x.dtype)
+
+
+@resize.grad(save=["x"])
+def resize_grad_rule(saved, dy, **attrs):
+    return opforge.ops.resize_grad(dy, saved.x, **attrs)
 
 
 # The kernel: resize_reference's tap tables, built the same way; when only the last two axes resample, each
 # output row blends rows of x straight into y, otherwise one axis at a time through buffers of double.
-resize.kernel(function="Resize", dtypes=[(d,) for d in ("float32", "float64")], code=r"""
+RESIZE_CC = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -320,13 +332,14 @@ bool Identity(int64_t n, int64_t m, const std::vector<std::vector<Tap>> &rows) {
   return true;
 }
 
-template <typename T>
-int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
-  const int rank = ndims[0];
-  const int64_t *in_shape = shapes[0], *out_shape = shapes[1];
+// The taps of every resized axis of x (in_shape) resampled to out_shape that is not an identity (rows[axis]
+// empty otherwise) and the positions outside the roi; false on attributes the op's check refuses.
+bool AllTaps(AotExtra *extra, int rank, const int64_t *in_shape, const int64_t *out_shape,
+             std::vector<std::vector<std::vector<Tap>>> *rows, std::vector<std::vector<char>> *outside,
+             std::string *transform) {
   Settings s;
   s.mode = extra->Attr<std::string>("mode");
-  s.transform = extra->Attr<std::string>("coordinate_transformation_mode");
+  s.transform = *transform = extra->Attr<std::string>("coordinate_transformation_mode");
   s.nearest = extra->Attr<std::string>("nearest_mode");
   s.a = extra->Attr<float>("cubic_coeff_a");
   s.exclude = extra->Attr<bool>("exclude_outside");
@@ -339,10 +352,10 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const size_t count = scales.empty() ? sizes.size() : scales.size();
   if (axes.empty())
     for (int d = 0; d < rank; d++) axes.push_back(d);
-  if (axes.size() != count || (!roi.empty() && roi.size() != 2 * count)) return 1;
+  if (axes.size() != count || (!roi.empty() && roi.size() != 2 * count)) return false;
   for (int64_t &a : axes) {
     if (a < 0) a += rank;
-    if (a < 0 || a >= rank) return 1;
+    if (a < 0 || a >= rank) return false;
   }
   double ratio = 0;  // keep_aspect_ratio_policy's one scale
   if (!sizes.empty() && policy != "stretch") {
@@ -351,13 +364,8 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
       ratio = k == 0 ? r : policy == "not_larger" ? std::min(ratio, r) : std::max(ratio, r);
     }
   }
-  int64_t out_total = 1;
-  for (int d = 0; d < rank; d++) out_total *= out_shape[d];
-  if (out_total == 0) return 0;
-  // The taps of every resized axis that is not an identity (rows[axis] empty otherwise).
-  std::vector<std::vector<std::vector<Tap>>> rows(rank);
-  std::vector<std::vector<char>> outside(rank);
-  std::vector<double> axis_scale(rank, 1.0);
+  rows->assign(rank, {});
+  outside->assign(rank, {});
   for (size_t k = 0; k < count; k++) {
     const int64_t axis = axes[k], n = in_shape[axis], m = out_shape[axis];
     double scale;
@@ -365,12 +373,45 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
     else if (policy != "stretch") scale = ratio;
     else scale = n ? static_cast<double>(m) / n : 1.0;
     const double start = roi.empty() ? 0.0 : roi[k], end = roi.empty() ? 1.0 : roi[count + k];
-    if (n == 0 && m > 0) return 1;
-    Taps(n, m, scale, start, end, s, &rows[axis], &outside[axis]);
-    if (Identity(n, m, rows[axis])) rows[axis].clear();
+    if (n == 0 && m > 0) return false;
+    Taps(n, m, scale, start, end, s, &(*rows)[axis], &(*outside)[axis]);
+    if (Identity(n, m, (*rows)[axis])) (*rows)[axis].clear();
   }
   for (int d = 0; d < rank; d++)
-    if (rows[d].empty() && in_shape[d] != out_shape[d]) return 1;
+    if ((*rows)[d].empty() && in_shape[d] != out_shape[d]) return false;
+  return true;
+}
+
+// Calls visit(offset) for every element of `shape` whose position is outside the roi along some axis.
+template <typename Visit>
+void ForEachOutside(int rank, const int64_t *shape, const std::vector<std::vector<char>> &outside, Visit visit) {
+  int64_t total = 1;
+  for (int d = 0; d < rank; d++) total *= shape[d];
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t i = 0; i < total; i++) {
+    for (int d = 0; d < rank; d++)
+      if (!outside[d].empty() && outside[d][index[d]]) {
+        visit(i);
+        break;
+      }
+    for (int d = rank - 1; d >= 0; d--) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
+  const int rank = ndims[0];
+  const int64_t *in_shape = shapes[0], *out_shape = shapes[1];
+  int64_t out_total = 1;
+  for (int d = 0; d < rank; d++) out_total *= out_shape[d];
+  if (out_total == 0) return 0;
+  std::vector<std::vector<std::vector<Tap>>> rows;
+  std::vector<std::vector<char>> outside;
+  std::string transform;
+  if (!AllTaps(extra, rank, in_shape, out_shape, &rows, &outside, &transform)) return 1;
   T *y = static_cast<T *>(params[1]);
   bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
   for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
@@ -425,22 +466,53 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
     }
     for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
   }
-  const int64_t *shape = out_shape;
-  if (s.transform == "tf_crop_and_resize" && out_total > 0) {
+  if (transform == "tf_crop_and_resize") {
     const T value = static_cast<T>(extra->Attr<float>("extrapolation_value"));
-    std::vector<int64_t> index(rank, 0);
-    for (int64_t i = 0; i < out_total; i++) {
-      for (int d = 0; d < rank; d++)
-        if (!outside[d].empty() && outside[d][index[d]]) {
-          y[i] = value;
-          break;
-        }
-      for (int d = rank - 1; d >= 0; d--) {
-        if (++index[d] < shape[d]) break;
-        index[d] = 0;
-      }
-    }
+    ForEachOutside(rank, out_shape, outside, [&](int64_t i) { y[i] = value; });
   }
+  return 0;
+}
+
+// resize_grad: params dy, x (its shape), dx.  Each axis's taps transposed: dy scattered back with the weights.
+template <typename T>
+int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
+  const int rank = ndims[1];
+  const int64_t *in_shape = shapes[1], *out_shape = shapes[0];
+  int64_t in_total = 1, out_total = 1;
+  for (int d = 0; d < rank; d++) {
+    in_total *= in_shape[d];
+    out_total *= out_shape[d];
+  }
+  T *dx = static_cast<T *>(params[2]);
+  std::fill(dx, dx + in_total, T(0));
+  if (out_total == 0 || in_total == 0) return 0;
+  std::vector<std::vector<std::vector<Tap>>> rows;
+  std::vector<std::vector<char>> outside;
+  std::string transform;
+  if (!AllTaps(extra, rank, in_shape, out_shape, &rows, &outside, &transform)) return 1;
+  std::vector<int64_t> shape(out_shape, out_shape + rank);
+  std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + out_total), next;
+  if (transform == "tf_crop_and_resize")  // extrapolated outputs hold a constant
+    ForEachOutside(rank, out_shape, outside, [&](int64_t i) { cur[i] = 0; });
+  for (int axis = 0; axis < rank; axis++) {
+    if (rows[axis].empty()) continue;
+    const int64_t n = in_shape[axis], m = shape[axis];
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; d++) outer *= shape[d];
+    for (int d = axis + 1; d < rank; d++) inner *= shape[d];
+    next.assign(outer * n * inner, 0.0);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < m; j++) {
+        const double *src = cur.data() + (o * m + j) * inner;
+        for (const Tap &tap : rows[axis][j]) {
+          double *dst = next.data() + (o * n + tap.index) * inner;
+          for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
+        }
+      }
+    cur.swap(next);
+    shape[axis] = n;
+  }
+  for (int64_t i = 0; i < in_total; i++) dx[i] = static_cast<T>(cur[i]);
   return 0;
 }
 
@@ -453,4 +525,36 @@ extern "C" int Resize(int nparam, void **params, int *ndims, int64_t **shapes, c
   if (!std::strcmp(dtypes[0], "float64")) return Run<double>(params, ndims, shapes, e);
   return 2;
 }
-""")
+
+extern "C" int ResizeGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                          void *stream, void *extra) {
+  AotExtra *e = static_cast<AotExtra *>(extra);
+  if (!std::strcmp(dtypes[0], "float32")) return RunGrad<float>(params, ndims, shapes, e);
+  if (!std::strcmp(dtypes[0], "float64")) return RunGrad<double>(params, ndims, shapes, e);
+  return 2;
+}
+"""
+resize.kernel(function="Resize", dtypes=[(d,) for d in ("float32", "float64")], code=RESIZE_CC)
+
+
+# -- the gradient -----------------------------------------------------------------
+
+resize_grad = opforge.op(f"resize_grad(Tensor dy, Tensor x, *, {RESIZE_ATTRS}) -> Tensor dx",
+                         traits=["no_side_effect", "always_compute"],
+                         doc="Gradient of resize: dy sent back through each axis's taps with their weights "
+                             "(outputs outside the roi contribute nothing; x lends only its shape).")
+resize_grad.check(gradient_check("resize", resize_check, resize_infer))
+resize_grad.def_infer(shaped_like_x)
+
+
+@resize_grad.reference(fallback=True)
+def resize_grad_reference(dy, x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value,
+                          **attrs):
+    resampled, outside = tables(x.shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs)
+    dx = np.where(np.broadcast_to(outside, dy.shape), 0, dy.astype(np.float64))
+    for axis, weights, _ in reversed(resampled):
+        dx = np.moveaxis(np.tensordot(weights.T, dx, axes=([1], [axis])), 0, axis)
+    return dx.reshape(x.shape).astype(dy.dtype)
+
+
+resize_grad.kernel(function="ResizeGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=RESIZE_CC)
