@@ -205,12 +205,12 @@ def tables(shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs):
             for i, w in entries:
                 weights[o, i] += w
         extrapolated = np.array([out for _, out in rows], bool).reshape([-1 if d == axis else 1 for d in range(rank)])
-        outside = outside | extrapolated if m else np.zeros(np.broadcast_shapes(outside.shape, extrapolated.shape))
+        outside = outside | extrapolated
         if n == m and np.array_equal(weights, np.eye(n)):  # (weights summed per index, as in the kernel)
             continue
         index = [entries[0][0] for entries, _ in rows] if attrs["mode"] == "nearest" else None
         result.append((axis, weights, index))
-    return result, outside.astype(bool)
+    return result, outside
 
 
 @resize.reference(fallback=True)
