@@ -151,6 +151,8 @@ GRADCHECKS = {
     "pad_reflect": (ops.pad, [r(3, 4)], {"pads": [2, 1, 1, 3], "mode": "reflect"}),
     "layer_norm": (ops.layer_norm, [r(2, 3, 4), r(3, 4, seed=1), r(4, seed=2)], {"axis": 1}),
     "layer_norm_no_bias": (ops.layer_norm, [r(2, 5), r(5, seed=1)], {"epsilon": 1e-3}),
+    "lrn": (ops.lrn, [r(2, 5, 3)], {"size": 3, "alpha": 0.3, "bias": 1.5}),
+    "lrn_even": (ops.lrn, [r(1, 4, 2, 2)], {"size": 2, "alpha": 0.5, "beta": 0.6}),
     "resize_linear": (ops.resize, [r(1, 2, 4, 5)], {"scales": [1, 1, 2, 1.5], "mode": "linear"}),
     "resize_cubic_antialias": (ops.resize, [r(1, 2, 6, 5)], {"sizes": [3, 7], "axes": [2, 3], "mode": "cubic",
                                                              "antialias": True}),

@@ -119,6 +119,7 @@ def test_global_average_pool_batch_norm_lrn_layer_norm_kernels(shape):
         check_op(ops.batch_norm, xd, *sd, epsilon=1e-3)
         for size in (1, 2, 3, 5):
             check_op(ops.lrn, xd, size=size, alpha=0.01, beta=0.7, bias=1.5)
+            check_op(ops.lrn_grad, sample(*shape, seed=8).astype(dtype), xd, size=size, alpha=0.1, beta=0.7)
         for axis in range(-len(shape), len(shape)):
             normalised = shape[axis % len(shape):]
             check_op(ops.layer_norm, xd, sample(*normalised, seed=5).astype(dtype),

@@ -4,17 +4,19 @@ For x of shape N x C x ... :
 ``y = x / (bias + alpha / size * sum of x^2 over channels c - (size - 1) // 2
 .. c + ceil((size - 1) / 2))^beta`` (the window clipped to 0..C-1).  The
 kernel keeps a running sum of squares along the channels, per spatial
-position.  No gradient (trait no_grad): models use LRN for inference; train
-with another normalization.
+position.  The gradient is ``lrn_grad``: with d = bias + alpha / size * S,
+``dx_k = dy_k d_k^-beta - 2 alpha beta / size * x_k * sum over the channels c
+whose window holds k of dy_c x_c d_c^(-beta-1)``.
 """
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import floating_point
+from opforge.builtins.max_pool import gradient_check, shaped_like_x
 
 lrn = opforge.op("lrn(Tensor x, *, int size, float alpha=0.0001, float beta=0.75, float bias=1.0) -> Tensor y",
-                 traits=["no_side_effect", "no_grad"],
+                 traits=["no_side_effect"],
                  doc="ONNX LRN: x / (bias + alpha / size * sum of squares over a window of size channels)^beta.")
 lrn.def_infer(infer.same_as(0))
 is_float = floating_point("lrn", "x")
@@ -30,16 +32,33 @@ def lrn_check(x, *, size, alpha, beta, bias):
     return None
 
 
+def window_sums(values, size, transposed=False):
+    """Per channel c, the sum of ``values`` over its window c - before .. c + after (clipped); transposed: over
+    the channels whose windows hold c (c - after .. c + before)."""
+    channels = values.shape[1]
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    if transposed:
+        before, after = after, before
+    total = np.zeros_like(values)
+    for c in range(channels):
+        total[:, c] = values[:, max(0, c - before): min(channels, c + after + 1)].sum(axis=1)
+    return total
+
+
+def denominators(x, size, alpha, bias):
+    """d = bias + alpha / size * (the window sums of x^2), with the attributes as the kernel receives them."""
+    alpha, bias = (np.float64(np.float32(v)) for v in (alpha, bias))
+    return bias + alpha / size * window_sums(np.square(x.astype(np.float64)), size)
+
+
 @lrn.reference(fallback=True)
 def lrn_reference(x, *, size, alpha, beta, bias):
-    squares = np.square(x.astype(np.float64))
-    channels = x.shape[1]
-    total = np.zeros_like(squares)
-    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
-    for c in range(channels):
-        total[:, c] = squares[:, max(0, c - before): min(channels, c + after + 1)].sum(axis=1)
-    alpha, beta, bias = (np.float64(np.float32(v)) for v in (alpha, beta, bias))  # as the kernel receives them
-    return (x / (bias + alpha / size * total) ** beta).astype(x.dtype)
+    return (x / denominators(x, size, alpha, bias) ** np.float64(np.float32(beta))).astype(x.dtype)
+
+
+@lrn.grad(save=["x"])
+def lrn_grad_rule(saved, dy, **attrs):
+    return opforge.ops.lrn_grad(dy, saved.x, **attrs)
 
 
 lrn.kernel(function="Lrn", dtypes=[(d,) for d in ("float32", "float64")], code=r"""
@@ -90,6 +109,85 @@ extern "C" int Lrn(int nparam, void **params, int *ndims, int64_t **shapes, cons
     return Run(static_cast<const float *>(params[0]), static_cast<float *>(params[1]), ndims[0], shapes[0], e);
   if (!std::strcmp(dtypes[0], "float64"))
     return Run(static_cast<const double *>(params[0]), static_cast<double *>(params[1]), ndims[0], shapes[0], e);
+  return 2;
+}
+""")
+
+
+# -- the gradient -----------------------------------------------------------------
+
+lrn_grad = opforge.op("lrn_grad(Tensor dy, Tensor x, *, int size, float alpha=0.0001, float beta=0.75, "
+                      "float bias=1.0) -> Tensor dx", traits=["no_side_effect"],
+                      doc="Gradient of lrn with respect to x.")
+lrn_grad.check(gradient_check("lrn", lrn_check, infer.same_as(0)))
+lrn_grad.def_infer(shaped_like_x)
+
+
+@lrn_grad.reference(fallback=True)
+def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
+    d = denominators(x, size, alpha, bias)
+    alpha, beta = np.float64(np.float32(alpha)), np.float64(np.float32(beta))
+    dy64, x64 = dy.astype(np.float64), x.astype(np.float64)
+    spread = window_sums(dy64 * x64 * d ** (-beta - 1), size, transposed=True)
+    return (dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread).astype(dy.dtype)
+
+
+lrn_grad.kernel(function="LrnGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=r"""
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "custom_aot_extra.h"
+
+// params: dy, x, dx.
+template <typename T>
+static int Run(const T *dy, const T *x, T *dx, int ndim, const int64_t *shape, AotExtra *extra) {
+  if (ndim < 2) return 1;
+  const int64_t size = extra->Attr<int64_t>("size");
+  if (size < 1) return 1;
+  const double alpha = extra->Attr<float>("alpha"), beta = extra->Attr<float>("beta"),
+               bias = extra->Attr<float>("bias");
+  const int64_t n = shape[0], c = shape[1], before = (size - 1) / 2, after = size - 1 - before;
+  int64_t inner = 1;
+  for (int d = 2; d < ndim; d++) inner *= shape[d];
+  const double scale = alpha / static_cast<double>(size);
+  std::vector<double> d(c * inner), t(c * inner);  // denominators; dy x d^(-beta-1)
+  for (int64_t b = 0; b < n; b++) {
+    const int64_t at = b * c * inner;
+    for (int64_t ch = 0; ch < c; ch++)
+      for (int64_t i = 0; i < inner; i++) {
+        double sum = 0;
+        for (int64_t k = std::max<int64_t>(0, ch - before); k <= std::min(c - 1, ch + after); k++) {
+          const double v = x[at + k * inner + i];
+          sum += v * v;
+        }
+        const int64_t j = ch * inner + i;
+        d[j] = bias + scale * sum;
+        t[j] = static_cast<double>(dy[at + j]) * x[at + j] * std::pow(d[j], -beta - 1);
+      }
+    for (int64_t ch = 0; ch < c; ch++)
+      for (int64_t i = 0; i < inner; i++) {
+        double spread = 0;  // over the channels whose windows hold ch
+        for (int64_t k = std::max<int64_t>(0, ch - after); k <= std::min(c - 1, ch + before); k++)
+          spread += t[k * inner + i];
+        const int64_t j = ch * inner + i;
+        dx[at + j] = static_cast<T>(dy[at + j] * std::pow(d[j], -beta) -
+                                    2 * scale * beta * static_cast<double>(x[at + j]) * spread);
+      }
+  }
+  return 0;
+}
+
+extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                       void *stream, void *extra) {
+  AotExtra *e = static_cast<AotExtra *>(extra);
+  if (!std::strcmp(dtypes[0], "float32"))
+    return Run(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+               static_cast<float *>(params[2]), ndims[1], shapes[1], e);
+  if (!std::strcmp(dtypes[0], "float64"))
+    return Run(static_cast<const double *>(params[0]), static_cast<const double *>(params[1]),
+               static_cast<double *>(params[2]), ndims[1], shapes[1], e);
   return 2;
 }
 """)
