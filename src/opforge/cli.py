@@ -498,7 +498,8 @@ SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include, add_ops, add_d
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="opforge", description="Build, cache and inspect opforge kernel libraries.")
+        prog="opforge",
+        description="Build, cache and inspect opforge kernel libraries; run and convert ONNX models.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
