@@ -15,6 +15,16 @@ BatchNormalization runs with the given statistics; training mode
 with ``is_test=0``) computes the batch statistics with ops and returns the
 updated running mean and variance.  ``spatial=0`` (per-element statistics,
 opsets before 9) is refused.
+
+Pad takes its pads (and from opset 18 its axes) from attributes, then from
+inputs that must be known when the model loads; a ``constant_value`` known
+only at run time is added where the padding is.  LayerNormalization's
+Mean and InvStdDev have the stash type (float32).  Resize and Upsample: the
+scales, sizes and roi inputs must be known when the model loads (they
+decide the output's shape); opset 10 Resize and Upsample use asymmetric
+coordinates, nearest rounding down (up when shrinking).  align_corners with
+scales divides by the unrounded output length (``in * scale - 1``), as
+onnx's test cases do; onnxruntime divides by the rounded one.
 """
 from __future__ import annotations
 
