@@ -18,6 +18,10 @@ taken in one run.
 
     python benchmarks/onnx_models.py --models squeezenet,shufflenet,alexnet --repeat 20
 
+--breakdown adds, per model, the time per op type: opforge's nodes called
+one at a time, and onnxruntime's own profile (which shows its fusions: a
+Relu folded into Conv is gone from its list).
+
 The last line is ``onnx_models_geomean: <ratio 1 thread> <ratio all threads>``.
 """
 import argparse
@@ -95,12 +99,77 @@ def bench_model(name, warmup, repeat):
             "ours_1": ours_1, "ort_1": ort_1, "ours_all": ours_all, "ort_all": ort_all}
 
 
+def opforge_breakdown(graph, arrays, repeat):
+    """{op name: ms per run}: each node called alone (the eager path), as Graph.replay does, timed."""
+    from opforge.runtime.dispatch import launcher_for
+
+    totals = {}
+    for _ in range(repeat):
+        env = {v.id: a for v, a in zip(graph.inputs, arrays)}
+        for node in graph.nodes:
+            if node.is_constant:
+                env[node.outputs[0].id] = node.value
+                continue
+            launcher = launcher_for(node.op, node.attrs, len(node.inputs))
+            args = [None if v is None else env[v.id] for v in node.inputs]
+            start = time.perf_counter()
+            result = launcher(*args)
+            totals[node.op.name] = totals.get(node.op.name, 0.0) + time.perf_counter() - start
+            for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
+                env[value.id] = out
+    return {name: 1e3 * t / repeat for name, t in totals.items()}
+
+
+def ort_breakdown(path, feed, repeat):
+    """{ONNX op type: ms per run} from onnxruntime's profile, one thread."""
+    import json
+    import tempfile
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="opforge-ort-profile-"), "ort")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for _ in range(repeat):
+        session.run(None, feed)
+    profile = session.end_profiling()
+    with open(profile) as handle:
+        events = json.load(handle)
+    os.unlink(profile)
+    totals = {}
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            op_type = event.get("args", {}).get("op_name", "?")
+            totals[op_type] = totals.get(op_type, 0.0) + event["dur"] / 1e3
+    return {name: t / repeat for name, t in totals.items()}
+
+
+def print_breakdown(name, repeat):
+    path = LIGHT / f"light_{name}.onnx"
+    graph = opforge.onnx.load(path)
+    rng = np.random.default_rng(0)
+    arrays = [_random_input(v.spec, rng) for v in graph.inputs]
+    graph(*arrays)
+    set_blas_threads(1)
+    ours = sorted(opforge_breakdown(graph, arrays, repeat).items(), key=lambda item: -item[1])
+    session = ort_session(path, 1)
+    theirs = sorted(ort_breakdown(path, {i.name: a for i, a in zip(session.get_inputs(), arrays)}, repeat).items(),
+                    key=lambda item: -item[1])
+    print(f"  {name}, one thread, ms per run by op (opforge: each node called alone | onnxruntime's profile):")
+    for k in range(max(len(ours), len(theirs))):
+        left = f"{ours[k][0]:<22}{ours[k][1]:>8.2f}" if k < len(ours) else " " * 30
+        right = f"{theirs[k][0]:<22}{theirs[k][1]:>8.2f}" if k < len(theirs) else ""
+        print(f"    {left}  |  {right}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated model names (default all: {','.join(MODELS)})")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement (default 3)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print, per model, the time per op type of opforge and of onnxruntime")
     args = parser.parse_args(argv)
     names = [resolve(n.strip().removeprefix("light_")) for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -124,6 +193,8 @@ def main(argv=None):
               f"{r['ours_1']:>12.2f}{r['ort_1']:>10.2f}{ratios_1[-1]:>7.2f}"
               f"{r['ours_all']:>13.2f}{r['ort_all']:>10.2f}{ratios_all[-1]:>7.2f}"
               + ("" if r["agree"] else f"  (max abs difference {r['error']:.3g})"))
+        if args.breakdown:
+            print_breakdown(name, args.repeat)
     if not ratios_1:
         return 1
     geomean = [math.exp(statistics.fmean(math.log(r) for r in rs)) for rs in (ratios_1, ratios_all)]
