@@ -61,33 +61,51 @@ def lrn_grad_rule(saved, dy, **attrs):
     return opforge.ops.lrn_grad(dy, saved.x, **attrs)
 
 
-lrn.kernel(function="Lrn", dtypes=[(d,) for d in ("float32", "float64")], code=r"""
+LRN_CC = r"""
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "custom_aot_extra.h"
 
-template <typename T>
-static int Run(const T *x, T *y, int ndim, const int64_t *shape, AotExtra *extra) {
-  if (ndim < 2) return 1;
+namespace {
+
+// x's layout (N, C, positions per channel) and the attributes.
+struct Window {
+  int64_t n, c, inner, before, after;
+  double scale, beta, bias;  // scale = alpha / size
+};
+
+bool ReadWindow(int ndim, const int64_t *shape, AotExtra *extra, Window *w) {
+  if (ndim < 2) return false;
   const int64_t size = extra->Attr<int64_t>("size");
-  if (size < 1) return 1;
-  const double alpha = extra->Attr<float>("alpha"), beta = extra->Attr<float>("beta"),
-               bias = extra->Attr<float>("bias");
-  const int64_t n = shape[0], c = shape[1], before = (size - 1) / 2, after = size - 1 - before;
-  int64_t inner = 1;
-  for (int d = 2; d < ndim; d++) inner *= shape[d];
-  const double scale = alpha / static_cast<double>(size);
+  if (size < 1) return false;
+  w->n = shape[0];
+  w->c = shape[1];
+  w->inner = 1;
+  for (int d = 2; d < ndim; d++) w->inner *= shape[d];
+  w->before = (size - 1) / 2;
+  w->after = size - 1 - w->before;
+  w->scale = extra->Attr<float>("alpha") / static_cast<double>(size);
+  w->beta = extra->Attr<float>("beta");
+  w->bias = extra->Attr<float>("bias");
+  return true;
+}
+
+// params: x, y.  A running sum of squares along the channels, per position.
+template <typename T>
+void Forward(const Window &w, const T *x, T *y) {
+  const int64_t c = w.c, inner = w.inner;
   std::vector<double> sum(inner);
-  for (int64_t b = 0; b < n; b++) {
+  for (int64_t b = 0; b < w.n; b++) {
     const T *xb = x + b * c * inner;
     T *yb = y + b * c * inner;
     // sum holds, per position, the squares of channels [lo, hi) -- the window of channel ch
     std::fill(sum.begin(), sum.end(), 0.0);
     int64_t hi = 0;
     for (int64_t ch = 0; ch < c; ch++) {
-      const int64_t want_hi = std::min(c, ch + after + 1), lo = ch - before;
+      const int64_t want_hi = std::min(c, ch + w.after + 1), lo = ch - w.before;
       for (; hi < want_hi; hi++)
         for (int64_t i = 0; i < inner; i++) sum[i] += static_cast<double>(xb[hi * inner + i]) * xb[hi * inner + i];
       if (lo - 1 >= 0)
@@ -96,22 +114,70 @@ static int Run(const T *x, T *y, int ndim, const int64_t *shape, AotExtra *extra
           if (sum[i] < 0) sum[i] = 0;  // rounding of the running sum
         }
       for (int64_t i = 0; i < inner; i++)
-        yb[ch * inner + i] = static_cast<T>(xb[ch * inner + i] / std::pow(bias + scale * sum[i], beta));
+        yb[ch * inner + i] = static_cast<T>(xb[ch * inner + i] / std::pow(w.bias + w.scale * sum[i], w.beta));
     }
   }
-  return 0;
 }
+
+// params: dy, x, dx.
+template <typename T>
+void Backward(const Window &w, const T *dy, const T *x, T *dx) {
+  const int64_t c = w.c, inner = w.inner;
+  std::vector<double> d(c * inner), t(c * inner);  // denominators; dy x d^(-beta-1)
+  for (int64_t b = 0; b < w.n; b++) {
+    const int64_t at = b * c * inner;
+    for (int64_t ch = 0; ch < c; ch++)
+      for (int64_t i = 0; i < inner; i++) {
+        double sum = 0;
+        for (int64_t k = std::max<int64_t>(0, ch - w.before); k <= std::min(c - 1, ch + w.after); k++) {
+          const double v = x[at + k * inner + i];
+          sum += v * v;
+        }
+        const int64_t j = ch * inner + i;
+        d[j] = w.bias + w.scale * sum;
+        t[j] = static_cast<double>(dy[at + j]) * x[at + j] * std::pow(d[j], -w.beta - 1);
+      }
+    for (int64_t ch = 0; ch < c; ch++)
+      for (int64_t i = 0; i < inner; i++) {
+        double spread = 0;  // over the channels whose windows hold ch
+        for (int64_t k = std::max<int64_t>(0, ch - w.after); k <= std::min(c - 1, ch + w.before); k++)
+          spread += t[k * inner + i];
+        const int64_t j = ch * inner + i;
+        dx[at + j] = static_cast<T>(dy[at + j] * std::pow(d[j], -w.beta) -
+                                    2 * w.scale * w.beta * static_cast<double>(x[at + j]) * spread);
+      }
+  }
+}
+
+}  // namespace
 
 extern "C" int Lrn(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
-  AotExtra *e = static_cast<AotExtra *>(extra);
+  Window w;
+  if (!ReadWindow(ndims[0], shapes[0], static_cast<AotExtra *>(extra), &w)) return 1;
   if (!std::strcmp(dtypes[0], "float32"))
-    return Run(static_cast<const float *>(params[0]), static_cast<float *>(params[1]), ndims[0], shapes[0], e);
-  if (!std::strcmp(dtypes[0], "float64"))
-    return Run(static_cast<const double *>(params[0]), static_cast<double *>(params[1]), ndims[0], shapes[0], e);
-  return 2;
+    Forward(w, static_cast<const float *>(params[0]), static_cast<float *>(params[1]));
+  else if (!std::strcmp(dtypes[0], "float64"))
+    Forward(w, static_cast<const double *>(params[0]), static_cast<double *>(params[1]));
+  else return 2;
+  return 0;
 }
-""")
+
+extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                       void *stream, void *extra) {
+  Window w;
+  if (!ReadWindow(ndims[1], shapes[1], static_cast<AotExtra *>(extra), &w)) return 1;
+  if (!std::strcmp(dtypes[0], "float32"))
+    Backward(w, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+             static_cast<float *>(params[2]));
+  else if (!std::strcmp(dtypes[0], "float64"))
+    Backward(w, static_cast<const double *>(params[0]), static_cast<const double *>(params[1]),
+             static_cast<double *>(params[2]));
+  else return 2;
+  return 0;
+}
+"""
+lrn.kernel(function="Lrn", dtypes=[(d,) for d in ("float32", "float64")], code=LRN_CC)
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -132,62 +198,4 @@ def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
     return (dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread).astype(dy.dtype)
 
 
-lrn_grad.kernel(function="LrnGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=r"""
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <vector>
-
-#include "custom_aot_extra.h"
-
-// params: dy, x, dx.
-template <typename T>
-static int Run(const T *dy, const T *x, T *dx, int ndim, const int64_t *shape, AotExtra *extra) {
-  if (ndim < 2) return 1;
-  const int64_t size = extra->Attr<int64_t>("size");
-  if (size < 1) return 1;
-  const double alpha = extra->Attr<float>("alpha"), beta = extra->Attr<float>("beta"),
-               bias = extra->Attr<float>("bias");
-  const int64_t n = shape[0], c = shape[1], before = (size - 1) / 2, after = size - 1 - before;
-  int64_t inner = 1;
-  for (int d = 2; d < ndim; d++) inner *= shape[d];
-  const double scale = alpha / static_cast<double>(size);
-  std::vector<double> d(c * inner), t(c * inner);  // denominators; dy x d^(-beta-1)
-  for (int64_t b = 0; b < n; b++) {
-    const int64_t at = b * c * inner;
-    for (int64_t ch = 0; ch < c; ch++)
-      for (int64_t i = 0; i < inner; i++) {
-        double sum = 0;
-        for (int64_t k = std::max<int64_t>(0, ch - before); k <= std::min(c - 1, ch + after); k++) {
-          const double v = x[at + k * inner + i];
-          sum += v * v;
-        }
-        const int64_t j = ch * inner + i;
-        d[j] = bias + scale * sum;
-        t[j] = static_cast<double>(dy[at + j]) * x[at + j] * std::pow(d[j], -beta - 1);
-      }
-    for (int64_t ch = 0; ch < c; ch++)
-      for (int64_t i = 0; i < inner; i++) {
-        double spread = 0;  // over the channels whose windows hold ch
-        for (int64_t k = std::max<int64_t>(0, ch - after); k <= std::min(c - 1, ch + before); k++)
-          spread += t[k * inner + i];
-        const int64_t j = ch * inner + i;
-        dx[at + j] = static_cast<T>(dy[at + j] * std::pow(d[j], -beta) -
-                                    2 * scale * beta * static_cast<double>(x[at + j]) * spread);
-      }
-  }
-  return 0;
-}
-
-extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                       void *stream, void *extra) {
-  AotExtra *e = static_cast<AotExtra *>(extra);
-  if (!std::strcmp(dtypes[0], "float32"))
-    return Run(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-               static_cast<float *>(params[2]), ndims[1], shapes[1], e);
-  if (!std::strcmp(dtypes[0], "float64"))
-    return Run(static_cast<const double *>(params[0]), static_cast<const double *>(params[1]),
-               static_cast<double *>(params[2]), ndims[1], shapes[1], e);
-  return 2;
-}
-""")
+lrn_grad.kernel(function="LrnGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=LRN_CC)
