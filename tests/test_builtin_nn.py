@@ -348,3 +348,13 @@ def test_edge_shapes():
     y, where = ops.max_pool_with_indices(sample(1, 1, 2, 2), kernel_shape=[2, 2], pads=[2, 2, 2, 2])
     assert y[0, 0, 0, 0] == -np.inf and where[0, 0, 0, 0] == -1
     assert ops.average_pool(sample(1, 1, 2, 2), kernel_shape=[2, 2], pads=[2, 2, 2, 2])[0, 0, 0, 0] == 0
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3]},
+    {"kernel_shape": [2, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "p": 3},
+    {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1, "p": 1, "dilations": [1, 2]},
+    {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"},
+])
+def test_onnx_lp_pool(attrs):
+    agree("LpPool", [sample(1, 2, 7, 8)], attrs, opset=18, rtol=1e-4)

@@ -1,5 +1,5 @@
 """Converters of ONNX's pooling, normalization, padding and resizing ops:
-MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, BatchNormalization,
+MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LpPool, BatchNormalization,
 LRN, LayerNormalization, Pad, Resize, Upsample.
 
 Pooling: ``auto_pad`` (SAME_UPPER, SAME_LOWER, VALID) becomes explicit pads
@@ -32,6 +32,7 @@ import numpy as np
 
 import opforge
 from ..builtins.common import zeros_like
+from ..builtins.max_pool import pooled_dim
 from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of, dtype_of
 from .registry import converter
@@ -105,6 +106,27 @@ def global_max_pool(node, x):
     if len(dims) < 3:
         raise node.error(f"input 'X' has shape {list(dims)}; GlobalMaxPool needs N x C x spatial dims")
     return ops.max_pool(x, kernel_shape=list(dims[2:]))
+
+
+@converter("LpPool", since=2)
+def lp_pool(node, x):
+    """(sum over each window of |x|^p)^(1/p): |x|^p zero-padded (the end widened so that ceil_mode's last
+    windows fit), average_pool with every window inside, times the window's size."""
+    attrs = window_attrs(node, x)
+    p = node.attr("p", 2)
+    dtype = dtype_of(x)
+    spatial = len(attrs["kernel_shape"])
+    pads = list(attrs.pop("pads"))
+    if attrs.pop("ceil_mode"):
+        dims = node.static_shape(x, "input 'X'")[2:]
+        for j, n in enumerate(dims):
+            k, s, d = attrs["kernel_shape"][j], attrs["strides"][j], attrs["dilations"][j]
+            out = pooled_dim(n, k, s, pads[j], pads[spatial + j], d, True)
+            pads[spatial + j] = max(pads[spatial + j], (out - 1) * s + (k - 1) * d + 1 - n - pads[j])
+    powered = ops.pow(ops.abs(x), np.asarray(p, dtype))
+    padded_x = ops.pad(powered, pads=[0, 0] + pads[:spatial] + [0, 0] + pads[spatial:])
+    total = ops.mul(ops.average_pool(padded_x, **attrs), np.asarray(np.prod(attrs["kernel_shape"]), dtype))
+    return ops.pow(total, np.asarray(1.0 / p, dtype))
 
 
 # -- BatchNormalization -------------------------------------------------------------------
