@@ -141,6 +141,22 @@ def test_a_shape_input_is_bound_at_load_time_with_one_graph_per_value():
     assert len(rep._graphs) == 2
 
 
+def test_the_input_a_converter_names_is_bound_through_the_node_whatever_its_graph_name():
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Resize", ["r", "", "factors"], ["y"],
+                                                                  name="up", mode="nearest")], "upsample",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2]),
+         helper.make_tensor_value_info("count", TensorProto.INT64, []),
+         helper.make_tensor_value_info("factors", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    rep = OpforgeBackend.prepare(model)
+    x = np.array([[[[1, -2], [3, 4]]]], np.float32)
+    (y,) = rep.run([x, np.array(7), np.array([1, 1, 2, 2], np.float32)])
+    np.testing.assert_array_equal(y, np.maximum(x, 0).repeat(2, axis=2).repeat(2, axis=3))
+    assert rep._bound == ("factors",)  # not the int64 input nobody needs at load time
+
+
 def test_errors_binding_cannot_fix_are_raised_as_load_raises_them():
     graph = helper.make_graph(
         [helper.make_node("Cast", ["s"], ["shape"], to=TensorProto.INT64),

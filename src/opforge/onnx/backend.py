@@ -85,13 +85,56 @@ class OpforgeRep(BackendRep):
                 except UnsupportedOpError:
                     raise
                 except ModelError as error:
-                    name = _next_to_bind(error, [n for n in self._bindable if n not in bound])
+                    name = self._next_to_bind(error, bound)
                     if name is None:
                         raise
                     bound.append(name)
             self._bound = tuple(bound)
             self._graphs.put(_key(self._bound, feeds), graph)
             return graph
+
+
+    def _next_to_bind(self, error, bound):
+        """The input to bind after ``error``: None unless a converter said an input must be known at load
+        time; then the graph input feeding the input it names, or one the message quotes, or the next
+        integer, bool or scalar input."""
+        message = str(error)
+        if "known when the model is loaded" not in message:
+            return None
+        unbound = [name for name in self.input_names if name not in bound]
+        named = _input_named(self.model, message)
+        if named in unbound:
+            return named
+        for name in unbound:
+            if f"'{name}'" in message:
+                return name
+        return next((name for name in self._bindable if name not in bound), None)
+
+
+def _input_named(model, message):
+    """The tensor feeding the input that ``message`` (a converter's ModelError: "node '<name or index>'
+    (<op_type>): input '<formal name>' must be known...") names, or None."""
+    found = re.search(r"node '(.*?)' \((\w+)\): input '(\w+)'", message)
+    if found is None:
+        return None
+    label, op_type, formal = found.groups()
+    nodes = list(model.graph.node)
+    matching = [n for n in nodes if n.name == label and n.op_type == op_type]
+    if not matching and label.isdigit() and int(label) < len(nodes) and nodes[int(label)].op_type == op_type:
+        matching = [nodes[int(label)]]
+    if len(matching) != 1:
+        return None
+    node = matching[0]
+    opset = max((o.version for o in model.opset_import if o.domain == node.domain), default=None)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain) if opset else \
+            onnx.defs.get_schema(node.op_type, node.domain)
+    except Exception:  # noqa: BLE001 -- an op onnx does not define (a custom domain): no formal names
+        return None
+    formals = [parameter.name for parameter in schema.inputs]
+    if formal not in formals or formals.index(formal) >= len(node.input):
+        return None
+    return node.input[formals.index(formal)] or None
 
 
 def _bindable_inputs(model, names):
@@ -108,18 +151,6 @@ def _bindable_inputs(model, names):
 
 def _key(names, feeds):
     return tuple((name, feeds[name].dtype.str, feeds[name].shape, feeds[name].tobytes()) for name in names)
-
-
-def _next_to_bind(error, candidates):
-    """The input to bind after ``error``: None unless a converter said an input must be known at load
-    time; then one the message names, else the first candidate left."""
-    message = str(error)
-    if not candidates or "known when the model is loaded" not in message:
-        return None
-    for name in candidates:
-        if re.search(r"(?<![\w.])'?" + re.escape(name) + r"'?(?![\w.])", message):
-            return name
-    return candidates[0]
 
 
 class OpforgeBackend(Backend):
