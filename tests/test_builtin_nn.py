@@ -358,3 +358,12 @@ def test_edge_shapes():
 ])
 def test_onnx_lp_pool(attrs):
     agree("LpPool", [sample(1, 2, 7, 8)], attrs, opset=18, rtol=1e-4)
+
+
+def test_onnx_global_lp_pool_instance_and_group_normalization():
+    x = sample(2, 4, 3, 5)
+    agree("GlobalLpPool", [x], {"p": 3}, opset=18, rtol=1e-4)
+    agree("InstanceNormalization", [x, sample(4, seed=1), sample(4, seed=2)], {"epsilon": 1e-3}, rtol=1e-4, atol=1e-5)
+    agree("InstanceNormalization", [sample(2, 3, 7), sample(3, seed=1), sample(3, seed=2)], rtol=1e-4, atol=1e-5)
+    agree("GroupNormalization", [x, sample(4, seed=1), sample(4, seed=2)], {"num_groups": 2}, opset=21,
+          rtol=1e-4, atol=1e-5)

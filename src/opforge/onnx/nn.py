@@ -1,6 +1,7 @@
 """Converters of ONNX's pooling, normalization, padding and resizing ops:
 MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LpPool, BatchNormalization,
-LRN, LayerNormalization, Pad, Resize, Upsample.
+LRN, LayerNormalization, Pad, Resize, Upsample, GlobalLpPool, InstanceNormalization,
+GroupNormalization.
 
 Pooling: ``auto_pad`` (SAME_UPPER, SAME_LOWER, VALID) becomes explicit pads
 here, so the spatial dims of the input must be known when the model loads
@@ -323,3 +324,55 @@ def resize_v11(node, x, roi=None, scales=None, sizes=None):
     roi = floats(node, roi, "input 'roi'") if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize" else []
     sizes = [] if sizes is None else [int(s) for s in np.asarray(node.constant(sizes, "input 'sizes'")).reshape(-1)]
     return resized(node, x, floats(node, scales, "input 'scales'"), sizes, roi, **attrs)
+
+
+# -- GlobalLpPool, InstanceNormalization, GroupNormalization --------------------------------
+
+def spatial_axes(node, x, what="input 'X'"):
+    dims = dims_of(x)
+    if dims == UNKNOWN_RANK or len(dims) < 2:
+        raise node.error(f"{what} must have a known rank >= 2 (N x C x ...) when the model is loaded")
+    return list(range(2, len(dims)))
+
+
+@converter("GlobalLpPool", since=2)
+def global_lp_pool(node, x):
+    p, dtype = node.attr("p", 2), dtype_of(x)
+    total = ops.reduce_sum(ops.pow(ops.abs(x), np.asarray(p, dtype)), axes=spatial_axes(node, x), keep_dims=True)
+    return ops.pow(total, np.asarray(1.0 / p, dtype))
+
+
+def per_channel(v, rank):
+    return ops.reshape(v, shape=[-1] + [1] * (rank - 2))
+
+
+@converter("InstanceNormalization", since=1)
+def instance_normalization(node, x, scale, bias):
+    """layer_norm over each (n, c) plane (the spatial dims), then the per-channel scale and bias."""
+    axes = spatial_axes(node, x)
+    dtype = dtype_of(x)
+    if not axes:  # N x C: each plane is one element, normalised to 0
+        return ops.add(ops.mul(x, np.zeros((), dtype)), bias)
+    one = np.ones((1,) * len(axes), dtype)
+    y, _, _ = ops.layer_norm(x, one, np.zeros_like(one), axis=2, epsilon=node.attr("epsilon", 1e-5))
+    return ops.add(ops.mul(y, per_channel(scale, len(axes) + 2)), per_channel(bias, len(axes) + 2))
+
+
+@converter("GroupNormalization", since=18)
+def group_normalization(node, x, scale, bias):
+    """x as N x groups x (C / groups * spatial), layer_norm over the last dim, then the scale and bias: per
+    group before opset 21, per channel from 21."""
+    dims = node.static_shape(x, "input 'X'")
+    groups = node.attr("num_groups")
+    if groups is None or len(dims) < 2 or dims[1] % groups:
+        raise node.error(f"attribute 'num_groups' ({groups}) must divide the channels of input 'X' {list(dims)}")
+    dtype = dtype_of(x)
+    one = np.ones(1, dtype)
+    grouped = ops.reshape(x, shape=[dims[0], groups, -1])
+    y, _, _ = ops.layer_norm(grouped, one, np.zeros_like(one), axis=2, epsilon=node.attr("epsilon", 1e-5))
+    y = ops.reshape(y, shape=list(dims))
+    if node.opset < 21:  # scale and bias per group: repeated over the group's channels
+        per_group = dims[1] // groups
+        scale = ops.reshape(ops.expand(ops.reshape(scale, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
+        bias = ops.reshape(ops.expand(ops.reshape(bias, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
+    return ops.add(ops.mul(y, per_channel(scale, len(dims))), per_channel(bias, len(dims)))
