@@ -9,8 +9,9 @@ pads, TopK's k...  A model normally holds them as initializers, but one may
 take them as graph inputs (onnx's node cases do).  ``run`` then converts the
 model with those inputs bound to the values given: it finds them by loading,
 and on the ``ModelError`` of a converter that needs an input at load time,
-binding the next integer input and retrying.  One graph is kept per tuple of
-bound values.
+binding the graph input that feeds the node's input it names (else one the
+message quotes, else the next integer, bool or scalar input) and retrying.
+One graph is kept per tuple of bound values.
 """
 from __future__ import annotations
 
