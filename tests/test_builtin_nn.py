@@ -367,3 +367,12 @@ def test_onnx_global_lp_pool_instance_and_group_normalization():
     agree("InstanceNormalization", [sample(2, 3, 7), sample(3, seed=1), sample(3, seed=2)], rtol=1e-4, atol=1e-5)
     agree("GroupNormalization", [x, sample(4, seed=1), sample(4, seed=2)], {"num_groups": 2}, opset=21,
           rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_center_crop_pad():
+    x = sample(5, 6, 3)
+    graph = ox.load(model_of("CenterCropPad", [x, np.array([8, 3], np.int64)], {"axes": [0, 1]}, opset=18,
+                             constant=(1,)))
+    want = np.zeros((8, 3, 3), np.float32)
+    want[1:6] = x[:, 1:4]  # padded 1 + 2 along axis 0, cropped from 1 along axis 1
+    np.testing.assert_array_equal(graph(x), want)

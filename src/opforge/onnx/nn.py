@@ -1,7 +1,7 @@
 """Converters of ONNX's pooling, normalization, padding and resizing ops:
 MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LpPool, BatchNormalization,
 LRN, LayerNormalization, Pad, Resize, Upsample, GlobalLpPool, InstanceNormalization,
-GroupNormalization.
+GroupNormalization, CenterCropPad.
 
 Pooling: ``auto_pad`` (SAME_UPPER, SAME_LOWER, VALID) becomes explicit pads
 here, so the spatial dims of the input must be known when the model loads
@@ -376,3 +376,19 @@ def group_normalization(node, x, scale, bias):
         scale = ops.reshape(ops.expand(ops.reshape(scale, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
         bias = ops.reshape(ops.expand(ops.reshape(bias, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
     return ops.add(ops.mul(y, per_channel(scale, len(dims))), per_channel(bias, len(dims)))
+
+
+@converter("CenterCropPad", since=18)
+def center_crop_pad(node, x, shape):
+    """pad with negative pads where the target is smaller: centred, the odd element at the end."""
+    dims = node.static_shape(x, "input 'input_data'")
+    target = [int(v) for v in np.asarray(node.constant(shape, "input 'shape'")).reshape(-1)]
+    axes = [a % len(dims) for a in node.attr("axes", range(len(dims)))]
+    if len(axes) != len(target):
+        raise node.error(f"input 'shape' has {len(target)} entries for {len(axes)} axes")
+    begin, end = [0] * len(dims), [0] * len(dims)
+    for axis, size in zip(axes, target):
+        change = size - dims[axis]
+        begin[axis] = change // 2 if change >= 0 else -(-change // 2)
+        end[axis] = change - begin[axis]
+    return ops.pad(x, pads=begin + end)
