@@ -214,6 +214,13 @@ def test_run_node_and_run_model_agree_with_onnxruntime():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)]), opset_imports=[helper.make_opsetid("", 13)])
     (theirs,) = onnxruntime.backend.prepare(single).run([x])
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    (twice,) = OpforgeBackend.run_node(helper.make_node("Mul", ["x", "x"], ["y"]), [x, x])
+    np.testing.assert_array_equal(twice, x * x)
+    values, indices = OpforgeBackend.run_node(helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1),
+                                              [x, np.array([2], np.int64)])
+    order = np.argsort(-x, axis=1, kind="stable")[:, :2]
+    np.testing.assert_array_equal(indices, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
     model = _reshape_model()
     inputs = [rng.standard_normal((2, 3, 4)).astype(np.float32), np.array([3, 8], np.int64)]
     (ours,) = OpforgeBackend.run_model(model, inputs)

@@ -177,8 +177,9 @@ class OpforgeBackend(Backend):
             arrays = [np.asarray(x) for x in inputs]
         if len(arrays) != len(names):
             raise ArityError(f"node '{node.name}' ({node.op_type}) takes {len(names)} input(s), got {len(arrays)}")
+        feeds = dict(reversed(list(zip(names, arrays))))  # a name the node reads twice: its first array
         graph_inputs = [onnx.helper.make_tensor_value_info(
-            name, onnx.helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for name, x in zip(names, arrays)]
+            name, onnx.helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for name, x in feeds.items()]
         outputs = [name for name in node.output if name]
         graph_outputs = []
         for k, name in enumerate(outputs):
@@ -196,7 +197,7 @@ class OpforgeBackend(Backend):
         model = onnx.helper.make_model(
             onnx.helper.make_graph([node], node.name or node.op_type, graph_inputs, graph_outputs),
             opset_imports=opsets)
-        return cls.prepare(model, device).run(arrays)
+        return cls.prepare(model, device).run(feeds)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
