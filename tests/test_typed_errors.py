@@ -220,7 +220,11 @@ def test_public_callables_raise_only_typed_errors(global_settings, name, fn, kin
         pass
 
 
-@pytest.mark.parametrize("name", dir(opforge.ops))
+# The built-in ops: namespaces in dir(opforge.ops) hold ops other test modules register for a while.
+BUILTIN_OP_NAMES = [name for name in dir(opforge.ops) if "::" not in name and opforge.lookup(name) is not None]
+
+
+@pytest.mark.parametrize("name", BUILTIN_OP_NAMES)
 def test_ops_raise_only_typed_errors_for_bad_calls(name):
     function = getattr(opforge.ops, name)
     op = function.op
