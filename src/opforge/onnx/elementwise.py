@@ -302,47 +302,11 @@ rounding("Ceil", ceil)
 rounding("Round", round_half_even)
 
 
-def integral_part(q, toward_minus_infinity):
-    """trunc(q) or floor(q) of a float64 q; |q| >= 2**52, inf and NaN are left as they are."""
-    small = ops.less(ops.abs(q), scalar(2.0 ** 52, q))
-    safe = ops.where(small, q, scalar(0, q))
-    return ops.where(small, floor(safe) if toward_minus_infinity else trunc(safe), q)
-
-
-# Exactly representable in float64 with their quotients' integral parts exact: every integer of up to 32
-# bits, and float16 (its values are multiples of 2**-24 below 2**16, so quotient, product and difference
-# stay within 53 bits).
-EXACT_MOD = ("int8", "int16", "int32", "uint8", "uint16", "uint32", "float16")
-
-
 @converter("Mod", since=10)
 def mod(node, a, b):
-    """a - b * trunc(a / b) (fmod=1, C's fmod: the sign of a) or a - b * floor(a / b) (fmod=0, Python's %:
-    the sign of b), computed exactly in float64 for the dtypes of ``EXACT_MOD``; other dtypes only when both
-    inputs are known at load time (NumPy)."""
+    """opforge's mod: fmod=0 is Python's % (the sign of b), fmod=1 C's fmod (the sign of a)."""
     same_dtype(node, a, b)
-    dtype = dtype_of(a)
-    c_style = bool(node.attr("fmod", 0))
-    is_float = np.dtype(dtype).kind == "f"
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        with np.errstate(all="ignore"):
-            return (np.fmod(a, b) if c_style else np.mod(a, b)).astype(dtype)
-    if dtype not in EXACT_MOD:
-        raise node.error(f"Mod of {dtype} tensors is not supported when they are computed at run time "
-                         f"(supported: {', '.join(EXACT_MOD)}; other dtypes when both inputs are constants)")
-    x, y = ops.cast(a, dtype="float64"), ops.cast(b, dtype="float64")
-    r = ops.sub(x, ops.mul(y, integral_part(ops.div(x, y), not c_style and not is_float)))
-    if is_float:
-        zero = scalar(0, r)
-        # a finite a over an infinite b: a (the formula gives inf * 0 = NaN)
-        keep_a = ops.where(ops.equal(ops.abs(y), scalar(np.inf, y)), ops.less(ops.abs(x), scalar(np.inf, x)),
-                           np.zeros((), bool))
-        r = ops.where(keep_a, x, r)
-        if not c_style:  # Python's %: a non-zero remainder takes the sign of b
-            wrong_sign = ops.not_equal(ops.cast(ops.less(r, zero), dtype="int32"),
-                                       ops.cast(ops.less(y, zero), dtype="int32"))
-            r = ops.where(ops.where(ops.not_equal(r, zero), wrong_sign, np.zeros((), bool)), ops.add(r, y), r)
-    return ops.cast(r, dtype=dtype)
+    return ops.mod(a, b, fmod=bool(node.attr("fmod", 0)))
 
 
 @converter("LeakyRelu", since=1)
