@@ -1,7 +1,9 @@
 """onnx's backend conformance suite, run through opforge's ONNX backend.
 
-Every node case of the ops opforge converts runs (``SUPPORTED_OPS``), except
-the ones named in ``EXCLUDED``, each with the reason; all others must pass.
+Every node case of every ai.onnx op type opforge has a converter for runs
+(``SUPPORTED_OPS``, read from the converter registry), except the ones named
+in ``EXCLUDED``, each with the reason; all others must pass, and per op at
+least as many must pass as pass with onnxruntime.
 ``benchmarks/onnx_conformance.py`` prints the pass counts beside onnxruntime's.
 """
 import unittest
@@ -14,13 +16,15 @@ import pytest
 from onnx import TensorProto, helper
 
 import opforge
-from opforge.onnx.backend import OpforgeBackend, check_case, conformance_cases
+from opforge.onnx.backend import OpforgeBackend, check_case, conformance_cases, converted_op_types
 
-SUPPORTED_OPS = (
+# The ops issue 8 asks for: each must have a converter (and node cases in onnx's suite).
+ISSUE_OPS = (
     "Add AveragePool BatchNormalization Cast Clip Concat Constant ConstantOfShape Conv ConvTranspose Div Dropout "
     "Gemm GlobalAveragePool HardSigmoid Identity LRN MatMul MaxPool Mul Pow ReduceMean Relu Reshape Resize Shape "
     "Sigmoid Slice Softmax Sqrt Squeeze Sub Sum Transpose Unsqueeze LeakyRelu Tanh Exp Erf Gelu LayerNormalization "
     "Gather Split Where Equal ReduceSum Tile TopK Flatten Pad Expand").split()
+SUPPORTED_OPS = converted_op_types()
 
 NARROW_CASTS = (  # casts from or to ONNX element types opforge has no dtype for (float8, float4, int4, int2...)
     "FLOAT_to_FLOAT8E4M3FN", "FLOAT16_to_FLOAT8E4M3FN", "FLOAT_to_FLOAT8E4M3FNUZ", "FLOAT16_to_FLOAT8E4M3FNUZ",
@@ -43,6 +47,10 @@ EXCLUDED = {
     **{f"test_cast_{pair}_cpu": f"Cast {pair}: opforge has no dtype for this ONNX element type (its dtypes are "
                                   f"bool, int8-64, uint8-64, float16/32/64 and bfloat16), so load refuses the model"
        for pair in NARROW_CASTS},
+    **{f"test_castlike_{pair}{expanded}_cpu": f"CastLike {pair}: opforge has no dtype for this ONNX element type "
+                                              f"(its dtypes are bool, int8-64, uint8-64, float16/32/64 and "
+                                              f"bfloat16), so load refuses the model"
+       for pair in NARROW_CASTS if not pair.startswith("e8m0_") for expanded in ("", "_expanded")},
     "test_training_dropout_cpu": "Dropout with training_mode true and ratio 0.75 draws a random mask; opforge runs "
                                  "Dropout in inference mode only (onnxruntime fails this case too)",
     "test_training_dropout_mask_cpu": "Dropout with training_mode true and ratio 0.75 draws a random mask; opforge "
@@ -80,9 +88,11 @@ def _only_included(test_cases):
 globals().update(_only_included(_backend_test.test_cases))
 
 
-def test_every_supported_op_has_cases_and_every_exclusion_is_a_case_with_a_reason():
+def test_every_issue_op_is_converted_with_cases_and_every_exclusion_is_a_case_with_a_reason():
     names = {f"{case.name}_cpu" for cases in CASES.values() for case in cases}
-    assert sorted(set(SUPPORTED_OPS) - set(CASES)) == []
+    assert len(ISSUE_OPS) == 51 and sorted(set(ISSUE_OPS) - set(SUPPORTED_OPS)) == []
+    assert sorted(set(ISSUE_OPS) - set(CASES)) == []
+    assert len(CASES) >= 100  # the registry's ops, not only the issue's
     assert sorted(set(EXCLUDED) - names) == []
     assert all(isinstance(reason, str) and len(reason) > 10 for reason in EXCLUDED.values())
     collected = [name for test_case in _only_included(_backend_test.test_cases).values()

@@ -27,8 +27,8 @@ from ..bounded_cache import BoundedCache
 from ..errors import ArityError, ModelError, UnsupportedOpError
 from .load import load, read_model
 
-__all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "prepare", "run_model", "run_node",
-           "supports_device"]
+__all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "converted_op_types", "prepare",
+           "run_model", "run_node", "supports_device"]
 
 # Inputs a converter may need at load time: integer and bool tensors (shapes, axes, counts, flags), then
 # float scalars (Dropout's ratio, ...).
@@ -208,6 +208,17 @@ prepare = OpforgeBackend.prepare
 run_model = OpforgeBackend.run_model
 run_node = OpforgeBackend.run_node
 supports_device = OpforgeBackend.supports_device
+
+
+def converted_op_types(domain: str = "") -> list[str]:
+    """The op types of ``domain`` (ai.onnx by default) that opforge's own converters cover, sorted
+    (converters users register elsewhere are not counted)."""
+    from . import converters, registry
+
+    converters.import_converters()
+    domain = registry.normalize_domain(domain)
+    return sorted(op for (d, op), entries in list(registry._CONVERTERS.items())
+                  if d == domain and any(e.function.__module__.startswith(f"{__package__}.") for e in entries))
 
 
 def conformance_cases(op_types=None) -> dict:
