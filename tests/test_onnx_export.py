@@ -89,6 +89,15 @@ def activations(x, y):
             ops.sum(x, y, x))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_mod_matches_onnxruntime(dtype):
+    a = np.array([[7, -7, 7, -7, 0, 5.5], [3, -3, 2, 9, -4, -0.5]]).astype(dtype)
+    b = np.array([3, 3, -3, -3, 2, 2]).astype(dtype)
+    graph = opforge.trace(lambda a, b: (ops.mod(a, b), ops.mod(a, b, fmod=True)), TensorSpec(a.shape, dtype),
+                          TensorSpec(b.shape, dtype))
+    check_against_ort(graph, (a, b))
+
+
 def test_integer_clip_needs_opset_12():
     graph = opforge.trace(lambda x: ops.clip(x, min=-3, max=4), TensorSpec([5], "int32"))
     with pytest.raises(ModelError, match="Clip takes int32 from opset 12"):

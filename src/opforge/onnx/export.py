@@ -180,6 +180,20 @@ def _(e):
         e.result("Not", e.emit("Greater" if e.op_name == "less_equal" else "Less", e.inputs))
 
 
+@exporter("mod")
+def _(e):
+    if e.attrs["fmod"] or e.dtype(0).kind in "iu":
+        e.result("Mod", e.inputs, fmod=int(e.attrs["fmod"]))
+        return
+    # ONNX Mod of floats is fmod only: the remainder takes b's sign where it is non-zero and its sign differs
+    a, b = e.inputs
+    remainder = e.emit("Mod", [a, b], fmod=1)
+    zero = e.const(0, e.dtype(0))
+    nonzero = e.emit("Not", e.emit("Equal", remainder + [zero]))
+    signs_differ = e.emit("Not", e.emit("Equal", e.emit("Less", remainder + [zero]) + e.emit("Less", [b, zero])))
+    e.result("Where", e.emit("And", nonzero + signs_differ) + e.emit("Add", remainder + [b]) + remainder)
+
+
 @exporter("cast")
 def _(e):
     e.result("Cast", e.inputs, to=elem_type(e.attrs["dtype"]))
