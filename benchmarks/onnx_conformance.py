@@ -1,13 +1,13 @@
 """onnx's node conformance cases through onnxruntime and through opforge, per op.
 
-For every op opforge converts (``SUPPORTED_OPS`` in tests/test_onnx_backend.py),
-runs each of onnx's node cases of that op (``opforge.onnx.backend.conformance_cases``)
+For every ai.onnx op type opforge has a converter for (``converted_op_types``,
+as ``SUPPORTED_OPS`` in tests/test_onnx_backend.py), runs each of onnx's node cases of that op (``opforge.onnx.backend.conformance_cases``)
 with onnxruntime's backend and with opforge's, compares with the expected
 outputs as onnx's runner does (the case's rtol/atol, exact dtypes and shapes),
 and prints the pass counts side by side.  ``--failures`` lists every case that
 fails, with the first line of its error.
 
-    python benchmarks/onnx_conformance.py [--ops Conv,Pad | --all] [--failures] [--backend ort|opforge|both]
+    python benchmarks/onnx_conformance.py [--ops Conv,Pad] [--failures] [--markdown] [--backend ort|opforge|both]
 
 The last line is ``opforge_ge_ort: <ops where opforge passes at least as many>/<ops>``.
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import numpy as np  # noqa: E402
 
-from opforge.onnx.backend import check_case, conformance_cases  # noqa: E402
+from opforge.onnx.backend import check_case, conformance_cases, converted_op_types  # noqa: E402
 
 
 def outcome(backend, case):
@@ -40,14 +40,6 @@ def outcome(backend, case):
         lines = [line for line in str(error).splitlines() if line.strip()]
         return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
     return None
-
-
-def converted_ops():
-    """Every ai.onnx op type some converter covers."""
-    from opforge.onnx import converters, registry
-
-    converters.import_converters()
-    return [op for domain, op in registry._CONVERTERS if domain == ""]
 
 
 def backends(which):
@@ -71,19 +63,15 @@ def backends(which):
 
 
 def main(argv=None):
-    from test_onnx_backend import EXCLUDED, SUPPORTED_OPS
+    from test_onnx_backend import EXCLUDED
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", help="comma-separated op types (default: every supported op)")
-    parser.add_argument("--all", action="store_true",
-                        help="also every other ai.onnx op type opforge has a converter for")
+    parser.add_argument("--ops", help="comma-separated op types (default: every ai.onnx op type opforge converts)")
     parser.add_argument("--backend", choices=["ort", "opforge", "both"], default="both")
     parser.add_argument("--failures", action="store_true", help="list failing cases with their error")
     parser.add_argument("--markdown", action="store_true", help="print the table in Markdown (docs/onnx.md)")
     args = parser.parse_args(argv)
-    ops = args.ops.split(",") if args.ops else list(SUPPORTED_OPS)
-    if args.all:
-        ops += sorted(set(converted_ops()) - set(ops))
+    ops = args.ops.split(",") if args.ops else converted_op_types()
     cases = conformance_cases(ops)
     runners = backends(args.backend)
     columns = ["op", "cases", *runners, "excluded"]
