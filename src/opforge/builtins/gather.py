@@ -12,7 +12,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import every_dtype
+from opforge.builtins.common import FLOATS, every_dtype
 
 INDEX_DTYPES = ("int32", "int64")
 gather = opforge.op("gather(Tensor data, Tensor indices, *, int axis=0) -> Tensor y",
@@ -205,6 +205,5 @@ extern "C" int GatherGrad(int nparam, void **params, int *ndims, int64_t **shape
   return 2;
 }
 """
-FLOATS = ["float32", "float64"]
 gather_grad_op.kernel(function="GatherGrad", code=every_dtype(GATHER_GRAD_CC, "GatherGrad", FLOATS),
                       dtypes=[(d, None, d) for d in FLOATS], include_dirs=HERE)

@@ -11,7 +11,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import FLOATS, NUMERIC, every_dtype
 
 topk = opforge.op("topk(Tensor x, *, int k, int axis=-1, bool largest=True, bool sorted=True) "
                   "-> (Tensor values, Tensor indices)",
@@ -201,6 +201,5 @@ extern "C" int TopKGrad(int nparam, void **params, int *ndims, int64_t **shapes,
   return 0;
 }
 """
-FLOATS = ["float32", "float64"]
 topk_grad_op.kernel(function="TopKGrad", code=every_dtype(TOPK_GRAD_CC, "TopKGrad", FLOATS),
                     dtypes=[(d, "int64", d) for d in FLOATS])
