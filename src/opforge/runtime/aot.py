@@ -96,15 +96,16 @@ class AotKernel(Kernel):
         if missing:
             raise KernelSourceError(f"kernel '{self.name}' cannot be loaded: {missing}")
         built = _prebuilt.lookup(self)  # a built-in compiled with the package: no compiler needed
-        if built is None and self.code is not None:
-            with cache_errors():  # inline sources live in the cache folder
-                write_inline_source(self.path, self.code)
-        elif built is None and not self.path.exists():
-            raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
-                                    "(relative paths resolve from the working directory)")
-        if built is None and _build.is_source(self.path):
-            built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
-                                 **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
+        if built is None:
+            if self.code is not None:
+                with cache_errors():  # inline sources live in the cache folder
+                    write_inline_source(self.path, self.code)
+            elif not self.path.exists():
+                raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
+                                        "(relative paths resolve from the working directory)")
+            if _build.is_source(self.path):
+                built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
+                                     **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
         if built is not None:
             library = load_library(built.path, cxx11_abi=built.cxx11_abi)
         else:
