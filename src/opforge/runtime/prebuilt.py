@@ -134,6 +134,14 @@ def load_index(folder: Path = PREBUILT_DIR) -> dict:
     return kernels if isinstance(kernels, dict) else {}
 
 
+def _intact(folder: Path, entry) -> bool:
+    """Whether the library of index entry ``entry`` is in ``folder`` with the checksum and size it lists."""
+    try:
+        return isinstance(entry, dict) and sha256_file(folder / entry["file"]) == (entry["sha256"], entry["size"])
+    except (OSError, KeyError, TypeError):
+        return False
+
+
 _loaded: dict = {}
 
 
@@ -149,18 +157,12 @@ def lookup(kernel, folder: Path | None = None) -> BuiltLibrary | None:
         return None
     key = kernel_key(kernel)
     entry = index.get(key) if key else None
-    if not isinstance(entry, dict):
+    if entry is None:
         return None
-    library = folder / str(entry.get("file"))
-    try:
-        sha, size = sha256_file(library)
-    except OSError as exc:
-        log.debug("prebuilt %s: unreadable (%s); building instead", library, exc)
+    if not _intact(folder, entry):
+        log.debug("prebuilt %s of %s: missing, unreadable or changed; building instead", entry, kernel.name)
         return None
-    if (sha, size) != (entry.get("sha256"), entry.get("size")):
-        log.debug("prebuilt %s: checksum mismatch; building instead", library)
-        return None
-    return BuiltLibrary(library, _source(kernel), bool(entry.get("cxx11_abi")), True)
+    return BuiltLibrary(folder / entry["file"], _source(kernel), bool(entry.get("cxx11_abi")), True)
 
 
 # --------------------------------------------------------------------------
@@ -196,13 +198,6 @@ def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
     return {"file": name, "sha256": sha, "size": size, "cxx11_abi": build_plan.cxx11_abi}
 
 
-def _reusable(folder: Path, entry) -> bool:
-    try:
-        return isinstance(entry, dict) and sha256_file(folder / entry["file"]) == (entry["sha256"], entry["size"])
-    except (OSError, KeyError, TypeError):
-        return False
-
-
 def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = None, stream=sys.stderr) -> dict:
     """Compile ``kernels`` ((op, kernel) pairs; every built-in by default) into ``folder``.
 
@@ -220,7 +215,7 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
         if key is not None:
             wanted.setdefault(key, (op, kernel))
     old = load_index(folder)
-    index = {key: dict(old[key]) for key in wanted if _reusable(folder, old.get(key))}
+    index = {key: dict(old[key]) for key in wanted if _intact(folder, old.get(key))}
     todo = [key for key in wanted if key not in index]
     staging = folder / f"{TMP_PREFIX}sources-{os.getpid()}"
     staging.mkdir(exist_ok=True)
