@@ -2,16 +2,16 @@
 
 ONNX ConstantOfShape.  The fill value is a one-element tensor (not a float
 attribute), so every dtype keeps its exact value -- an int64 above 2**53, a
-float64 -- and y has value's dtype.  The kernel copies the element's bytes,
-one library for every dtype.  The gradient of the value is the sum of dy.
+float64 -- and y has value's dtype.  The kernel copies the element's bytes
+(expand.py's broadcast walk), one library for every dtype.  The gradient of
+the value is the sum of dy.
 """
-from pathlib import Path
-
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
+from opforge.builtins.expand import BROADCAST_COPY, HERE
 
 constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
                                # always_compute: value is never empty, but y may be (shape with a 0)
@@ -46,12 +46,8 @@ def constant_of_shape_grad(saved, dy, *, shape):
     return opforge.ops.reshape(total, shape=list(known_dims(saved.value)))
 
 
-constant_of_shape.kernel(function="ConstantOfShape", include_dirs=[str(Path(__file__).parent)], code=r"""
-#include <cstdint>
-#include <cstring>
-
+constant_of_shape.kernel(function="ConstantOfShape", include_dirs=HERE, code=BROADCAST_COPY + r"""
 #include "custom_aot_extra.h"
-#include "elements.h"
 
 extern "C" int ConstantOfShape(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *stream, void *extra) {
@@ -65,13 +61,7 @@ extern "C" int ConstantOfShape(int nparam, void **params, int *ndims, int64_t **
     std::memset(y, 0, n * size);
     return 0;
   }
-  if (n == 0) return 0;
-  std::memcpy(y, value, size);  // then double the filled prefix until it covers y
-  for (int64_t filled = 1; filled < n;) {
-    const int64_t more = filled < n - filled ? filled : n - filled;
-    std::memcpy(y + filled * size, y, more * size);
-    filled += more;
-  }
+  BroadcastCopy(value, y, {n}, {0}, size);  // the element repeated n times
   return 0;
 }
 """)
