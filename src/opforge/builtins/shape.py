@@ -31,7 +31,7 @@ def shape_infer(x, *, start, end):
 
 @shape.reference
 def shape_reference(x, *, start, end):
-    return np.asarray([x.shape[d] for d in shape_range(x.ndim, start, end)], np.int64).reshape(-1)
+    return np.asarray([x.shape[d] for d in shape_range(x.ndim, start, end)], np.int64)
 
 
 @shape.grad()
