@@ -401,6 +401,34 @@ void ForEachOutside(int rank, const int64_t *shape, const std::vector<std::vecto
   }
 }
 
+// *cur (dims `from`) resampled to dims `to` one axis at a time, through the taps of each axis whose rows
+// are not empty.  transposed (the gradient; from: the output's dims, to: the input's): each output's value
+// sent back to its taps with their weights.
+void ByAxes(int rank, const int64_t *from, const int64_t *to, const std::vector<std::vector<std::vector<Tap>>> &rows,
+            bool transposed, std::vector<double> *cur) {
+  std::vector<int64_t> shape(from, from + rank);
+  std::vector<double> next;
+  for (int axis = 0; axis < rank; axis++) {
+    if (rows[axis].empty()) continue;
+    const int64_t n = shape[axis], m = to[axis];  // the axis's length before and after
+    const int64_t outputs = transposed ? n : m, inputs = transposed ? m : n;  // of the taps
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < axis; d++) outer *= shape[d];
+    for (int d = axis + 1; d < rank; d++) inner *= shape[d];
+    next.assign(outer * m * inner, 0.0);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < outputs; j++)
+        for (const Tap &tap : rows[axis][j]) {
+          const int64_t output = (o * outputs + j) * inner, input = (o * inputs + tap.index) * inner;
+          double *dst = next.data() + (transposed ? input : output);
+          const double *src = cur->data() + (transposed ? output : input);
+          for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
+        }
+    cur->swap(next);
+    shape[axis] = m;
+  }
+}
+
 template <typename T>
 int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const int rank = ndims[0];
@@ -415,7 +443,7 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   T *y = static_cast<T *>(params[1]);
   bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
   for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
-  if (planar && out_total > 0) {
+  if (planar) {
     const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
     std::vector<std::vector<Tap>> rh = rows[rank - 2], rw = rows[rank - 1];
     if (rh.empty())
@@ -441,29 +469,11 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
         }
       }
     }
-  } else if (out_total > 0) {
-    std::vector<int64_t> shape(in_shape, in_shape + rank);
+  } else {
     int64_t total = 1;
-    for (int d = 0; d < rank; d++) total *= shape[d];
-    std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + total), next;
-    for (int axis = 0; axis < rank; axis++) {
-      if (rows[axis].empty()) continue;
-      const int64_t n = shape[axis], m = out_shape[axis];
-      int64_t outer = 1, inner = 1;
-      for (int d = 0; d < axis; d++) outer *= shape[d];
-      for (int d = axis + 1; d < rank; d++) inner *= shape[d];
-      next.assign(outer * m * inner, 0.0);
-      for (int64_t o = 0; o < outer; o++)
-        for (int64_t j = 0; j < m; j++) {
-          double *dst = next.data() + (o * m + j) * inner;
-          for (const Tap &tap : rows[axis][j]) {
-            const double *src = cur.data() + (o * n + tap.index) * inner;
-            for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
-          }
-        }
-      cur.swap(next);
-      shape[axis] = m;
-    }
+    for (int d = 0; d < rank; d++) total *= in_shape[d];
+    std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + total);
+    ByAxes(rank, in_shape, out_shape, rows, false, &cur);
     for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
   }
   if (transform == "tf_crop_and_resize") {
@@ -490,28 +500,10 @@ int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   std::vector<std::vector<char>> outside;
   std::string transform;
   if (!AllTaps(extra, rank, in_shape, out_shape, &rows, &outside, &transform)) return 1;
-  std::vector<int64_t> shape(out_shape, out_shape + rank);
-  std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + out_total), next;
+  std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + out_total);
   if (transform == "tf_crop_and_resize")  // extrapolated outputs hold a constant
     ForEachOutside(rank, out_shape, outside, [&](int64_t i) { cur[i] = 0; });
-  for (int axis = 0; axis < rank; axis++) {
-    if (rows[axis].empty()) continue;
-    const int64_t n = in_shape[axis], m = shape[axis];
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < axis; d++) outer *= shape[d];
-    for (int d = axis + 1; d < rank; d++) inner *= shape[d];
-    next.assign(outer * n * inner, 0.0);
-    for (int64_t o = 0; o < outer; o++)
-      for (int64_t j = 0; j < m; j++) {
-        const double *src = cur.data() + (o * m + j) * inner;
-        for (const Tap &tap : rows[axis][j]) {
-          double *dst = next.data() + (o * n + tap.index) * inner;
-          for (int64_t i = 0; i < inner; i++) dst[i] += tap.weight * src[i];
-        }
-      }
-    cur.swap(next);
-    shape[axis] = n;
-  }
+  ByAxes(rank, out_shape, in_shape, rows, true, &cur);
   for (int64_t i = 0; i < in_total; i++) dx[i] = static_cast<T>(cur[i]);
   return 0;
 }
