@@ -97,12 +97,18 @@ inline void ForEachTap(const Geometry &g, int64_t i, int64_t j, int64_t k, Visit
   }
 }
 
+// What a window of padding only gives: -inf, or the type's lowest value.
+template <typename T>
+inline T Lowest() {
+  return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                              : std::numeric_limits<T>::lowest();
+}
+
 // The offset of the first maximum of output (i, j, k), or -1 for a window of padding only.
 template <typename T>
 inline int64_t ArgMax(const Geometry &g, const T *x, int64_t i, int64_t j, int64_t k, T *best) {
   int64_t at = -1;
-  T top = std::numeric_limits<T>::lowest();
-  if (std::numeric_limits<T>::has_infinity) top = -std::numeric_limits<T>::infinity();
+  T top = Lowest<T>();
   ForEachTap(g, i, j, k, [&](int64_t p) {
     if (at < 0 || x[p] > top) {
       top = x[p];
@@ -134,11 +140,10 @@ void ByRows(const Geometry &g, const T *xp, Line fold, Finish finish) {
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
 // max (contiguous, vectorised), then each output takes the max of its taps along that line.
 template <typename T>
-void MaxOnly(const Geometry &g, const T *x, T *y) {
+int MaxOnly(const Geometry &g, const T *x, T *y) {
   const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
-  T lowest = std::numeric_limits<T>::lowest();
-  if (std::numeric_limits<T>::has_infinity) lowest = -std::numeric_limits<T>::infinity();
+  const T lowest = Lowest<T>();
   std::vector<T> line(C.in);
   for (int64_t plane = 0; plane < g.planes; plane++) {
     T *yp = y + plane * out;
@@ -163,14 +168,12 @@ void MaxOnly(const Geometry &g, const T *x, T *y) {
              }
            });
   }
+  return 0;
 }
 
+// The maximum and where it is (its flat offset in x, or -1 for a window of padding only).
 template <typename T>
-int MaxPoolT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
-  if (!indices) {
-    MaxOnly(g, x, y);
-    return 0;
-  }
+int MaxPoolIndicesT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t H = g.axis[1].in, W = g.axis[2].in, D = g.axis[0].in;
   for (int64_t plane = 0; plane < g.planes; plane++) {
@@ -180,14 +183,12 @@ int MaxPoolT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_
       T best;
       const int64_t at = ArgMax(g, xp, i, j, k, &best);
       yp[o] = best;
-      if (indices) {
-        int64_t index = at;
-        if (at >= 0 && column_major) {  // the spatial position counted first dim fastest
-          const int64_t w = at % W, h = at / W % H, d = at / (W * H);
-          index = (w * H + h) * D + d;
-        }
-        indices[plane * out + o] = at < 0 ? -1 : plane * in + index;
+      int64_t index = at;
+      if (at >= 0 && column_major) {  // the spatial position counted first dim fastest
+        const int64_t w = at % W, h = at / W % H, d = at / (W * H);
+        index = (w * H + h) * D + d;
       }
+      indices[plane * out + o] = at < 0 ? -1 : plane * in + index;
     });
   }
   return 0;
@@ -259,8 +260,8 @@ int AveragePoolGradT(const Geometry &g, const T *dy, T *dx, bool include_pad) {
   return 0;
 }
 
-#define POOL_TYPES(X) X(float, "float32") X(double, "float64") X(int8_t, "int8") X(uint8_t, "uint8") \
-  X(int32_t, "int32") X(int64_t, "int64")
+#define FLOAT_TYPES(X) X(float, "float32") X(double, "float64")
+#define POOL_TYPES(X) FLOAT_TYPES(X) X(int8_t, "int8") X(uint8_t, "uint8") X(int32_t, "int32") X(int64_t, "int64")
 
 }  // namespace
 
@@ -271,7 +272,7 @@ extern "C" int MaxPool(int nparam, void **params, int *ndims, int64_t **shapes, 
   if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[0], shapes[0], shapes[1], &g)) return 1;
 #define X(T, name) \
   if (!std::strcmp(dtypes[0], name)) \
-    return MaxPoolT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), nullptr, false);
+    return MaxOnly<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]));
   POOL_TYPES(X)
 #undef X
   return 2;
@@ -287,7 +288,8 @@ extern "C" int MaxPoolIndices(int nparam, void **params, int *ndims, int64_t **s
   int64_t *indices = static_cast<int64_t *>(params[2]);
 #define X(T, name) \
   if (!std::strcmp(dtypes[0], name)) \
-    return MaxPoolT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), indices, column_major);
+    return MaxPoolIndicesT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), indices, \
+                              column_major);
   POOL_TYPES(X)
 #undef X
   return 2;
@@ -298,12 +300,12 @@ extern "C" int MaxPoolGrad(int nparam, void **params, int *ndims, int64_t **shap
                            void *stream, void *extra) {
   Geometry g;
   if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[1], shapes[1], shapes[0], &g)) return 1;
-  if (!std::strcmp(dtypes[0], "float32"))
-    return MaxPoolGradT<float>(g, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-                               static_cast<float *>(params[2]));
-  if (!std::strcmp(dtypes[0], "float64"))
-    return MaxPoolGradT<double>(g, static_cast<const double *>(params[0]), static_cast<const double *>(params[1]),
-                                static_cast<double *>(params[2]));
+#define X(T, name) \
+  if (!std::strcmp(dtypes[0], name)) \
+    return MaxPoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<const T *>(params[1]), \
+                           static_cast<T *>(params[2]));
+  FLOAT_TYPES(X)
+#undef X
   return 2;
 }
 
@@ -314,12 +316,11 @@ extern "C" int AveragePool(int nparam, void **params, int *ndims, int64_t **shap
   Geometry g;
   if (!ReadGeometry(extra, ndims[0], shapes[0], shapes[1], &g)) return 1;
   const bool include_pad = extra->Attr<bool>("count_include_pad");
-  if (!std::strcmp(dtypes[0], "float32"))
-    return AveragePoolT<float>(g, static_cast<const float *>(params[0]), static_cast<float *>(params[1]),
-                               include_pad);
-  if (!std::strcmp(dtypes[0], "float64"))
-    return AveragePoolT<double>(g, static_cast<const double *>(params[0]), static_cast<double *>(params[1]),
-                                include_pad);
+#define X(T, name) \
+  if (!std::strcmp(dtypes[0], name)) \
+    return AveragePoolT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), include_pad);
+  FLOAT_TYPES(X)
+#undef X
   return 2;
 }
 
@@ -330,11 +331,10 @@ extern "C" int AveragePoolGrad(int nparam, void **params, int *ndims, int64_t **
   Geometry g;
   if (!ReadGeometry(extra, ndims[1], shapes[1], shapes[0], &g)) return 1;
   const bool include_pad = extra->Attr<bool>("count_include_pad");
-  if (!std::strcmp(dtypes[0], "float32"))
-    return AveragePoolGradT<float>(g, static_cast<const float *>(params[0]), static_cast<float *>(params[2]),
-                                   include_pad);
-  if (!std::strcmp(dtypes[0], "float64"))
-    return AveragePoolGradT<double>(g, static_cast<const double *>(params[0]), static_cast<double *>(params[2]),
-                                    include_pad);
+#define X(T, name) \
+  if (!std::strcmp(dtypes[0], name)) \
+    return AveragePoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[2]), include_pad);
+  FLOAT_TYPES(X)
+#undef X
   return 2;
 }
