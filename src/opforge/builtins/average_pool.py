@@ -12,12 +12,11 @@ import itertools
 import numpy as np
 
 import opforge
-from opforge.builtins.common import floating_point
-from opforge.builtins.max_pool import (POOL_ATTRS, POOL_CC, gradient_check, pool_params, pool_problem, pooled_dim,
-                                      pooled_spec, shaped_like_x, windows)
+from opforge.builtins.common import FLOATS, floating_point
+from opforge.builtins.max_pool import (GRADIENT_DTYPES, POOL_ATTRS, POOL_CC, gradient_op, pool_params, pool_problem,
+                                      pooled_dim, pooled_spec, windows)
 
 AVERAGE_ATTRS = f"{POOL_ATTRS}, bool count_include_pad=False"
-FLOAT_SIGNATURES = [("float32", "float32"), ("float64", "float64")]
 
 average_pool = opforge.op(f"average_pool(Tensor x, *, {AVERAGE_ATTRS}) -> Tensor y", traits=["no_side_effect"],
                           doc="ONNX AveragePool on N x C x spatial (1 to 3 dims): the mean of each window, over "
@@ -69,19 +68,14 @@ def average_pool_grad_rule(saved, dy, **attrs):
     return opforge.ops.average_pool_grad(dy, saved.x, **attrs)
 
 
-average_pool.kernel(source=POOL_CC, function="AveragePool", dtypes=[(d,) for d in ("float32", "float64")])
+average_pool.kernel(source=POOL_CC, function="AveragePool", dtypes=[(d,) for d in FLOATS])
 
 
 # -- the gradient -----------------------------------------------------------------
 
-average_pool_grad = opforge.op(f"average_pool_grad(Tensor dy, Tensor x, *, {AVERAGE_ATTRS}) -> Tensor dx",
-                               traits=["no_side_effect", "always_compute"],  # an empty dy still gives x's zeros
-                               doc="Gradient of average_pool: each dy divided by its window's count and added "
-                                   "to the window's taps inside x (x lends only its shape).")
-
-
-average_pool_grad.check(gradient_check("average_pool", average_pool_check, average_pool_infer))
-average_pool_grad.def_infer(shaped_like_x)
+average_pool_grad = gradient_op("average_pool", AVERAGE_ATTRS, average_pool_check, average_pool_infer,
+                                doc="Gradient of average_pool: each dy divided by its window's count and added "
+                                    "to the window's taps inside x (x lends only its shape).")
 
 
 @average_pool_grad.reference(fallback=True)
@@ -97,4 +91,4 @@ def average_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations
     return padded[index].astype(dy.dtype)
 
 
-average_pool_grad.kernel(source=POOL_CC, function="AveragePoolGrad", dtypes=FLOAT_SIGNATURES)
+average_pool_grad.kernel(source=POOL_CC, function="AveragePoolGrad", dtypes=GRADIENT_DTYPES)

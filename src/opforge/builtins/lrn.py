@@ -12,10 +12,11 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import floating_point
-from opforge.builtins.max_pool import gradient_check, shaped_like_x
+from opforge.builtins.common import FLOATS, floating_point
+from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
 
-lrn = opforge.op("lrn(Tensor x, *, int size, float alpha=0.0001, float beta=0.75, float bias=1.0) -> Tensor y",
+LRN_ATTRS = "int size, float alpha=0.0001, float beta=0.75, float bias=1.0"
+lrn = opforge.op(f"lrn(Tensor x, *, {LRN_ATTRS}) -> Tensor y",
                  traits=["no_side_effect"],
                  doc="ONNX LRN: x / (bias + alpha / size * sum of squares over a window of size channels)^beta.")
 lrn.def_infer(infer.same_as(0))
@@ -177,16 +178,13 @@ extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, 
   return 0;
 }
 """
-lrn.kernel(function="Lrn", dtypes=[(d,) for d in ("float32", "float64")], code=LRN_CC)
+lrn.kernel(function="Lrn", dtypes=[(d,) for d in FLOATS], code=LRN_CC)
 
 
 # -- the gradient -----------------------------------------------------------------
 
-lrn_grad = opforge.op("lrn_grad(Tensor dy, Tensor x, *, int size, float alpha=0.0001, float beta=0.75, "
-                      "float bias=1.0) -> Tensor dx", traits=["no_side_effect"],
-                      doc="Gradient of lrn with respect to x.")
-lrn_grad.check(gradient_check("lrn", lrn_check, infer.same_as(0)))
-lrn_grad.def_infer(shaped_like_x)
+lrn_grad = gradient_op("lrn", LRN_ATTRS, lrn_check, infer.same_as(0), doc="Gradient of lrn with respect to x.",
+                       traits=["no_side_effect"])
 
 
 @lrn_grad.reference(fallback=True)
@@ -198,4 +196,4 @@ def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
     return (dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread).astype(dy.dtype)
 
 
-lrn_grad.kernel(function="LrnGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=LRN_CC)
+lrn_grad.kernel(function="LrnGrad", dtypes=GRADIENT_DTYPES, code=LRN_CC)

@@ -21,6 +21,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.common import FLOATS
 
 POOL_ATTRS = "int[] kernel_shape, int[] strides=[], int[] pads=[], int[] dilations=[], bool ceil_mode=False"
 MAX_ATTRS = f"{POOL_ATTRS}, int storage_order=0"
@@ -188,12 +189,6 @@ max_pool_with_indices.kernel(source=POOL_CC, function="MaxPoolIndices", dtypes=[
 
 # -- the gradient -----------------------------------------------------------------
 
-max_pool_grad = opforge.op(f"max_pool_grad(Tensor dy, Tensor x, *, {MAX_ATTRS}) -> Tensor dx",
-                           traits=["no_side_effect", "always_compute"],  # an empty dy still gives x's zeros
-                           doc="Gradient of max_pool: zeros like x, with each dy added at its window's "
-                               "first maximum.")
-
-
 def gradient_check(name, check, infer):
     """The check of the gradient op of ``name`` (inputs dy, x): one dtype, attributes valid for x (``check``),
     and dy shaped as the op's output for x (``infer``)."""
@@ -216,8 +211,21 @@ def shaped_like_x(dy, x, **attrs):
     return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
 
 
-max_pool_grad.check(gradient_check("max_pool", max_pool_check, max_pool_infer))
-max_pool_grad.def_infer(shaped_like_x)
+GRADIENT_DTYPES = [(d, d) for d in FLOATS]  # (dy, x) of the gradient kernels
+
+
+def gradient_op(name, attrs, check, infer, doc, traits=("no_side_effect", "always_compute")):
+    """``{name}_grad(dy, x, *, attrs) -> dx``, the gradient op of ``name`` whose dx has x's shape: its check
+    (``gradient_check`` of ``check`` and ``infer``) and inference (``shaped_like_x``).  always_compute: an
+    empty dy still gives x's zeros."""
+    op = opforge.op(f"{name}_grad(Tensor dy, Tensor x, *, {attrs}) -> Tensor dx", traits=list(traits), doc=doc)
+    op.check(gradient_check(name, check, infer))
+    op.def_infer(shaped_like_x)
+    return op
+
+
+max_pool_grad = gradient_op("max_pool", MAX_ATTRS, max_pool_check, max_pool_infer,
+                            doc="Gradient of max_pool: zeros like x, with each dy added at its window's first maximum.")
 
 
 @max_pool_grad.reference(fallback=True)
@@ -232,4 +240,4 @@ def max_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ce
     return dx.reshape(x.shape)
 
 
-max_pool_grad.kernel(source=POOL_CC, function="MaxPoolGrad", dtypes=[("float32", "float32"), ("float64", "float64")])
+max_pool_grad.kernel(source=POOL_CC, function="MaxPoolGrad", dtypes=GRADIENT_DTYPES)

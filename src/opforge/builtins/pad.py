@@ -15,7 +15,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.max_pool import gradient_check, shaped_like_x
+from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
 
 MODES = ("constant", "reflect", "edge", "wrap")
 PAD_ATTRS = 'int[] pads, str mode="constant", float value=0.0'
@@ -254,14 +254,9 @@ pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC)
 
 # -- the gradient -----------------------------------------------------------------
 
-pad_grad = opforge.op(f"pad_grad(Tensor dy, Tensor x, *, {PAD_ATTRS}) -> Tensor dx",
-                      traits=["no_side_effect", "always_compute"],
-                      doc="Gradient of pad: zeros like x, with each dy added to the element of x it was copied "
-                          "from (constant outputs contribute nothing; x lends only its shape).")
-
-
-pad_grad.check(gradient_check("pad", pad_check, pad_infer))
-pad_grad.def_infer(shaped_like_x)
+pad_grad = gradient_op("pad", PAD_ATTRS, pad_check, pad_infer,
+                       doc="Gradient of pad: zeros like x, with each dy added to the element of x it was copied "
+                           "from (constant outputs contribute nothing; x lends only its shape).")
 
 
 @pad_grad.reference(fallback=True)
@@ -274,4 +269,4 @@ def pad_grad_reference(dy, x, *, pads, mode, value):
     return dx
 
 
-pad_grad.kernel(function="PadGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=PAD_CC)
+pad_grad.kernel(function="PadGrad", dtypes=GRADIENT_DTYPES, code=PAD_CC)

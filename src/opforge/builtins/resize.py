@@ -30,8 +30,8 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import floating_point
-from opforge.builtins.max_pool import gradient_check, shaped_like_x
+from opforge.builtins.common import FLOATS, floating_point
+from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
 
 MODES = ("nearest", "linear", "cubic")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -526,17 +526,14 @@ extern "C" int ResizeGrad(int nparam, void **params, int *ndims, int64_t **shape
   return 2;
 }
 """
-resize.kernel(function="Resize", dtypes=[(d,) for d in ("float32", "float64")], code=RESIZE_CC)
+resize.kernel(function="Resize", dtypes=[(d,) for d in FLOATS], code=RESIZE_CC)
 
 
 # -- the gradient -----------------------------------------------------------------
 
-resize_grad = opforge.op(f"resize_grad(Tensor dy, Tensor x, *, {RESIZE_ATTRS}) -> Tensor dx",
-                         traits=["no_side_effect", "always_compute"],
-                         doc="Gradient of resize: dy sent back through each axis's taps with their weights "
-                             "(outputs outside the roi contribute nothing; x lends only its shape).")
-resize_grad.check(gradient_check("resize", resize_check, resize_infer))
-resize_grad.def_infer(shaped_like_x)
+resize_grad = gradient_op("resize", RESIZE_ATTRS, resize_check, resize_infer,
+                          doc="Gradient of resize: dy sent back through each axis's taps with their weights "
+                              "(outputs outside the roi contribute nothing; x lends only its shape).")
 
 
 @resize_grad.reference(fallback=True)
@@ -549,4 +546,4 @@ def resize_grad_reference(dy, x, *, scales, sizes, axes, roi, keep_aspect_ratio_
     return dx.reshape(x.shape).astype(dy.dtype)
 
 
-resize_grad.kernel(function="ResizeGrad", dtypes=[("float32", "float32"), ("float64", "float64")], code=RESIZE_CC)
+resize_grad.kernel(function="ResizeGrad", dtypes=GRADIENT_DTYPES, code=RESIZE_CC)
