@@ -10,7 +10,8 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import FLOATS, floating_point, known_dims
+from opforge.spec import UNKNOWN_RANK
 
 batch_norm = opforge.op("batch_norm(Tensor x, Tensor scale, Tensor bias, Tensor mean, Tensor var, *, "
                         "float epsilon=1e-05) -> Tensor y", traits=["no_side_effect"],
@@ -56,10 +57,10 @@ def batch_norm_reference(x, scale, bias, mean, var, *, epsilon):
 @batch_norm.grad(save=["x", "scale", "mean", "var"])
 def batch_norm_grad(saved, dy, *, epsilon):
     ops = opforge.ops
-    spec = getattr(saved.x, "spec", None)
-    rank = spec.rank if spec is not None else np.ndim(saved.x)
-    if rank is None:
+    dims = known_dims(saved.x)
+    if dims == UNKNOWN_RANK:
         raise opforge.ShapeError("op 'batch_norm': its gradient needs the rank of input 'x'; it is unknown")
+    rank = len(dims)
     shape = [1, -1] + [1] * (rank - 2)
     axes = [0] + list(range(2, rank))
     eps = np.asarray(np.float32(epsilon), dtype=dy.dtype)
@@ -77,7 +78,7 @@ def batch_norm_grad(saved, dy, *, epsilon):
     return dx, dscale, dbias, dmean, dvar
 
 
-batch_norm.kernel(function="BatchNorm", dtypes=[(d,) * 5 for d in ("float32", "float64")], code=r"""
+batch_norm.kernel(function="BatchNorm", dtypes=[(d,) * 5 for d in FLOATS], code=r"""
 #include <cmath>
 #include <cstring>
 

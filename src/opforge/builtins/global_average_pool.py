@@ -7,8 +7,9 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import FLOATS, floating_point
+from opforge.builtins.common import FLOATS, floating_point, known_dims
 from opforge.builtins.mean import mean_grad
+from opforge.spec import UNKNOWN_RANK
 
 global_average_pool = opforge.op("global_average_pool(Tensor x) -> Tensor y", traits=["no_side_effect"],
                                  doc="ONNX GlobalAveragePool: the mean of each (n, c) plane of an N x C x ... "
@@ -38,11 +39,10 @@ def global_average_pool_reference(x):
 
 @global_average_pool.grad(save=["x"])
 def global_average_pool_grad(saved, dy):
-    spec = getattr(saved.x, "spec", None)
-    rank = spec.rank if spec is not None else np.ndim(saved.x)
-    if rank is None:
+    dims = known_dims(saved.x)
+    if dims == UNKNOWN_RANK:
         raise opforge.ShapeError("op 'global_average_pool': its gradient needs the rank of input 'x'; it is unknown")
-    return mean_grad(saved, dy, axes=list(range(2, rank)), keep_dims=True)
+    return mean_grad(saved, dy, axes=list(range(2, len(dims))), keep_dims=True)
 
 
 global_average_pool.kernel(function="GlobalAveragePool", dtypes={"x": FLOATS}, code=r"""

@@ -13,7 +13,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.add import sum_to
-from opforge.builtins.common import floating_point, known_dims, zeros_like
+from opforge.builtins.common import FLOATS, floating_point, known_dims, zeros_like
 from opforge.spec import UNKNOWN_RANK
 
 layer_norm = opforge.op("layer_norm(Tensor x, Tensor scale, Tensor? bias=None, *, int axis=-1, float epsilon=1e-05)"
@@ -90,7 +90,7 @@ def layer_norm_grad(saved, dy, dmean, dinv, *, axis, epsilon):
     return dx, dscale, dbias
 
 
-layer_norm.kernel(function="LayerNorm", dtypes=[(d,) * 3 for d in ("float32", "float64")], code=r"""
+layer_norm.kernel(function="LayerNorm", dtypes=[(d,) * 3 for d in FLOATS], code=r"""
 #include <cmath>
 #include <cstring>
 

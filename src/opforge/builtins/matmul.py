@@ -12,7 +12,7 @@ the NumPy reference runs (np.matmul is BLAS too).
 import numpy as np
 
 import opforge
-from opforge.builtins.common import known_dims
+from opforge.builtins.common import FLOATS, known_dims
 from opforge.runtime import blas
 
 matmul = opforge.op("matmul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
@@ -124,5 +124,4 @@ extern "C" int MatMul(int nparam, void **params, int *ndims, int64_t **shapes, c
   return 0;
 }
 """
-blas.requiring(matmul.kernel(function="MatMul", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
-                             code=MATMUL))
+blas.requiring(matmul.kernel(function="MatMul", dtypes={"a": FLOATS, "b": FLOATS}, code=MATMUL))
