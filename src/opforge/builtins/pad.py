@@ -26,7 +26,8 @@ pad = opforge.op(f"pad(Tensor x, *, {PAD_ATTRS}) -> Tensor y", traits=["no_side_
                      "reflect, edge or wrap.")
 
 
-def pad_problem(x, pads, mode):
+@pad.check
+def pad_check(x, *, pads, mode, value):
     if mode not in MODES:
         return f"'mode' is {mode!r}; it is one of {', '.join(MODES)}"
     if x.rank is None:
@@ -41,11 +42,6 @@ def pad_problem(x, pads, mode):
         if mode != "constant" and n != -1 and left <= 0 and out > 0:
             return f"mode {mode} cannot pad axis {axis} of input 'x': nothing is left of it after cropping"
     return None
-
-
-@pad.check
-def pad_check(x, *, pads, mode, value):
-    return pad_problem(x, pads, mode)
 
 
 @pad.infer
