@@ -231,8 +231,9 @@ def resize_grad_rule(saved, dy, **attrs):
     return opforge.ops.resize_grad(dy, saved.x, **attrs)
 
 
-# The kernel: resize_reference's tap tables, built the same way; when only the last two axes resample, each
-# output row blends rows of x straight into y, otherwise one axis at a time through buffers of double.
+# The kernel: resize_reference's tap tables, built the same way (once per signature, by the Inits); when only
+# the last two axes resample, each output row blends rows of x straight into y, otherwise one axis at a time
+# through buffers of double.
 RESIZE_CC = r"""
 #include <algorithm>
 #include <cmath>
@@ -429,6 +430,26 @@ void ByAxes(int rank, const int64_t *from, const int64_t *to, const std::vector<
   }
 }
 
+// AllTaps of a signature, made once by its Init (ResizeInit, ResizeGradInit) for every call.
+struct Plan : AotKernelData {
+  bool ok = false;  // AllTaps accepted the attributes (a call with outputs to compute returns 1 otherwise)
+  std::vector<std::vector<std::vector<Tap>>> rows;
+  std::vector<std::vector<char>> outside;
+  std::string transform;
+};
+
+int InitPlan(AotExtra *extra, int rank, const int64_t *in_shape, const int64_t *out_shape) {
+  Plan *plan = new Plan;
+  plan->ok = AllTaps(extra, rank, in_shape, out_shape, &plan->rows, &plan->outside, &plan->transform);
+  extra->SetKernelData(plan);
+  return 0;
+}
+
+const Plan *PlanOf(AotExtra *extra) {
+  const Plan *plan = static_cast<const Plan *>(extra->KernelData());
+  return plan != nullptr && plan->ok ? plan : nullptr;
+}
+
 template <typename T>
 int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const int rank = ndims[0];
@@ -436,10 +457,9 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   int64_t out_total = 1;
   for (int d = 0; d < rank; d++) out_total *= out_shape[d];
   if (out_total == 0) return 0;
-  std::vector<std::vector<std::vector<Tap>>> rows;
-  std::vector<std::vector<char>> outside;
-  std::string transform;
-  if (!AllTaps(extra, rank, in_shape, out_shape, &rows, &outside, &transform)) return 1;
+  const Plan *plan = PlanOf(extra);
+  if (plan == nullptr) return 1;
+  const auto &rows = plan->rows;
   T *y = static_cast<T *>(params[1]);
   bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
   for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
@@ -476,9 +496,9 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
     ByAxes(rank, in_shape, out_shape, rows, false, &cur);
     for (int64_t i = 0; i < out_total; i++) y[i] = static_cast<T>(cur[i]);
   }
-  if (transform == "tf_crop_and_resize") {
+  if (plan->transform == "tf_crop_and_resize") {
     const T value = static_cast<T>(extra->Attr<float>("extrapolation_value"));
-    ForEachOutside(rank, out_shape, outside, [&](int64_t i) { y[i] = value; });
+    ForEachOutside(rank, out_shape, plan->outside, [&](int64_t i) { y[i] = value; });
   }
   return 0;
 }
@@ -496,19 +516,27 @@ int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   T *dx = static_cast<T *>(params[2]);
   std::fill(dx, dx + in_total, T(0));
   if (out_total == 0 || in_total == 0) return 0;
-  std::vector<std::vector<std::vector<Tap>>> rows;
-  std::vector<std::vector<char>> outside;
-  std::string transform;
-  if (!AllTaps(extra, rank, in_shape, out_shape, &rows, &outside, &transform)) return 1;
+  const Plan *plan = PlanOf(extra);
+  if (plan == nullptr) return 1;
   std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + out_total);
-  if (transform == "tf_crop_and_resize")  // extrapolated outputs hold a constant
-    ForEachOutside(rank, out_shape, outside, [&](int64_t i) { cur[i] = 0; });
-  ByAxes(rank, out_shape, in_shape, rows, true, &cur);
+  if (plan->transform == "tf_crop_and_resize")  // extrapolated outputs hold a constant
+    ForEachOutside(rank, out_shape, plan->outside, [&](int64_t i) { cur[i] = 0; });
+  ByAxes(rank, out_shape, in_shape, plan->rows, true, &cur);
   for (int64_t i = 0; i < in_total; i++) dx[i] = static_cast<T>(cur[i]);
   return 0;
 }
 
 }  // namespace
+
+// params: x, y.
+extern "C" int ResizeInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  return InitPlan(extra, ndims[0], shapes[0], shapes[1]);
+}
+
+// params: dy, x, dx.
+extern "C" int ResizeGradInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  return InitPlan(extra, ndims[1], shapes[1], shapes[0]);
+}
 
 extern "C" int Resize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                       void *extra) {
