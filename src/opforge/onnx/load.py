@@ -131,28 +131,6 @@ def _sparse_to_dense(sparse, what):
     return dense
 
 
-CONSTANT_ATTRIBUTES = ("value", "sparse_value", "value_float", "value_floats", "value_int", "value_ints",
-                       "value_string", "value_strings")
-
-
-def _constant_value(ctx):
-    """The array a Constant node holds (whichever value_* attribute it has)."""
-    given = [name for name in CONSTANT_ATTRIBUTES if name in ctx.attrs]
-    if len(given) != 1:
-        raise ctx.error(f"a Constant needs exactly one of {', '.join(CONSTANT_ATTRIBUTES)}; it has "
-                        f"{', '.join(given) or 'none'}")
-    name = given[0]
-    if name in ("value_string", "value_strings"):
-        raise ctx.error(f"attribute '{name}': string tensors are not supported (opforge supports "
-                        f"{', '.join(ABI_DTYPES)})")
-    value = ctx.attrs[name]
-    if name in ("value_float", "value_floats"):
-        return np.asarray(value, np.float32)
-    if name in ("value_int", "value_ints"):
-        return np.asarray(value, np.int64)
-    return np.asarray(value)
-
-
 # -- the graph's interface ------------------------------------------------------------
 
 def _value_spec(info, what) -> TensorSpec:
@@ -254,10 +232,7 @@ class _Plan:
         for label, domain, node in self.nodes:
             opset = self.opsets[domain]
             subgraph = any(attr.type in (5, 10) for attr in node.attribute)  # GRAPH, GRAPHS
-            if domain == "" and node.op_type == "Constant":
-                entry = "constant"
-            else:
-                entry = None if subgraph else find_converter(domain, node.op_type, opset)
+            entry = None if subgraph else find_converter(domain, node.op_type, opset)
             if entry is None:
                 missing.add((domain or "ai.onnx", node.op_type, opset))
             chosen.append(entry)
@@ -341,10 +316,7 @@ def load(model, *, constants=None):
                               output_names=node.output, attr_types=types)
             args = [env[name] if name else None for name in node.input]
             try:
-                if entry == "constant":
-                    result = _constant_value(ctx)
-                else:
-                    result = entry.call(ctx, args)
+                result = entry.call(ctx, args)
             except ModelError:
                 raise
             except OpforgeError as error:

@@ -17,6 +17,7 @@ import numpy as np
 
 import opforge
 from ..builtins.slice import index_of
+from ..dtypes import ABI_DTYPES
 from ..errors import TracingError
 from ..graph.symbolic import SymDim
 from ..spec import UNKNOWN_RANK
@@ -314,26 +315,29 @@ def constant_of_shape(node, shape):
     return ops.constant_of_shape(np.ascontiguousarray(value.reshape(1)), shape=target)
 
 
+CONSTANT_ATTRIBUTES = ("value", "sparse_value", "value_float", "value_floats", "value_int", "value_ints",
+                       "value_string", "value_strings")
+
+
 def constant_value(node):
     """The array a Constant node holds, from whichever value_* attribute it has."""
-    given = [name for name in node.attrs if name.startswith("value") or name == "sparse_value"]
+    given = [name for name in CONSTANT_ATTRIBUTES if name in node.attrs]
     if len(given) != 1:
-        raise node.error(f"a Constant needs exactly one value attribute (value, sparse_value, value_float(s), "
-                         f"value_int(s)); it has {', '.join(given) or 'none'}")
+        raise node.error(f"a Constant needs exactly one value attribute; it has {', '.join(given) or 'none'} "
+                         f"(give exactly one of {', '.join(CONSTANT_ATTRIBUTES)})")
     name = given[0]
+    if name in ("value_string", "value_strings"):
+        raise node.error(f"attribute '{name}': string tensors are not supported (opforge supports "
+                         f"{', '.join(ABI_DTYPES)})")
     value = node.attrs[name]
     if name in ("value_float", "value_floats"):
         return np.asarray(value, np.float32)
     if name in ("value_int", "value_ints"):
         return np.asarray(value, np.int64)
-    if name in ("value_string", "value_strings"):
-        raise node.error(f"attribute '{name}': string tensors are not supported")
     return np.asarray(value)
 
 
-for _since in (1, 9, 11, 12, 13):
-    converter("Constant", since=_since)(lambda node: constant_value(node))
-del _since
+converter("Constant", since=1)(constant_value)  # later opsets only add value_* attributes
 
 
 # -- Gather, Tile, Expand, TopK, Split ---------------------------------------------------
