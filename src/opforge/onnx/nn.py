@@ -37,6 +37,7 @@ from ..builtins.max_pool import pooled_dim
 from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of, dtype_of
 from .registry import converter
+from .shape import ints
 
 ops = opforge.ops
 
@@ -229,9 +230,9 @@ def pad_v2(node, x):
 
 @converter("Pad", since=11)
 def pad_v11(node, x, pads, constant_value=None, axes=None):
-    pads = np.asarray(node.constant(pads, "input 'pads'")).reshape(-1)
+    pads = ints(node, pads, "input 'pads'")
     if axes is not None:
-        axes = np.asarray(node.constant(axes, "input 'axes'")).reshape(-1)
+        axes = ints(node, axes, "input 'axes'")
     mode = node.attr("mode", "constant")
     if constant_value is None or isinstance(constant_value, np.ndarray):
         value = 0.0 if constant_value is None or not np.size(constant_value) else constant_value.reshape(-1)[0]
@@ -322,7 +323,7 @@ def resize_v10(node, x, scales):
 def resize_v11(node, x, roi=None, scales=None, sizes=None):
     attrs = resize_attrs(node)
     roi = floats(node, roi, "input 'roi'") if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize" else []
-    sizes = [] if sizes is None else [int(s) for s in np.asarray(node.constant(sizes, "input 'sizes'")).reshape(-1)]
+    sizes = [] if sizes is None else ints(node, sizes, "input 'sizes'")
     return resized(node, x, floats(node, scales, "input 'scales'"), sizes, roi, **attrs)
 
 
@@ -382,7 +383,7 @@ def group_normalization(node, x, scale, bias):
 def center_crop_pad(node, x, shape):
     """pad with negative pads where the target is smaller: centred, the odd element at the end."""
     dims = node.static_shape(x, "input 'input_data'")
-    target = [int(v) for v in np.asarray(node.constant(shape, "input 'shape'")).reshape(-1)]
+    target = ints(node, shape, "input 'shape'")
     axes = [a % len(dims) for a in node.attr("axes", range(len(dims)))]
     if len(axes) != len(target):
         raise node.error(f"input 'shape' has {len(target)} entries for {len(axes)} axes")

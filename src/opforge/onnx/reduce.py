@@ -26,6 +26,7 @@ import opforge
 from ..spec import UNKNOWN_RANK
 from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, widened
 from .registry import converter
+from .shape import ints
 
 ops = opforge.ops
 
@@ -76,7 +77,7 @@ def softmax_v13(node, x):
 def reduction_axes(node, x, axes, axes_from_input):
     """The axes to reduce (a list, empty = all), or None when the node is the identity."""
     if axes_from_input:
-        axes = [] if axes is None else [int(a) for a in np.asarray(node.constant(axes, "input 'axes'")).reshape(-1)]
+        axes = [] if axes is None else ints(node, axes, "input 'axes'")
     else:
         axes = list(node.attr("axes", []))
     if not axes and node.attr("noop_with_empty_axes", 0):

@@ -21,16 +21,11 @@ from ..dtypes import ABI_DTYPES
 from ..errors import TracingError
 from ..graph.symbolic import SymDim
 from ..spec import UNKNOWN_RANK
+from .elementwise import dims_of
 from .registry import converter
 
 ops = opforge.ops
 INT64_MAX = 2**63 - 1
-
-
-def dims_of(x):
-    """x's shape, with -1 for unknown dims; (-2,) for an unknown rank."""
-    spec = getattr(x, "spec", None)
-    return tuple(spec.shape) if spec is not None else tuple(np.shape(x))
 
 
 def rank_of(node, x, what="input 'data'"):
