@@ -83,7 +83,7 @@ def zero_bias(b, x, channels):
 @converter("Conv", since=1)
 def conv(node, x, w, b=None):
     kernel_shape, strides, dilations, group = conv_geometry(node, x, w)
-    if node.attr("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET", "", b"", "VALID", b"VALID") and -1 in kernel_shape:
+    if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") and -1 in kernel_shape:
         raise node.error("auto_pad SAME_* needs W's shape known when the model is loaded")
     pads = explicit_pads(node, x, kernel_shape, strides, dilations)
     w_dims = dims_of(w)
@@ -97,7 +97,6 @@ def conv_transpose(node, x, w, b=None):
     spatial = len(kernel_shape)
     output_padding = list(node.attr("output_padding", [])) or [0] * spatial
     auto_pad = node.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     output_shape = list(node.attr("output_shape", []))
     pads = list(node.attr("pads", [])) or [0] * (2 * spatial)
     if auto_pad not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):

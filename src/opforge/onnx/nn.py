@@ -48,8 +48,6 @@ def explicit_pads(node, x, kernel_shape, strides, dilations):
     """The node's pads, with auto_pad resolved (SAME_* needs x's spatial dims)."""
     spatial = len(kernel_shape)
     auto_pad = node.attr("auto_pad", "NOTSET")
-    if isinstance(auto_pad, bytes):
-        auto_pad = auto_pad.decode()
     if auto_pad in ("NOTSET", ""):
         return list(node.attr("pads", [])) or [0] * (2 * spatial)
     if auto_pad == "VALID":
@@ -200,8 +198,6 @@ def lrn(node, x):
 
 def padded(node, x, pads, mode, value, axes=None):
     """ops.pad with ONNX's pads (for ``axes``, default all) spread over every axis of x."""
-    if isinstance(mode, bytes):
-        mode = mode.decode()
     dims = dims_of(x)
     if dims == UNKNOWN_RANK:
         raise node.error("the rank of input 'data' must be known when the model is loaded")
@@ -262,10 +258,6 @@ def layer_normalization(node, x, scale, bias=None):
 
 # -- Resize, Upsample ---------------------------------------------------------------------
 
-def text(value):
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def floats(node, value, what):
     return [] if value is None else [float(v) for v in np.asarray(node.constant(value, what)).reshape(-1)]
 
@@ -279,23 +271,23 @@ def resized(node, x, scales, sizes, roi, **attrs):
 
 
 def resize_attrs(node):
-    mode = text(node.attr("mode", "nearest"))
+    mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise node.error(f"attribute 'mode' is {mode!r}; supported: nearest, linear, cubic")
     return dict(mode=mode,
-                coordinate_transformation_mode=text(node.attr("coordinate_transformation_mode", "half_pixel")),
-                nearest_mode=text(node.attr("nearest_mode", "round_prefer_floor")),
+                coordinate_transformation_mode=node.attr("coordinate_transformation_mode", "half_pixel"),
+                nearest_mode=node.attr("nearest_mode", "round_prefer_floor"),
                 cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
                 exclude_outside=bool(node.attr("exclude_outside", 0)),
                 extrapolation_value=float(node.attr("extrapolation_value", 0.0)),
                 antialias=bool(node.attr("antialias", 0)),
                 axes=list(node.attr("axes", [])),
-                keep_aspect_ratio_policy=text(node.attr("keep_aspect_ratio_policy", "stretch")))
+                keep_aspect_ratio_policy=node.attr("keep_aspect_ratio_policy", "stretch"))
 
 
 def upsample_like(node, x, scales):
     """Opset 10 Resize and Upsample: asymmetric coordinates; nearest rounds down (up when shrinking)."""
-    mode = text(node.attr("mode", "nearest"))
+    mode = node.attr("mode", "nearest")
     if mode in ("bilinear", "linear"):
         mode = "linear"
     elif mode != "nearest":
