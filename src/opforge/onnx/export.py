@@ -158,11 +158,16 @@ def _same(op_type, *attr_names):
 for _name, _op_type in {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "neg": "Neg",
                         "abs": "Abs", "sqrt": "Sqrt", "log": "Log", "exp": "Exp", "tanh": "Tanh", "relu": "Relu",
                         "maximum": "Max", "minimum": "Min", "matmul": "MatMul", "where": "Where",
-                        "equal": "Equal", "less": "Less", "greater": "Greater",
+                        "equal": "Equal", "less": "Less", "greater": "Greater", "sigmoid": "Sigmoid", "erf": "Erf",
+                        "sum": "Sum", "global_average_pool": "GlobalAveragePool",
                         "reorder": "Identity"}.items():  # a layout is storage only: the values are the same
     EXPORTERS[_name] = _same(_op_type)
 EXPORTERS["leaky_relu"] = _same("LeakyRelu", "alpha")
 EXPORTERS["concat"] = _same("Concat", "axis")
+EXPORTERS["hard_sigmoid"] = _same("HardSigmoid", "alpha", "beta")
+EXPORTERS["gather"] = _same("Gather", "axis")
+EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
+EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
 del _name, _op_type
 
 
@@ -216,9 +221,12 @@ def _(e):
     e.result("Transpose", inner, perm=perm)
 
 
-def _reduce(op_type, axes_input_since):
+def _axes_op(op_type, axes_input_since=13):
+    """An op whose axes are an input from opset ``axes_input_since``, an attribute before; a reduction's
+    ``keep_dims`` is ``keepdims``."""
     def write(e: NodeExport):
-        axes, keepdims = list(e.attrs["axes"]), int(e.attrs["keep_dims"])
+        axes, keep_dims = list(e.attrs["axes"]), e.attrs.get("keep_dims")
+        keepdims = None if keep_dims is None else int(keep_dims)
         if e.opset >= axes_input_since:
             e.result(op_type, e.inputs + ([e.ints(axes)] if axes else []), keepdims=keepdims)
         else:
@@ -226,20 +234,8 @@ def _reduce(op_type, axes_input_since):
     return write
 
 
-EXPORTERS["reduce_sum"] = _reduce("ReduceSum", 13)
-EXPORTERS["mean"] = _reduce("ReduceMean", 18)
-
-
-def _axes_op(op_type):
-    def write(e: NodeExport):
-        axes = list(e.attrs["axes"])
-        if e.opset >= 13:
-            e.result(op_type, e.inputs + ([e.ints(axes)] if axes else []))
-        else:
-            e.result(op_type, e.inputs, axes=axes or None)
-    return write
-
-
+EXPORTERS["reduce_sum"] = _axes_op("ReduceSum")
+EXPORTERS["mean"] = _axes_op("ReduceMean", 18)
 EXPORTERS["squeeze"] = _axes_op("Squeeze")
 EXPORTERS["unsqueeze"] = _axes_op("Unsqueeze")
 
@@ -299,16 +295,6 @@ def _(e):  # dy where x > 0, else alpha * dy
     dy, x = e.inputs
     scaled = e.emit("Mul", [dy, e.const(np.float32(e.attrs["alpha"]), e.dtype(0))])
     e.result("Where", e.emit("Greater", [x, e.const(0, e.dtype(1))]) + [dy] + scaled)
-
-
-for _name, _op_type in {"sigmoid": "Sigmoid", "erf": "Erf", "sum": "Sum",
-                        "global_average_pool": "GlobalAveragePool"}.items():
-    EXPORTERS[_name] = _same(_op_type)
-EXPORTERS["hard_sigmoid"] = _same("HardSigmoid", "alpha", "beta")
-EXPORTERS["gather"] = _same("Gather", "axis")
-EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
-EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
-del _name, _op_type
 
 
 @exporter("clip")
