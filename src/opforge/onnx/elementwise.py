@@ -74,18 +74,14 @@ def legacy_operand(node, a, b):
     """Opsets before 7: b as NumPy broadcasting sees it.  Without ``broadcast`` the shapes must match;
     with it, b's dims line up with a's from ``axis`` on (default: a's last dims), so b gets the trailing
     size-1 dims that NumPy needs."""
+    ad, bd = dims_of(a), dims_of(b)
     if not node.attr("broadcast", 0):
-        ad, bd = dims_of(a), dims_of(b)
-        if UNKNOWN_RANK not in (ad, bd) and len(ad) == len(bd) and all(
-                x == y or -1 in (x, y) for x, y in zip(ad, bd)):
-            return b
-        if ad == UNKNOWN_RANK or bd == UNKNOWN_RANK:
+        if UNKNOWN_RANK in (ad, bd) or len(ad) == len(bd) and all(x == y or -1 in (x, y) for x, y in zip(ad, bd)):
             return b
         raise node.error(f"inputs of shapes {list(ad)} and {list(bd)} differ and attribute 'broadcast' is 0")
     if "axis" not in node.attrs:
         return b
-    ad, bd = dims_of(a), dims_of(b)
-    if ad == UNKNOWN_RANK or bd == UNKNOWN_RANK:
+    if UNKNOWN_RANK in (ad, bd):
         raise node.error("attribute 'axis' needs the ranks of both inputs when the model is loaded")
     axis = node.attr("axis")
     axis = axis + len(ad) if axis < 0 else axis

@@ -365,9 +365,11 @@ def group_normalization(node, x, scale, bias):
     y, _, _ = ops.layer_norm(grouped, one, np.zeros_like(one), axis=2, epsilon=node.attr("epsilon", 1e-5))
     y = ops.reshape(y, shape=list(dims))
     if node.opset < 21:  # scale and bias per group: repeated over the group's channels
-        per_group = dims[1] // groups
-        scale = ops.reshape(ops.expand(ops.reshape(scale, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
-        bias = ops.reshape(ops.expand(ops.reshape(bias, shape=[groups, 1]), shape=[groups, per_group]), shape=[-1])
+        def per_channel_of(v):
+            return ops.reshape(ops.expand(ops.reshape(v, shape=[groups, 1]), shape=[groups, dims[1] // groups]),
+                               shape=[-1])
+
+        scale, bias = per_channel_of(scale), per_channel_of(bias)
     return ops.add(ops.mul(y, per_channel(scale, len(dims))), per_channel(bias, len(dims)))
 
 

@@ -255,14 +255,19 @@ def log_softmax_v13(node, x):
     return widened(node, lambda v: log_softmax(node, v, [axis]) if dims else ops.sub(v, v), [x], FLOATS)
 
 
-def arg_extreme(node, x, largest):
+def one_axis(node, x, default_axis, what):
+    """(x's dims, the node's ``axis`` made non-negative); x must have a known rank >= 1."""
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or not dims:
-        raise node.error("input 'data' must have a known rank >= 1 when the model is loaded")
-    axis = node.attr("axis", 0)
+        raise node.error(f"{what} must have a known rank >= 1 when the model is loaded")
+    axis = node.attr("axis", default_axis)
     if not -len(dims) <= axis < len(dims):
-        raise node.error(f"attribute 'axis' {axis} is out of range for input 'data' of rank {len(dims)}")
-    axis %= len(dims)
+        raise node.error(f"attribute 'axis' {axis} is out of range for {what} of rank {len(dims)}")
+    return dims, axis % len(dims)
+
+
+def arg_extreme(node, x, largest):
+    dims, axis = one_axis(node, x, 0, "input 'data'")
     n = dims[axis]
     if n == -1:
         raise node.error(f"{node.op_type} along axis {axis} of input 'data' of shape {list(dims)} needs that dim "
@@ -318,13 +323,7 @@ def hardmax(node, x, axes):
 
 
 def hardmax_axes(node, x, default_axis, flatten):
-    dims = dims_of(x)
-    if dims == UNKNOWN_RANK or not dims:
-        raise node.error("input 'input' must have a known rank >= 1 when the model is loaded")
-    axis = node.attr("axis", default_axis)
-    if not -len(dims) <= axis < len(dims):
-        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
-    axis %= len(dims)
+    dims, axis = one_axis(node, x, default_axis, "input 'input'")
     return list(range(axis, len(dims))) if flatten else [axis]
 
 
