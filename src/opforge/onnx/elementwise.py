@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 import opforge
+from ..builtins.common import known_dims
 from ..spec import UNKNOWN_RANK
 from .load import onnx_dtype
 from .registry import converter
@@ -38,9 +39,7 @@ def dtype_of(x) -> str:
     return spec.dtype if spec is not None else np.asarray(x).dtype.name
 
 
-def dims_of(x) -> tuple:
-    spec = getattr(x, "spec", None)
-    return tuple(spec.shape) if spec is not None else tuple(np.shape(x))
+dims_of = known_dims  # x's shape, -1 for its unknown dims; UNKNOWN_RANK for an unknown rank
 
 
 def scalar(value, like):
