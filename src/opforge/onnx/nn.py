@@ -37,7 +37,7 @@ from ..builtins.max_pool import pooled_dim
 from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of, dtype_of
 from .registry import converter
-from .shape import ints
+from .shape import ints, rank_of
 
 ops = opforge.ops
 
@@ -198,10 +198,7 @@ def lrn(node, x):
 
 def padded(node, x, pads, mode, value, axes=None):
     """ops.pad with ONNX's pads (for ``axes``, default all) spread over every axis of x."""
-    dims = dims_of(x)
-    if dims == UNKNOWN_RANK:
-        raise node.error("the rank of input 'data' must be known when the model is loaded")
-    rank = len(dims)
+    rank = rank_of(node, x)
     pads = [int(p) for p in pads]
     axes = list(range(rank)) if axes is None else [int(a) % max(rank, 1) for a in axes]
     if len(pads) != 2 * len(axes):

@@ -26,7 +26,7 @@ import opforge
 from ..spec import UNKNOWN_RANK
 from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, widened
 from .registry import converter
-from .shape import ints
+from .shape import ints, rank_of
 
 ops = opforge.ops
 
@@ -134,11 +134,8 @@ reducer("ReduceLogSum", in_float(lambda x, axes, keep: ops.log(ops.reduce_sum(x,
 # -- ReduceMax, ReduceMin, ReduceLogSumExp, LogSoftmax -------------------------------------
 
 def normalized_axes(node, x, axes):
-    dims = dims_of(x)
-    if dims == UNKNOWN_RANK:
-        raise node.error("the rank of input 'data' must be known when the model is loaded")
-    rank = len(dims)
-    return dims, sorted({a % rank for a in axes}) if axes else list(range(rank))
+    rank = rank_of(node, x)
+    return dims_of(x), sorted({a % rank for a in axes}) if axes else list(range(rank))
 
 
 def fold_axes(node, x, axes, keep, fold, empty, idempotent):
@@ -235,14 +232,12 @@ def log_softmax(node, x, axes):
 @converter("LogSoftmax", since=1)
 def log_softmax_v1(node, x):
     """Before opset 13, over every dim from ``axis`` (default 1) on: reduce over all of them at once."""
-    dims = dims_of(x)
-    if dims == UNKNOWN_RANK:
-        raise node.error("the rank of input 'input' must be known when the model is loaded")
-    rank = max(len(dims), 1)
+    ndim = rank_of(node, x, "input 'input'")
+    rank = max(ndim, 1)
     axis = node.attr("axis", 1)
     if not -rank <= axis < rank:
-        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {len(dims)}")
-    axes = list(range(axis % rank, len(dims)))
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'input' of rank {ndim}")
+    axes = list(range(axis % rank, ndim))
     return widened(node, lambda v: log_softmax(node, v, axes) if axes else ops.sub(v, v), [x], FLOATS)
 
 
