@@ -19,7 +19,7 @@ import numpy as np
 import opforge
 from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of, dtype_of
-from .nn import explicit_pads
+from .nn import explicit_pads, split_pads
 from .registry import converter
 
 ops = opforge.ops
@@ -112,17 +112,15 @@ def conv_transpose(node, x, w, b=None):
             output_shape = [n * s for n, s in zip(x_dims[2:], strides)]
         if len(output_shape) != spatial:
             raise node.error(f"attribute 'output_shape' is {output_shape}; it needs {spatial} spatial dims")
-        begin, end = [], []
+        totals = []
         for j in range(spatial):
             total = (strides[j] * (x_dims[2 + j] - 1) + output_padding[j] + (kernel_shape[j] - 1) * dilations[j] + 1
                      - output_shape[j])
             if total < 0:  # an output larger than the natural one: the extra rows come at the end
                 output_padding[j] -= total
                 total = 0
-            small, large = total // 2, total - total // 2
-            begin.append(small if auto_pad == "SAME_UPPER" else large)
-            end.append(large if auto_pad == "SAME_UPPER" else small)
-        pads = begin + end
+            totals.append(total)
+        pads = split_pads(totals, auto_pad)
     elif auto_pad == "VALID":
         pads = [0] * (2 * spatial)
     w_dims = dims_of(w)

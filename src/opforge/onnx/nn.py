@@ -58,14 +58,16 @@ def explicit_pads(node, x, kernel_shape, strides, dilations):
     if dims == UNKNOWN_RANK or len(dims) != spatial + 2 or -1 in dims[2:]:
         raise node.error(f"auto_pad {auto_pad} needs the spatial dims of input 'X' known when the model is "
                          f"loaded; they are {'unknown' if dims == UNKNOWN_RANK else list(dims[2:])}")
-    begin, end = [], []
-    for n, k, s, d in zip(dims[2:], kernel_shape, strides, dilations):
-        out = -(-n // s)
-        total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
-        small, large = total // 2, total - total // 2
-        begin.append(small if auto_pad == "SAME_UPPER" else large)
-        end.append(large if auto_pad == "SAME_UPPER" else small)
-    return begin + end
+    totals = [max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+              for n, k, s, d in zip(dims[2:], kernel_shape, strides, dilations)]
+    return split_pads(totals, auto_pad)
+
+
+def split_pads(totals, auto_pad):
+    """Each axis's total padding as ONNX pads (begins, then ends): the odd one at the end for SAME_UPPER, at the
+    beginning otherwise."""
+    begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    return begin + [t - b for t, b in zip(totals, begin)]
 
 
 def window_attrs(node, x):
