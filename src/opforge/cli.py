@@ -197,11 +197,7 @@ def add_ops(subparsers) -> None:
         "ops", help="list registered ops with signatures and kernels",
         description="List every registered op (the built-ins, and the ops the files and modules given "
                     "here declare) with its schema, traits and kernels.")
-    parser.add_argument("--load", action="append", default=[], metavar="FILE",
-                        help="load op declarations (YAML or JSON) first (repeatable)")
-    parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
-                        help="import a Python module that declares ops, found from the current folder "
-                             "(repeatable)")
+    _add_declaration_options(parser)
     parser.set_defaults(func=run_ops)
 
 
@@ -312,20 +308,22 @@ def add_run(subparsers) -> None:
     parser.add_argument("--threads", type=_positive_int, metavar="N",
                         help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; default 1, or "
                              "OPFORGE_BLAS_THREADS); opforge's other kernels run on one thread")
-    _add_declaration_options(parser)
+    _add_declaration_options(parser, models=True)
     parser.add_argument("--bench", action="store_true", help="time --repeat runs after the first")
     parser.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
                         help="runs timed by --bench (default 10)")
     parser.set_defaults(func=run_run)
 
 
-def _add_declaration_options(parser) -> None:
+def _add_declaration_options(parser, models=False) -> None:
+    """--load and --import, which ``declare_ops`` reads (``models``: a command that loads a model)."""
     parser.add_argument("--load", action="append", default=[], metavar="FILE",
-                        help="load op declarations (YAML or JSON) first, e.g. the ops of the model's custom "
-                             "domains (repeatable)")
+                        help="load op declarations (YAML or JSON) first"
+                             + (", e.g. the ops of the model's custom domains" if models else "") + " (repeatable)")
     parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
-                        help="import a Python module that declares ops (or registers converters) first, found "
-                             "from the current folder (repeatable)")
+                        help="import a Python module that declares ops"
+                             + (" (or registers converters) first" if models else "")
+                             + ", found from the current folder (repeatable)")
 
 
 def _positive_int(text: str) -> int:
@@ -474,7 +472,7 @@ def add_convert(subparsers) -> None:
     parser.add_argument("output", help="graph JSON file to write (.onnx: the exported ONNX model)")
     parser.add_argument("--opset", type=_positive_int, default=17,
                         help="the ai.onnx opset of an exported model (default 17)")
-    _add_declaration_options(parser)
+    _add_declaration_options(parser, models=True)
     parser.set_defaults(func=run_convert)
 
 
