@@ -508,7 +508,7 @@ def onnx_attribute(value):
 
 def _user_op(e: NodeExport):
     domain, op_type = split_name(e.op_name)
-    attrs = {}
+    plain, made = {}, []
     for name, value in e.attrs.items():
         if value is None:  # an optional attribute not given
             continue
@@ -520,12 +520,10 @@ def _user_op(e: NodeExport):
             attr_def = e.node.op.attrs.get(name)
             kind = onnx.AttributeProto.FLOATS if attr_def is not None and attr_def.type == "float[]" \
                 else onnx.AttributeProto.INTS
-            attrs[name] = helper.make_attribute(name, [], attr_type=kind)
-            continue
-        attrs[name] = converted
+            made.append(helper.make_attribute(name, [], attr_type=kind))
+        else:
+            plain[name] = converted
     e.builder.domains[domain] = CUSTOM_DOMAIN_VERSION
-    made = [a for a in attrs.values() if isinstance(a, onnx.AttributeProto)]
-    plain = {k: v for k, v in attrs.items() if not isinstance(v, onnx.AttributeProto)}
     e.result(op_type, e.inputs, domain=domain, **plain)
     e.builder.nodes[-1].attribute.extend(made)
 
