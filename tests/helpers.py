@@ -49,3 +49,35 @@ def encode_probe(values):
     assert len(row) <= values["width"]
     row += [-1.0] * (values["width"] - len(row))
     return np.array([row, row], dtype=np.float64)
+
+
+def random_weights(model, seed=0):
+    """One of onnx's light models with each ConstantOfShape replaced by a seeded random
+    initializer: conv and dense weights (rank >= 2) uniform with the variance that keeps
+    activations in scale (He), zero mean; vectors (biases, batch-norm scale, mean and
+    variance) the fill times a factor in [0.5, 1.5].  The fills make the models' logits
+    huge and almost equal, so their softmax turns rounding differences into different
+    outputs; random weights give outputs that compare at a tolerance."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    initializers = {t.name: numpy_helper.to_array(t) for t in changed.graph.initializer}
+    kept = []
+    for node in changed.graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in initializers:
+            kept.append(node)
+            continue
+        shape = tuple(int(d) for d in initializers[node.input[0]])
+        fill = numpy_helper.to_array(helper.get_attribute_value(node.attribute[0])).reshape(())
+        if len(shape) >= 2:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else max(shape)
+            value = rng.uniform(-1.0, 1.0, shape) * np.sqrt(6.0 / fan_in)
+        else:
+            value = fill * rng.uniform(0.5, 1.5, shape)
+        changed.graph.initializer.append(numpy_helper.from_array(value.astype(fill.dtype), node.output[0]))
+    del changed.graph.node[:]
+    changed.graph.node.extend(kept)
+    return changed

@@ -11,6 +11,7 @@ import opforge
 from opforge import TensorSpec
 from opforge.errors import ModelError
 from opforge.onnx.export import EXPORTERS, export, split_name
+from helpers import random_weights
 
 ops = opforge.ops
 OPSETS = [11, 13, 17, 18]
@@ -393,13 +394,14 @@ def test_dotted_namespace_is_the_domain_and_round_trips():
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
 def test_loaded_light_model_exports_back(name):
     path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
-    graph = opforge.onnx.load(path)
+    light = random_weights(onnx.load(path))  # the fills' near-equal logits would compare rounding, not the graph
+    graph = opforge.onnx.load(light)
     model = export(graph)
     x = rng.standard_normal(graph.inputs[0].spec.shape).astype(np.float32)
-    original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(light.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = original.run(None, {original.get_inputs()[0].name: x})
     np.testing.assert_allclose(run_ort(model, [x])[0], expected[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(graph(x), expected[0], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(graph(x), expected[0], rtol=1e-3, atol=1e-6)
     assert [o.name for o in model.graph.output] == [o.name for o in original.get_outputs()]
 
 

@@ -14,9 +14,10 @@ import os
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 import opforge.onnx
+from helpers import random_weights
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
@@ -65,32 +66,6 @@ def _opforge(model, x):
     return y
 
 
-def _random_weights(model, seed=0):
-    """The model with each ConstantOfShape replaced by a seeded random initializer: conv and dense
-    weights (rank >= 2) uniform with the variance that keeps activations in scale (He), zero mean;
-    vectors (biases, batch-norm scale, mean and variance) the fill times a factor in [0.5, 1.5]."""
-    rng = np.random.default_rng(seed)
-    changed = onnx.ModelProto()
-    changed.CopyFrom(model)
-    initializers = {t.name: numpy_helper.to_array(t) for t in changed.graph.initializer}
-    kept = []
-    for node in changed.graph.node:
-        if node.op_type != "ConstantOfShape" or node.input[0] not in initializers:
-            kept.append(node)
-            continue
-        shape = tuple(int(d) for d in initializers[node.input[0]])
-        fill = numpy_helper.to_array(helper.get_attribute_value(node.attribute[0])).reshape(())
-        if len(shape) >= 2:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 else max(shape)
-            value = rng.uniform(-1.0, 1.0, shape) * np.sqrt(6.0 / fan_in)
-        else:
-            value = fill * rng.uniform(0.5, 1.5, shape)
-        changed.graph.initializer.append(numpy_helper.from_array(value.astype(fill.dtype), node.output[0]))
-    del changed.graph.node[:]
-    changed.graph.node.extend(kept)
-    return changed
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_light_model_matches_its_expected_output_and_onnxruntime(name):
     model = _model(name)
@@ -105,7 +80,7 @@ def test_light_model_matches_its_expected_output_and_onnxruntime(name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_light_model_with_random_weights_matches_onnxruntime(name):
-    model = _random_weights(_model(name))
+    model = random_weights(_model(name))
     input_name, x = _runner_input(model)
     (theirs,) = _onnxruntime(model, {input_name: x})
     ours = _opforge(model, x)
