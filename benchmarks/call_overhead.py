@@ -244,6 +244,10 @@ def main(argv=None):
     else:
         namespace.update(torch=torch, ta=torch.from_numpy(a.copy()), tb=torch.from_numpy(b.copy()))
         variants["torch.add(ta, tb)"] = "out = torch.add(ta, tb)"
+        # torch CPU tensors in, a torch tensor out, through DLPack (no copies; see runtime/arrays.py).
+        if not torch.equal(custom(namespace["ta"], namespace["tb"]), torch.from_numpy(expected)):
+            raise SystemExit("custom(ta, tb) on torch tensors computed the wrong result")
+        variants["custom(ta, tb) on torch CPU tensors"] = "out = custom(ta, tb)"
 
     results = time_variants(variants, namespace, args.rounds, args.number)
     best = {name: min(times) for name, times in results.items()}
@@ -266,6 +270,9 @@ def main(argv=None):
     print()
     print(f"call_overhead_vs_np_add: {best[HEADLINE] / best[FLOOR]:.2f}")
     print(f"call_overhead_vs_ctypes: {best[HEADLINE] / best[BASELINE]:.2f}")
+    if "torch.add(ta, tb)" in best:
+        print(f"torch_cpu_call_vs_torch_add: "
+              f"{best['custom(ta, tb) on torch CPU tensors'] / best['torch.add(ta, tb)']:.2f}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,11 @@ class CudaError(OpforgeError, RuntimeError):
     """The CUDA runtime is missing or reported an error."""
 
 
+class DeviceError(OpforgeError, TypeError):
+    """One call mixes array kinds (NumPy and torch, say) or devices, hands an op arrays on a device none of
+    its kernels runs on, or an array cannot be shared where it lives; names the inputs and where each lives."""
+
+
 class GraphError(OpforgeError, ValueError):
     """A graph (or its JSON) is malformed: names the node, the field and what was expected."""
 

@@ -26,6 +26,7 @@
 
 #include "../include/custom_aot_extra.h"
 #include "buffers.h"
+#include "dlpack.h"
 #include "extra_state.h"
 
 static_assert(sizeof(npy_intp) == sizeof(int64_t), "opforge needs a 64-bit npy_intp");
@@ -1219,7 +1220,8 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0 ||
       PyModule_AddIntConstant(module, "CANARY_BYTES", static_cast<int>(opforge_native::kCanaryBytes)) < 0 ||
-      PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0) {
+      PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0 ||
+      !opforge_native::AddDLPackTypes(module)) {
     Py_DECREF(module);
     return nullptr;
   }

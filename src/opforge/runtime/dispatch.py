@@ -16,8 +16,9 @@ from .. import _native
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
 from ..operator import RUNTIME
-from ..errors import AttrError, DTypeError, KernelError, NoKernelError, ShapeError
+from ..errors import AttrError, DeviceError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
+from .arrays import placement
 from .checks import MEMORY_KINDS, memory_error
 from .cpu import isa_rank, isa_reject_reason
 
@@ -105,12 +106,28 @@ def _preference(kernel, device):
             -isa_rank(kernel.isa))
 
 
+def kernels_for_device(op, kernels, device):
+    """The kernels a call on ``device`` may use.  A kernel never gets pointers of another
+    device; host inputs go to a GPU kernel (through copies) only when the op has no CPU kernel."""
+    if device == "cpu":
+        if any(k.device == "cpu" and k.dispatchable for k in kernels):
+            return [k for k in kernels if k.device == "cpu"]
+        return kernels
+    chosen = [k for k in kernels if k.device == device]
+    if not chosen:
+        devices = sorted({k.device for k in kernels})
+        raise DeviceError(f"op '{op.name}' has no {device} kernel (its kernels run on {', '.join(devices)}); "
+                          f"move the inputs to the host, or add a kernel with device='{device}'")
+    return chosen
+
+
 def select_kernel(op, specs, device="cpu", kernels=None):
     """The preferred kernel (of ``kernels``, default all the op's) that accepts
     the specs; errors list every candidate."""
     kernels = op.kernels if kernels is None else kernels
     if not kernels:
         raise NoKernelError(f"op '{op.name}' has no kernels")
+    kernels = kernels_for_device(op, kernels, device)
     reasons = []
     for kernel in sorted(kernels, key=lambda k: _preference(k, device)):
         if not kernel.dispatchable:
@@ -163,10 +180,23 @@ class CallPlanner:
             result = intercept(self.op, self.attrs, args)
             if result is not NotImplemented:
                 return Completed(result)
+        where = placement(self.op, args)
+        if where is not None:  # torch, JAX, CuPy, ... arrays, or arrays on a GPU
+            return Completed(self.run_placed(where, args))
         args = weak_scalars(args)
         if "support_non_contiguous" in self.op.traits and all(k.priority < 2 for k in self.op.kernels):
             return tuple(a if a is None else np.asarray(a) for a in args)  # Python kernels take views
         return tuple(None if a is None else as_array(self.op, k, a) for k, a in enumerate(args))
+
+    def run_placed(self, where, args):
+        """A call on arrays of another kind than NumPy, or on a GPU: host arrays run as
+        NumPy views of their memory; outputs go back as the caller's kind."""
+        if where.on_host:
+            result = launcher_for(self.op, self.attrs, len(args))(*where.views)
+            return where.wrap_result(self.op, result)
+        from .device_call import run_on_device
+
+        return run_on_device(self, where, args)
 
     def _resolve(self, arrays):
         # Cached per signature: calls that the launcher hands back here every

@@ -1,0 +1,195 @@
+"""Tensor arguments as users hold them: NumPy, PyTorch, JAX, CuPy, ... through DLPack.
+
+A call's tensor arguments have a *kind* (the array library the caller uses,
+named by its top-level module: ``numpy``, ``torch``, ``jax``, ``cupy``) and
+a *device*, DLPack's ``(device_type, device_id)`` pair.  One call takes one
+kind on one device; Python scalars and nested lists join any kind.  Host
+arrays of any kind become NumPy views of the same memory
+(``np.from_dlpack``), so the CPU path below is the NumPy one; outputs go back
+to the caller's kind through that library's own ``from_dlpack``.  Arrays on
+a CUDA device take the device path (``runtime.device_call``).
+
+Only the DLPack protocol is used to move arrays; the array library is
+looked up solely to hand outputs back (``x.__array_namespace__()`` where
+the library has it, else its top-level module), and, for CUDA arrays, to
+ask it for its current stream (``runtime.cuda``).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..errors import DeviceError, DTypeError
+
+#: DLPack device types opforge knows by name.
+CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
+DEVICE_NAMES = {CPU: "cpu", CUDA: "cuda", CUDA_HOST: "cuda_host", CUDA_MANAGED: "cuda_managed", 10: "rocm"}
+HOST = (CPU, 0)
+
+_kinds = {}  # array type -> (kind name, its library's from_dlpack)
+
+
+def device_name(device) -> str:
+    kind, index = device
+    name = DEVICE_NAMES.get(kind, f"device type {kind}")
+    return name if kind == CPU else f"{name}:{index}"
+
+
+def _library_of(value):
+    """(kind name, from_dlpack) of a foreign array's library, cached per type."""
+    found = _kinds.get(type(value))
+    if found is not None:
+        return found
+    library = None
+    get_namespace = getattr(value, "__array_namespace__", None)
+    if get_namespace is not None:
+        try:
+            library = get_namespace()
+        except Exception:  # an array API the object does not really implement
+            library = None
+    if library is None or not hasattr(library, "from_dlpack"):
+        library = sys.modules.get(type(value).__module__.partition(".")[0])
+    from_dlpack = getattr(library, "from_dlpack", None)
+    name = (getattr(library, "__name__", None) or type(value).__module__).partition(".")[0]
+    found = (name, from_dlpack)
+    _kinds[type(value)] = found
+    return found
+
+
+def _dlpack_device(value):
+    kind, index = value.__dlpack_device__()
+    return (int(kind), int(index))
+
+
+def _cuda_interface_device(value):
+    from . import cuda
+
+    pointer = value.__cuda_array_interface__["data"][0]
+    pointer_device = getattr(cuda, "pointer_device", None)  # the interface names no device
+    return (CUDA, pointer_device(pointer) if pointer and pointer_device else 0)
+
+
+def kind_of(value):
+    """The array library of one tensor argument, without asking where it lives (that
+    costs microseconds in some libraries); None for values that join any kind
+    (Python scalars, nested lists, None, objects NumPy converts)."""
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    if value is None or isinstance(value, (int, float, bool, complex, list, tuple, np.generic)):
+        return None
+    if hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__"):
+        return _library_of(value)[0]
+    return None  # __array_interface__ / __array__ objects: NumPy converts them
+
+
+def device_of(value):
+    """DLPack's (device_type, device_id) of one tensor argument."""
+    if isinstance(value, np.ndarray) or not (hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__")):
+        return HOST
+    if hasattr(value, "__dlpack_device__"):
+        return _dlpack_device(value)
+    return _cuda_interface_device(value)
+
+
+class Placement:
+    """Where one call's tensors live: their one kind and device, and how to hand outputs back.
+    On the host, ``views`` holds the arguments with every array a NumPy view of its memory."""
+
+    __slots__ = ("kind", "device", "from_dlpack", "example", "views")
+
+    def __init__(self, kind, device, example, views=None):
+        self.kind = kind
+        self.device = device
+        self.example = example  # one argument of the kind (its library's current stream is asked on it)
+        self.from_dlpack = _library_of(example)[1]
+        self.views = views
+
+    @property
+    def on_host(self):
+        return self.device[0] == CPU
+
+    def wrap(self, op, index, output):
+        """Output ``index`` of ``op`` (a NumPy array or a DLPack export) as an array of the caller's kind."""
+        if self.from_dlpack is None:
+            raise DeviceError(f"op '{op.name}': the array library '{self.kind}' has no from_dlpack, so opforge "
+                              "cannot hand its outputs back; pass NumPy arrays or DLPack-capable arrays")
+        wrapped = self.from_dlpack(output)
+        given = getattr(output, "dtype", None)
+        if given is not None and np.dtype(given).itemsize == 8 and _dtype_name(wrapped) not in (None, np.dtype(given).name):
+            # JAX without 64-bit types turns int64/float64 into 32-bit values, silently.
+            raise DTypeError(f"op '{op.name}': output '{getattr(op.outputs[index], 'name', op.outputs[index])}' is {np.dtype(given).name}, but "
+                             f"{self.kind} made it {_dtype_name(wrapped)}"
+                             + (" (64-bit types are off in JAX: jax.config.update('jax_enable_x64', True))"
+                                if self.kind == "jax" else ""))
+        return wrapped
+
+    def wrap_result(self, op, result):
+        if op.tuple_output:
+            return tuple(self.wrap(op, k, r) for k, r in enumerate(result))
+        return self.wrap(op, 0, result)
+
+
+def _dtype_name(array):
+    """The NumPy name of an array's dtype, or None where it is not a NumPy dtype (torch's)."""
+    try:
+        return np.dtype(array.dtype).name
+    except TypeError:
+        return None
+
+
+def placement(op, args):
+    """The call's Placement, or None when every tensor is NumPy on the host
+    (the plain path).  DeviceError when kinds or devices are mixed."""
+    tensors = [(index, kind_of(value)) for index, value in enumerate(args)]
+    tensors = [(index, kind) for index, kind in tensors if kind is not None]
+    kinds = {kind for _, kind in tensors}
+    if not kinds or kinds == {"numpy"}:
+        return None
+    if len(kinds) > 1:
+        _mixed(op, args, tensors)
+    kind = kinds.pop()
+    example = args[tensors[0][0]]
+    if device_of(example) == HOST:
+        views = list(args)
+        try:  # the rest are on the host too when NumPy can view them: no need to ask each for its device
+            for index, _ in tensors:
+                views[index] = np.from_dlpack(args[index])
+            return Placement(kind, HOST, example, tuple(views))
+        except Exception:
+            pass
+    devices = {device_of(args[index]) for index, _ in tensors}
+    if len(devices) > 1:
+        _mixed(op, args, tensors)
+    device = devices.pop()
+    if device == HOST:  # on the host, yet NumPy cannot view one of them: say which and why
+        for index, _ in tensors:
+            _host_view(op, index, args[index])
+    return Placement(kind, device, example)
+
+
+def _mixed(op, args, tensors):
+    listed = ", ".join(f"'{op.input_name(k)}' is {kind} on {device_name(device_of(args[k]))}" for k, kind in tensors)
+    first = tensors[0][1]
+    raise DeviceError(f"op '{op.name}': one call takes arrays of one kind on one device, but {listed}; "
+                      f"convert them first (e.g. with {first}.from_dlpack or .to(device))")
+
+
+def _host_view(op, index, value):
+    """A host array of another library as a NumPy array sharing its memory, or the typed error saying why not."""
+    try:
+        return np.from_dlpack(value)
+    except BufferError as error:  # e.g. a torch tensor that requires grad
+        raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__}) cannot be "
+                          f"shared through DLPack: {error}") from None
+    except (TypeError, ValueError, RuntimeError) as error:  # a dtype NumPy lacks (bfloat16)
+        dtype = getattr(value, "dtype", "?")
+        raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__} of dtype {dtype}) "
+                         f"cannot be viewed as a NumPy array: {error}") from None
+
+
+def host_view(op, index, value):
+    """One argument as the host path takes it: arrays of other libraries as NumPy views of their memory."""
+    if kind_of(value) in (None, "numpy"):
+        return value
+    return _host_view(op, index, value)
