@@ -51,6 +51,38 @@ def encode_probe(values):
     return np.array([row, row], dtype=np.float64)
 
 
+def fake_cuda_runtime(monkeypatch):
+    """Point opforge's CUDA runtime at tests/kernels/fake_cudart.c (built with opforge.build).
+
+    The fake backs device memory with host memory, so GPU plumbing (pool
+    allocation, copies, the stream given to kernels, launch checks) runs
+    without a GPU; it checks the calls opforge makes, not CUDA.  Returns the
+    fake as a ctypes library with its hooks (``fake_cuda_calls(b"cudaMalloc")``,
+    ``fake_cuda_last_stream()``, ``fake_cuda_inject_error(code, sticky)``, ...),
+    counters reset.  opforge's loaded CUDA state is set aside for the test and
+    put back when ``monkeypatch`` undoes its changes.
+    """
+    import ctypes
+    import pathlib
+
+    from opforge.runtime import cuda
+
+    library = opforge.build(pathlib.Path(__file__).parent / "kernels" / "fake_cudart.c")
+    fake = ctypes.CDLL(str(library.path))
+    fake.fake_cuda_calls.argtypes, fake.fake_cuda_calls.restype = [ctypes.c_char_p], ctypes.c_long
+    fake.fake_cuda_last_stream.restype = ctypes.c_void_p
+    for name in ("fake_cuda_live_device_blocks", "fake_cuda_live_host_blocks", "fake_cuda_bad_frees"):
+        getattr(fake, name).restype = ctypes.c_long
+    fake.fake_cuda_release_threshold.restype = ctypes.c_uint64
+    fake.fake_cuda_reset()
+    monkeypatch.setenv("OPFORGE_CUDART", str(library.path))
+    # Fresh state for the fake; undo() puts back whatever was loaded before (the real runtime, or nothing).
+    monkeypatch.setattr(cuda, "_runtime", None)
+    monkeypatch.setattr(cuda, "_pools_ready", set())
+    monkeypatch.setattr(cuda, "_pinned_free", {})
+    return fake
+
+
 def random_weights(model, seed=0):
     """One of onnx's light models with each ConstantOfShape replaced by a seeded random
     initializer: conv and dense weights (rank >= 2) uniform with the variance that keeps

@@ -416,6 +416,11 @@ def test_cuda_source_compiles(cache, tmp_path):
     assert built.path.is_file() and built.path.name == "scale.cu.so"
     command = json.loads((built.path.parent / "manifest.json").read_text())["command"]
     assert "arch=compute_80,code=sm_80" in command and "--expt-relaxed-constexpr" in command
+    # The shared CUDA runtime, so opforge's cudaGetLastError sees this library's launches.
+    assert "-cudart shared" in " ".join(command)
+    if shutil.which("ldd"):
+        needed = subprocess.run(["ldd", str(built.path)], capture_output=True, text=True).stdout
+        assert "libcudart.so" in needed and "not found" not in needed.split("libcudart")[1].split("\n")[0]
     assert build(src, cuda_arch="80").from_cache  # same arch, spelled differently
 
 

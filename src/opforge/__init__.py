@@ -7,7 +7,7 @@
 """
 import pathlib
 
-from . import errors, infer, ops
+from . import cuda, errors, infer, ops
 from .attrs import AttrDef
 from .dtypes import ABI_DTYPES
 from .errors import *  # noqa: F401,F403 - the typed errors are part of the public API

@@ -211,6 +211,15 @@ class Plan:
         return [*self.compiler, *self.flags, str(self.source), "-o", str(output)]
 
 
+def _cuda_runtime_rpath(nvcc):
+    """Linker flags that let a kernel library find the toolkit's libcudart beside this nvcc."""
+    root = Path(os.path.realpath(nvcc)).parent.parent
+    for lib in (root / "lib64", root / "lib"):
+        if any(lib.glob("libcudart.so*")):
+            return ["-Xlinker", f"-rpath,{lib}"]
+    return []
+
+
 def plan(source: Path, *, extra_cflags, include_dirs, compiler, cuda_arch,
           cxx11_abi, optimization) -> Plan:
     language = language_of(source)
@@ -247,8 +256,10 @@ def plan(source: Path, *, extra_cflags, include_dirs, compiler, cuda_arch,
     else:
         arch = normalize_arch(cuda_arch) if cuda_arch else detect_cuda_arch()
         number = arch[len("sm_"):]
+        # The shared CUDA runtime: a library with its own static copy keeps its own last-error state, where
+        # opforge's launch check (cudaGetLastError through libcudart) could not see its failed launches.
         base = ["--shared", "-Xcompiler", "-fPIC", optimization, "--use_fast_math",
-                "--expt-relaxed-constexpr", *abi_flag,
+                "--expt-relaxed-constexpr", *abi_flag, "-cudart", "shared", *_cuda_runtime_rpath(argv[0]),
                 "-gencode", f"arch=compute_{number},code=sm_{number}"]
     flags = [f for f in base if f] + includes + user_flags
     search = dirs + [Path(d).expanduser().resolve() for d in _include_dirs_in(user_flags)]

@@ -1,0 +1,149 @@
+"""Calls on arrays in GPU memory: the inputs' memory goes to a GPU kernel as it is.
+
+The kernel runs on the caller's current stream (``runtime.cuda.current_stream``:
+``opforge.cuda.stream``, else PyTorch's or CuPy's current stream, else the
+default stream); inputs are taken through DLPack with that stream as the
+consumer's, so the producer's pending work on them is ordered before the
+kernel.  Outputs and workspace come from the stream-ordered pool
+(``cuda.allocate``), launch errors are read with ``cudaGetLastError`` after
+the call, and nothing synchronizes: the outputs are handed back (as the
+inputs' kind, through DLPack) while the kernel may still be running, exactly
+as a framework's own ops do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from ..bounded_cache import BoundedCache
+from ..dtypes import normalize as normalize_dtype
+from ..errors import DeviceError, ShapeError
+from ..operator import PyKernel
+from ..spec import TensorSpec
+from . import cuda
+from .aot import workspace_sizes
+from .arrays import CUDA, device_name, kind_of
+
+PLANS_PER_OP = 64
+
+
+def _consumer_stream(stream):
+    """DLPack's name for a stream: 0 is ambiguous in the protocol, the legacy default stream is 1."""
+    return 1 if stream == 0 else stream
+
+
+class _InterfaceView:
+    """A ``__cuda_array_interface__`` array seen as DLTensorView sees a DLPack one."""
+
+    __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "owner")
+
+    def __init__(self, value):
+        interface = value.__cuda_array_interface__
+        self.owner = value
+        self.data = int(interface["data"][0])
+        self.shape = tuple(int(d) for d in interface["shape"])
+        dtype = np.dtype(interface["typestr"])
+        self.dtype = normalize_dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * dtype.itemsize
+        strides = interface.get("strides")
+        row_major = tuple(int(s) * dtype.itemsize for s in np.cumprod((self.shape[1:] + (1,))[::-1])[::-1]) \
+            if self.shape else ()
+        self.c_contiguous = strides is None or all(
+            n == 1 or s == r for n, s, r in zip(self.shape, strides, row_major))
+
+
+def device_view(op, index, value, stream):
+    """One input on the GPU as a view: data pointer, shape, dtype name (no copy)."""
+    if hasattr(value, "__dlpack__"):
+        consumer = _consumer_stream(stream)
+        try:
+            capsule = value.__dlpack__(stream=consumer, max_version=(1, 0))
+        except TypeError:  # a producer from before DLPack 1.0
+            capsule = value.__dlpack__(stream=consumer)
+        try:
+            view = _native.DLTensorView(capsule)
+        except ValueError as error:
+            raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}': {error}") from None
+    else:
+        view = _InterfaceView(value)
+    if not view.c_contiguous:
+        raise ShapeError(f"op '{op.name}': input '{op.input_name(index)}' is a strided view in GPU memory; GPU "
+                         "kernels take contiguous arrays (call .contiguous() / cupy.ascontiguousarray first)")
+    return view
+
+
+class DevicePlan:
+    """What one input signature needs on the GPU, worked out once."""
+
+    __slots__ = ("kernel", "out_specs", "extra", "shapes", "names", "out_nbytes", "workspace", "workspace_total")
+
+    def __init__(self, op, attrs, specs, views):
+        from .dispatch import select_kernel
+
+        self.kernel = kernel = select_kernel(op, specs, device="gpu")
+        self.out_specs = op.infer_specs(specs, attrs, kernel)
+        for spec in self.out_specs:
+            op.check_output_shape(spec)
+        self.out_nbytes = [int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in self.out_specs]
+        self.shapes = [s.shape for s in specs] + [s.shape for s in self.out_specs]
+        self.names = [s.dtype for s in specs] + [s.dtype for s in self.out_specs]
+        if isinstance(kernel, PyKernel):
+            self.extra, self.workspace = None, ()
+        else:
+            self.extra, requested = kernel.signature_state(op, list(specs) + list(self.out_specs), attrs)
+            floor = max((v.nbytes for v in views), default=0)
+            self.workspace = workspace_sizes(requested, floor, op=op.name, function=kernel.function_name + "Init")
+        self.workspace_total = sum(self.workspace)
+
+
+def _plans(planner):
+    plans = getattr(planner, "_device_plans", None)
+    if plans is None:
+        plans = planner._device_plans = BoundedCache(PLANS_PER_OP)
+    return plans
+
+
+def run_on_device(planner, where, args):
+    """Run ``planner``'s op on arrays in GPU memory; outputs are the inputs' kind, on their device."""
+    op, attrs = planner.op, planner.attrs
+    device_type, device_id = where.device
+    if device_type != CUDA:
+        raise DeviceError(f"op '{op.name}': its inputs are on {device_name(where.device)}; opforge runs kernels on "
+                          "the CPU and on CUDA devices")
+    for index, value in enumerate(args):
+        if value is None or kind_of(value) is None:
+            raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' is "
+                              f"{'absent' if value is None else type(value).__name__} while the other inputs are "
+                              f"in GPU memory; pass every input as an array on {device_name(where.device)}")
+    with cuda.on_device(device_id):
+        stream = cuda.current_stream(where.kind, device_id)
+        views = [device_view(op, k, a, stream) for k, a in enumerate(args)]
+        signature = tuple((v.shape, v.dtype) for v in views)
+        plan = _plans(planner).get_or_create(
+            signature, lambda: DevicePlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], views))
+        kernel = plan.kernel
+        if isinstance(kernel, PyKernel):  # a Python GPU kernel works on the caller's own arrays
+            return kernel.fn(*args, **attrs)
+        outputs = [cuda.allocate(n, stream, device_id) for n in plan.out_nbytes]
+        if any(v.nbytes == 0 for v in views) and "always_compute" not in op.traits:
+            for buffer in outputs:  # empty work: outputs are zeros of their inferred shapes
+                cuda.memset(buffer, 0, stream)
+        else:
+            workspace = cuda.allocate(plan.workspace_total, stream, device_id) if plan.workspace_total else None
+            pointers = [v.data for v in views] + [b.pointer for b in outputs]
+            offset = 0
+            for size in plan.workspace:
+                pointers.append(workspace.pointer + offset)
+                offset += size  # sizes are multiples of WORKSPACE_ALIGN
+            rc, error = _native.call_kernel(kernel._function, pointers, plan.shapes, plan.names, stream, plan.extra)
+            if rc != 0 or error is not None:
+                from .dispatch import kernel_error
+
+                raise kernel_error(op, kernel, rc, error)
+            cuda.check_launch(op.name, kernel.function_name)
+            del workspace  # freed stream-ordered: after the kernel, on the same stream
+        exports = [_native.DLPackExport(b.pointer, s.shape, s.dtype, CUDA, device_id, b)
+                   for b, s in zip(outputs, plan.out_specs)]
+    if where.from_dlpack is None:  # a library with no from_dlpack: the exports are DLPack arrays themselves
+        return tuple(exports) if op.tuple_output else exports[0]
+    return where.wrap_result(op, tuple(exports) if op.tuple_output else exports[0])

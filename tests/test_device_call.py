@@ -1,0 +1,227 @@
+"""A call on arrays in GPU memory: dispatch by device, pointers straight to the kernel,
+the caller's stream, pooled outputs, no synchronization, typed errors.
+
+These run on the fake CUDA runtime (tests/kernels/fake_cudart.c), whose device
+memory is host memory: they check what opforge hands the runtime and the kernel,
+not CUDA.  The arrays below are a minimal DLPack library of "CUDA" arrays
+(device type 2), so the path is the one torch or CuPy arrays take.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+import opforge
+from opforge import _native
+
+from helpers import declare, fake_cuda_runtime
+
+# "GPU" kernels for the fake runtime: host functions on the fake's host-backed pointers.
+KERNELS = r"""
+#include <stdint.h>
+extern "C" int Scale2(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                      void *stream, void *extra) {
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = 2 * x[i];
+  return 0;
+}
+extern "C" int Seen(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                    void *stream, void *extra) {
+  int64_t *y = static_cast<int64_t *>(params[1]);
+  y[0] = reinterpret_cast<intptr_t>(params[0]);
+  y[1] = reinterpret_cast<intptr_t>(stream);
+  y[2] = nparam;
+  return 0;
+}
+extern "C" int Fails(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                     void *stream, void *extra) {
+  return 7;
+}
+"""
+
+
+class FakeCudaArray:
+    """A NumPy array's memory presented through DLPack as CUDA device 0."""
+
+    def __init__(self, array, owner=None):
+        self.array = np.ascontiguousarray(array)
+        self.owner = owner  # what keeps imported memory alive
+        self.streams = []  # the consumer streams __dlpack__ was asked for
+
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.streams.append(stream)
+        export = _native.DLPackExport(self.array.ctypes.data, self.array.shape, self.array.dtype.name, 2, 0,
+                                      self.array)
+        return export.__dlpack__(max_version=max_version)
+
+
+def from_dlpack(exported):
+    """This module as an array library: opforge hands outputs back through it."""
+    view = _native.DLTensorView(exported.__dlpack__(max_version=(1, 0)))
+    assert view.device == (2, 0)
+    count = int(np.prod(view.shape))
+    buffer = (np.ctypeslib.as_ctypes_type(np.dtype(view.dtype)) * count).from_address(view.data)
+    return FakeCudaArray(np.frombuffer(buffer, view.dtype).reshape(view.shape), owner=view)
+
+
+FakeCudaArray.__module__ = __name__  # (the kind is found by the array type's module)
+assert hasattr(sys.modules[__name__], "from_dlpack")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return fake_cuda_runtime(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    path = tmp_path_factory.mktemp("device-call") / "fake_gpu.cc"
+    path.write_text(KERNELS)
+    return path
+
+
+@pytest.fixture
+def scale(fresh, source):
+    op = declare(fresh, "tdev::scale(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=f"{source}:Scale2", device="gpu", dtypes={"x": ["float32"]})
+    return op
+
+
+@pytest.fixture
+def seen(fresh, source):
+    op = declare(fresh, "tdev::seen(Tensor x) -> Tensor y")
+
+    @op.infer_shape
+    def _(x):
+        return (3,)
+
+    @op.infer_dtype
+    def _(x):
+        return "int64"
+
+    op.kernel(source=f"{source}:Seen", device="gpu")
+    return op
+
+
+def test_device_arrays_reach_the_gpu_kernel_and_come_back_as_their_kind(fake, scale):
+    x = FakeCudaArray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    y = scale(x)
+    assert isinstance(y, FakeCudaArray) and y.shape == (2, 3)
+    np.testing.assert_array_equal(y.array, 2 * x.array)
+    # The output is pool memory on the call's stream; nothing per call touches cudaMalloc or synchronizes.
+    assert fake.fake_cuda_calls(b"cudaMallocAsync") == 1
+    for call in (b"cudaMalloc", b"cudaFree", b"cudaDeviceSynchronize", b"cudaStreamSynchronize", b"cudaMemcpy",
+                 b"cudaMemcpyAsync"):
+        assert fake.fake_cuda_calls(call) == 0, call
+    assert fake.fake_cuda_calls(b"cudaGetLastError") >= 1  # the launch check
+
+
+def test_the_input_pointer_and_the_callers_stream_reach_the_kernel(fake, seen):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    with opforge.cuda.stream(0x5000):
+        y = seen(x)
+    pointer, stream, nparam = y.array.tolist()
+    assert pointer == x.array.ctypes.data
+    assert stream == 0x5000
+    assert nparam == 2
+    assert x.streams == [0x5000]  # DLPack: the producer orders its work before the consumer's stream
+    y = seen(x)  # no stream set, no framework stream: the legacy default stream, DLPack's 1
+    assert y.array.tolist()[1] == 0 and x.streams[-1] == 1
+
+
+def test_outputs_are_freed_on_their_stream_when_released(fake, scale):
+    x = FakeCudaArray(np.ones(8, np.float32))
+    y = scale(x)
+    assert fake.fake_cuda_calls(b"cudaFreeAsync") == 0
+    del y
+    assert fake.fake_cuda_calls(b"cudaFreeAsync") == 1
+    assert fake.fake_cuda_live_device_blocks() == 0
+
+
+def test_the_inputs_device_picks_the_kernel(fake, fresh, source):
+    op = declare(fresh, "tdev::both(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=f"{source}:Scale2", device="gpu", dtypes={"x": ["float32"]})
+
+    @op.kernel(device="cpu")
+    def _(x):
+        return x * 3
+
+    host = np.ones(3, np.float32)
+    assert op(host).tolist() == [3.0, 3.0, 3.0]  # host arrays: the CPU kernel
+    assert op(FakeCudaArray(host)).array.tolist() == [2.0, 2.0, 2.0]  # device arrays: the GPU kernel
+    assert fake.fake_cuda_calls(b"cudaMemcpyAsync") == 0
+
+
+def test_an_op_without_a_gpu_kernel_is_a_device_error(fake, fresh):
+    op = declare(fresh, "tdev::host_only(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: x, device="cpu")
+    with pytest.raises(opforge.DeviceError, match=r"op 'tdev::host_only' has no gpu kernel .*run on cpu"):
+        op(FakeCudaArray(np.ones(2, np.float32)))
+
+
+def test_host_and_device_arrays_in_one_call_are_a_device_error(fake, fresh, source):
+    op = declare(fresh, "tdev::pair(Tensor a, Tensor b) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=f"{source}:Scale2", device="gpu")
+    with pytest.raises(opforge.DeviceError, match=r"'a' is test_device_call on cuda:0, 'b' is numpy on cpu"):
+        op(FakeCudaArray(np.ones(2, np.float32)), np.ones(2, np.float32))
+    with pytest.raises(opforge.DeviceError, match=r"input 'b' is float .*pass every input as an array on cuda:0"):
+        op(FakeCudaArray(np.ones(2, np.float32)), 1.0)
+
+
+def test_a_launch_error_is_a_cuda_error_naming_op_and_kernel(fake, scale):
+    fake.fake_cuda_inject_error(98, 0)  # cudaErrorInvalidDeviceFunction at the next cudaGetLastError
+    with pytest.raises(opforge.CudaError, match=r"op 'tdev::scale': kernel 'Scale2'"):
+        scale(FakeCudaArray(np.ones(2, np.float32)))
+
+
+def test_a_sticky_error_says_the_process_must_restart(fake, scale):
+    fake.fake_cuda_inject_error(700, 1)  # cudaErrorIllegalAddress: the context is lost
+    with pytest.raises(opforge.CudaError, match=r"(?i)sticky|restart"):
+        scale(FakeCudaArray(np.ones(2, np.float32)))
+
+
+def test_a_kernel_returning_non_zero_is_a_kernel_error(fake, fresh, source):
+    op = declare(fresh, "tdev::fails(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=f"{source}:Fails", device="gpu")
+    with pytest.raises(opforge.KernelError, match=r"op 'tdev::fails': kernel function 'Fails'.* code 7"):
+        op(FakeCudaArray(np.ones(2, np.float32)))
+
+
+def test_empty_inputs_give_zeroed_outputs_without_a_launch(fake, scale):
+    y = scale(FakeCudaArray(np.ones((0, 3), np.float32)))
+    assert y.shape == (0, 3)
+    assert fake.fake_cuda_calls(b"cudaGetLastError") == 0
+
+
+class InterfaceOnlyArray:
+    """A device array that speaks only __cuda_array_interface__ (no DLPack)."""
+
+    def __init__(self, array):
+        self.array = np.ascontiguousarray(array)
+        self.__cuda_array_interface__ = {"shape": self.array.shape, "typestr": self.array.dtype.str,
+                                         "data": (self.array.ctypes.data, False), "version": 3, "strides": None}
+
+
+InterfaceOnlyArray.__module__ = __name__
+
+
+def test_cuda_array_interface_arrays_are_taken_without_a_copy(fake, seen, scale):
+    x = InterfaceOnlyArray(np.arange(4, dtype=np.float32))
+    y = seen(x)
+    assert y.array.tolist()[0] == x.array.ctypes.data
+    y = scale(x)  # (y.array is the pool's memory: y keeps it alive)
+    np.testing.assert_array_equal(y.array, 2 * x.array)
