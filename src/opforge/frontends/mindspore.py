@@ -23,6 +23,23 @@ from ..runtime.aot import AotKernel, split_func
 from ..spec import TensorSpec
 
 
+#: MindSpore's context: its ``device_target`` is where an aot Custom op with
+#: no registered target runs.  ``compat.mindspore.set_context`` writes this
+#: dict; an op reads it when it is made, as in MindSpore.
+CONTEXT = {"device_target": "CPU"}
+
+
+def kernel_device(path, target) -> str:
+    """The device an aot kernel runs on, chosen as MindSpore chooses: the
+    registration's target; without one, a ``.cu`` source is GPU code, and
+    anything else (a C++ source, a prebuilt library) runs on the context's
+    ``device_target`` -- so MindSpore's ``Custom("./lib.so:Func", ...,
+    reg_info=None)`` after ``set_context(device_target="GPU")`` is a GPU op."""
+    if target is None:
+        target = "GPU" if path.suffix == ".cu" else CONTEXT.get("device_target", "CPU")
+    return "gpu" if target == "GPU" else "cpu"
+
+
 class DataType:
     """(dtype, format) pairs for ``CustomRegOp.dtype_format``; "" means any."""
 
@@ -124,8 +141,10 @@ def _shape_list(shape):
 
 def _registration(func, reg_info):
     """``reg_info`` as ``get_op_info()``'s dict (or None); a malformed one is a SchemaError."""
-    if isinstance(reg_info, (list, tuple)):
-        reg_info = reg_info[0] if reg_info else None
+    if isinstance(reg_info, (list, tuple)):  # one registration per target: the context's, else the first
+        infos = [r.get_op_info() if isinstance(r, CustomRegOp) else r for r in reg_info]
+        reg_info = next((r for r in infos if isinstance(r, dict) and r.get("target") == CONTEXT.get("device_target")),
+                        infos[0] if infos else None)
     if isinstance(reg_info, CustomRegOp):
         reg_info = reg_info.get_op_info()
     if reg_info is not None and not isinstance(reg_info, dict):
@@ -209,9 +228,8 @@ class Custom(Op):
         self._rows = signatures or ()
         target = info.get("target")
         if func_type == "aot":
-            device = "gpu" if target == "GPU" or (target is None and path.suffix == ".cu") else "cpu"
-            self.aot_kernel = AotKernel(func, device=device, dtypes=signatures, name=function, cflags=cflags,
-                                        include_dirs=include_dirs, cxx11_abi=cxx11_abi).load()
+            self.aot_kernel = AotKernel(func, device=kernel_device(path, target), dtypes=signatures, name=function,
+                                        cflags=cflags, include_dirs=include_dirs, cxx11_abi=cxx11_abi).load()
             if out_shape is None and not self.aot_kernel.has_infer_shape:
                 raise InferenceError(f"op '{name}': out_shape is None, so the library must export "
                                      f"{function}InferShape, and {self.aot_kernel.location} does not")

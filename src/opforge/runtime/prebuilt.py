@@ -17,6 +17,12 @@ looked for.  Anything else -- a user's op, a built-in whose source or flags
 changed since (``OPFORGE_CXXFLAGS`` included), a missing or damaged file --
 builds through the cache as before.  ``OPFORGE_PREBUILT=0`` ignores the
 prebuilt set; ``OPFORGE_PREBUILD=0`` skips making it at package build.
+
+GPU kernels (``device="gpu"``, the built-ins' ``.cu`` sources) are never in
+the set: most machines that build or install opforge have neither nvcc nor
+a GPU, and a CUDA library is compiled for the ``sm_XX`` of the GPU it runs
+on, which is known only there.  They compile with nvcc at their first use on
+a GPU and are kept in the build cache, as a user's kernels are.
 """
 from __future__ import annotations
 
@@ -96,7 +102,7 @@ def _plan(kernel, compiler, source=None):
 
 
 def kernel_key(kernel) -> str | None:
-    """The prebuilt key of a built-in CPU kernel compiled from source, else None.
+    """The prebuilt key of a built-in CPU kernel compiled from source, else None (GPU kernels: see above).
 
     Never looks for a compiler: the plan is made with a stand-in one and only
     its flags are used.

@@ -2,16 +2,20 @@
 
 opforge runs every op eagerly and infers shapes per call, so GRAPH_MODE and
 PYNATIVE_MODE compute the same results; the mode is kept for programs that
-read it back.  ``device_target`` is kept too: a Custom op's registration
-``target`` decides where its kernel runs.
+read it back.  ``device_target`` is where a Custom op made afterwards runs
+when its registration names no target (a ``.cu`` source is GPU code
+whatever the context says); a registration's ``target`` always decides.
 """
 from ...errors import SchemaError
+from ...frontends import mindspore as _frontend
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
 
 _TARGETS = ("CPU", "GPU")
-_settings = {"device_target": "CPU", "device_id": 0, "mode": PYNATIVE_MODE}
+# The frontend's CONTEXT itself: a Custom op made later reads device_target there.
+_settings = _frontend.CONTEXT
+_settings.update(device_target="CPU", device_id=0, mode=PYNATIVE_MODE)
 
 
 def _check(key, value):
