@@ -8,7 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 
 abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Absolute value, elementwise.")
@@ -51,3 +51,4 @@ extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, co
 # abs overflows in C++ and wraps in NumPy: keep values in range).
 abs.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", NUMERIC), dtypes=[(d,) for d in NUMERIC],
            name="Abs", cflags=["-DOPFORGE_UNARY(x)=std::abs(x)"])
+abs.kernel(source=gpu_source("elementwise.cu", "AbsGpu"), device="gpu", dtypes=same_dtypes(GPU_NUMERIC))

@@ -8,6 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 
 add = opforge.op("add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise sum with NumPy broadcasting; y has the dtype of a.")
@@ -150,3 +151,6 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
 add.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Add")
 add.kernel(function="Binary", dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
            code=BINARY_BROADCAST, name="Add", layout="nchw16c")
+# GPU: elementwise.cu, the same broadcasting (AddGpu / SubGpu / MulGpu share one library).
+GPU_BINARY_DTYPES = same_dtypes(GPU_NUMERIC, inputs=2)
+add.kernel(source=gpu_source("elementwise.cu", "AddGpu"), device="gpu", dtypes=GPU_BINARY_DTYPES)

@@ -1,4 +1,6 @@
 """Helpers shared by several built-in ops."""
+from pathlib import Path
+
 import numpy as np
 
 import opforge
@@ -37,6 +39,23 @@ def zeros_like(x, dtype):
 
 FLOATS = ["float32", "float64"]
 NUMERIC = FLOATS + ["int32", "int64"]
+
+# GPU kernels: .cu sources beside the op files, each one library for every
+# dtype it lists (the element type is picked from the dtype name at run time,
+# so one nvcc build serves them all).  They are not prebuilt: nvcc compiles
+# them at first GPU use (see opforge.runtime.prebuilt).
+GPU_FLOATS = ["float16", "float32", "float64"]
+GPU_NUMERIC = GPU_FLOATS + ["int32", "int64"]
+
+
+def gpu_source(file, function):
+    """``"<builtins folder>/file:function"``, the ``source=`` of a built-in GPU kernel."""
+    return f"{Path(__file__).with_name(file)}:{function}"
+
+
+def same_dtypes(dtypes, inputs=1):
+    """Full dtype signatures with every input of one dtype, for ``op.kernel(dtypes=...)``."""
+    return [(d,) * inputs for d in dtypes]
 
 
 def every_dtype(source, function, dtypes, by=0):

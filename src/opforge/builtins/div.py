@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
 div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")
@@ -29,3 +29,4 @@ def div_grad(saved, dy):
 
 div.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", FLOATS), dtypes=[(d, d) for d in FLOATS],
            name="Div", cflags=["-DOPFORGE_BINARY(x,y)=((x)/(y))"])
+div.kernel(source=gpu_source("elementwise.cu", "DivGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS, inputs=2))

@@ -7,6 +7,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
 exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect"],
                  doc="Exponential, elementwise (floating-point inputs).")
@@ -46,3 +47,4 @@ extern "C" int Exp(int nparam, void **params, int *ndims, int64_t **shapes, cons
   return 0;
 }
 """)
+exp.kernel(source=gpu_source("elementwise.cu", "ExpGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

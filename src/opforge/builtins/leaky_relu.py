@@ -18,6 +18,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
 leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y", traits=["no_side_effect"],
                         doc="Leaky rectified linear unit, elementwise: x where x > 0, else alpha * x.")
@@ -223,6 +224,7 @@ for _isa in ("sse41", "avx2", "avx512"):
         leaky_relu.kernel(function="LeakyRelu", dtypes={"x": ["float32", "float64"]}, isa=_isa, layout=_layout,
                           code=LEAKY_RELU_CC)
 del _isa, _layout
+leaky_relu.kernel(source=gpu_source("elementwise.cu", "LeakyReluGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))
 
 
 # The gradient is an op too (OneFlow's leaky_relu / leaky_relu_grad pair).

@@ -7,7 +7,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
 log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect"],
                  doc="Natural logarithm, elementwise (floating-point inputs).")
@@ -28,3 +28,4 @@ def log_grad(saved, dy):
 log.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
            name="Log",
            cflags=["-DOPFORGE_UNARY(x)=std::log(x)"])
+log.kernel(source=gpu_source("elementwise.cu", "LogGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

@@ -12,8 +12,8 @@ the NumPy reference runs (np.matmul is BLAS too).
 import numpy as np
 
 import opforge
-from opforge.builtins.common import FLOATS, known_dims
-from opforge.runtime import blas
+from opforge.builtins.common import FLOATS, gpu_source, known_dims, same_dtypes
+from opforge.runtime import blas, cublas
 
 matmul = opforge.op("matmul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                     doc="Matrix product of the last two dims, batched over leading dims that are equal or 1 "
@@ -125,3 +125,7 @@ extern "C" int MatMul(int nparam, void **params, int *ndims, int64_t **shapes, c
 }
 """
 blas.requiring(matmul.kernel(function="MatMul", dtypes={"a": FLOATS, "b": FLOATS}, code=MATMUL))
+# GPU: cuBLAS gemm, loaded at run time (a missing cuBLAS is the kernel's KernelError, see runtime/cublas.py).
+gpu_matmul = matmul.kernel(source=gpu_source("matmul.cu", "MatMulGpu"), device="gpu",
+                           dtypes=same_dtypes(FLOATS, inputs=2))
+gpu_matmul.requires = cublas.prepare

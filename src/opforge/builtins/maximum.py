@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 
 maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                      doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
@@ -40,3 +40,5 @@ def maximum_grad(saved, dy):
 maximum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
                dtypes=[(d, d) for d in NUMERIC], name="Maximum",
                cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])
+maximum.kernel(source=gpu_source("elementwise.cu", "MaximumGpu"), device="gpu",
+               dtypes=same_dtypes(GPU_NUMERIC, inputs=2))

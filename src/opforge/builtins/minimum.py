@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 from opforge.builtins.maximum import split_by
 
 minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
@@ -31,3 +31,5 @@ def minimum_grad(saved, dy):
 minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
                dtypes=[(d, d) for d in NUMERIC], name="Minimum",
                cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])
+minimum.kernel(source=gpu_source("elementwise.cu", "MinimumGpu"), device="gpu",
+               dtypes=same_dtypes(GPU_NUMERIC, inputs=2))

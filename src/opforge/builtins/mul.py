@@ -6,7 +6,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to
+from opforge.builtins.common import gpu_source
 
 mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise product with NumPy broadcasting; y has the dtype of a.")
@@ -26,3 +27,4 @@ def mul_grad(saved, dy):
 # Integer overflow is undefined in C++ (NumPy wraps): keep products in range.
 mul.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Mul",
            cflags=["-DOPFORGE_BINARY(x,y)=((x)*(y))"])
+mul.kernel(source=gpu_source("elementwise.cu", "MulGpu"), device="gpu", dtypes=GPU_BINARY_DTYPES)

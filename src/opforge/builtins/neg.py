@@ -3,6 +3,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 
 neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect"], doc="Elementwise negation.")
 neg.def_infer(infer.same_as(0))
@@ -31,3 +32,4 @@ extern "C" int Neg(int nparam, void **params, int *ndims, int64_t **shapes, cons
   return 0;
 }
 """)
+neg.kernel(source=gpu_source("elementwise.cu", "NegGpu"), device="gpu", dtypes=same_dtypes(GPU_NUMERIC))

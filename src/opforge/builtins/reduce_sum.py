@@ -8,7 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import zeros_like
+from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes, zeros_like
 
 reduce_sum = opforge.op("reduce_sum(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                         traits=["no_side_effect"],
@@ -130,3 +130,5 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
 }
 """
 reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM)
+reduce_sum.kernel(source=gpu_source("reduce_sum.cu", "ReduceSumGpu"), device="gpu",
+                  dtypes=same_dtypes(GPU_NUMERIC))

@@ -8,6 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 
 relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect"],
                   doc="Rectified linear unit, elementwise.")
@@ -47,6 +48,7 @@ extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, con
 """
 relu.kernel(function="Relu", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=RELU)
 relu.kernel(function="Relu", dtypes={"x": ["float32", "float64"]}, layout="nchw16c", code=RELU)
+relu.kernel(source=gpu_source("elementwise.cu", "ReluGpu"), device="gpu", dtypes=same_dtypes(GPU_NUMERIC))
 
 
 # The gradient is an op too (OneFlow's relu / relu_grad pair): dx = dy where y > 0.

@@ -10,7 +10,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
 sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect"],
                      doc="Logistic sigmoid 1 / (1 + exp(-x)), elementwise (floating-point inputs).")
@@ -34,3 +34,4 @@ def sigmoid_grad(saved, dy):
 # abs.py's unary source with the logistic function (std::exp's float overload for float).
 sigmoid.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
                name="Sigmoid", cflags=["-DOPFORGE_UNARY(x)=(OPFORGE_T(1)/(OPFORGE_T(1)+std::exp(-(x))))"])
+sigmoid.kernel(source=gpu_source("elementwise.cu", "SigmoidGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

@@ -8,6 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
 softmax = opforge.op("softmax(Tensor x, *, int axis=-1) -> Tensor y", traits=["no_side_effect"],
                      doc="Numerically stable softmax along one axis (floating-point inputs).")
@@ -91,3 +92,4 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
   return 0;
 }
 """)
+softmax.kernel(source=gpu_source("softmax.cu", "SoftmaxGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

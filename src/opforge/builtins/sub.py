@@ -6,7 +6,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to
+from opforge.builtins.common import gpu_source
 
 sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                  doc="Elementwise difference with NumPy broadcasting; y has the dtype of a.")
@@ -25,3 +26,4 @@ def sub_grad(saved, dy):
 
 sub.kernel(function="Binary", dtypes=BINARY_DTYPES, code=BINARY_BROADCAST, name="Sub",
            cflags=["-DOPFORGE_BINARY(x,y)=((x)-(y))"])
+sub.kernel(source=gpu_source("elementwise.cu", "SubGpu"), device="gpu", dtypes=GPU_BINARY_DTYPES)

@@ -7,6 +7,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
+from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
 tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect"],
                   doc="Hyperbolic tangent, elementwise (floating-point inputs).")
@@ -47,3 +48,4 @@ extern "C" int Tanh(int nparam, void **params, int *ndims, int64_t **shapes, con
   return 0;
 }
 """)
+tanh.kernel(source=gpu_source("elementwise.cu", "TanhGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

@@ -12,6 +12,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.common import gpu_source
 from opforge.errors import ShapeError
 
 transpose = opforge.op("transpose(Tensor x, *, int[] perm=[]) -> Tensor y", traits=["no_side_effect"],
@@ -207,3 +208,4 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
 }
 """
 transpose.kernel(function="Transpose", code=TRANSPOSE, include_dirs=[str(Path(__file__).parent)])
+transpose.kernel(source=gpu_source("transpose.cu", "TransposeGpu"), device="gpu")  # any dtype, as above
