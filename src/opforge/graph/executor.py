@@ -11,16 +11,28 @@ buffer, see ``runtime.checks``), nodes run one by one through their kernels.
 Every buffer a kernel writes is followed by room for a canary that the
 program checks after each step.  A new input shape makes a new plan; a known
 one reuses its plan.
+
+Arrays of another kind (torch, JAX, CuPy, ...) are taken through DLPack and
+the outputs handed back as that kind.  Arrays in GPU memory run the whole
+graph on the GPU (``DevicePlan``): a GPU kernel per node, intermediates and
+workspaces in one pooled device arena laid out by the same memory plan, every
+launch on the caller's stream, no synchronization; from the second call on,
+the launches are captured once into a CUDA graph and replayed with one
+``cudaGraphLaunch`` per call (``OPFORGE_CUDA_GRAPHS=0``: launches node by node).
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 from .. import _native
 from ..bounded_cache import BoundedCache
-from ..errors import AllocationError, ArityError, OpforgeError
+from ..errors import AllocationError, ArityError, CudaError, DeviceError, OpforgeError
 from ..runtime.aot import AotKernel, workspace_sizes
 from ..runtime import cpu
+from ..runtime.arrays import CUDA, device_name, host_view, placement
+from ..runtime.cuda_graph import copy_async, zero_async
 from ..runtime.checks import checks_enabled
 from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
@@ -45,36 +57,72 @@ class Executor:
         key = (cpu.isa_cap(), tuple((a.shape, a.dtype.str) for a in arrays))  # a new cap re-chooses kernels
         return self.plans.get_or_create(key, lambda: Plan(self.graph, arrays))
 
-    def run(self, arrays):
+    def run(self, arrays, where=None):
+        """The graph's outputs for ``arrays``; ``where``: their Placement, if the caller knows it."""
         graph = self.graph
         if len(arrays) != len(graph.inputs):
             raise ArityError(f"graph '{graph.name}' takes {len(graph.inputs)} input(s), got {len(arrays)}")
+        if where is None and not all(isinstance(a, np.ndarray) for a in arrays):
+            where = placement(graph, arrays)
+        if where is not None:  # torch, JAX, CuPy, ... arrays, or arrays on a GPU
+            return self._run_placed(where, arrays)
         arrays = [_as_array(a) for a in arrays]
         outputs = self.plan_for(arrays).execute(arrays)
         return tuple(outputs) if graph.tuple_output else outputs[0]
+
+    def _run_placed(self, where, arrays):
+        graph = self.graph
+        if where.on_host:  # the NumPy path on views of the same memory
+            views = where.views or [host_view(graph, k, a) for k, a in enumerate(arrays)]
+            views = [_as_array(v) for v in views]
+            outputs = self.plan_for(views).execute(views)
+        else:
+            outputs = self._run_on_device(where, arrays)
+        if where.from_dlpack is None:  # arrays of a library without from_dlpack: the DLPack exports themselves
+            return tuple(outputs) if graph.tuple_output else outputs[0]
+        return where.wrap_result(graph, tuple(outputs) if graph.tuple_output else outputs[0])
+
+    def _run_on_device(self, where, arrays):
+        from ..runtime import cuda
+        from ..runtime.device_call import device_view
+
+        device_type, device_id = where.device
+        if device_type != CUDA:
+            raise DeviceError(f"graph '{self.graph.name}': its inputs are on {device_name(where.device)}; opforge "
+                              "runs graphs on the CPU and on CUDA devices")
+        with cuda.on_device(device_id):
+            stream = cuda.current_stream(where.kind, device_id)
+            views = [device_view(self.graph, k, a, stream) for k, a in enumerate(arrays)]
+            key = ("cuda", device_id, tuple((v.shape, v.dtype) for v in views))
+            plan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
+            return plan.execute(views, stream)
+
+
+def plan_nodes(graph, input_specs, kernel_for):
+    """({value id: concrete spec}, [(node, kernel, input specs, output specs)] per op node):
+    shapes from whole-graph inference, layouts from the graph (the layout pass's choice),
+    kernels from ``kernel_for(node, input specs)``."""
+    inferred = infer_shapes(graph, input_specs)
+    specs = {value.id: inferred[value.id] for value in graph.inputs}
+    steps = []
+    for node in graph.nodes:
+        for value in node.outputs:
+            spec = inferred[value.id]
+            specs[value.id] = TensorSpec(spec.shape, spec.dtype, value.spec.layout)
+        if node.is_constant:
+            continue
+        in_specs = [None if v is None else specs[v.id] for v in node.inputs]
+        out_specs = [specs[v.id] for v in node.outputs]
+        for spec in out_specs:
+            node.op.check_output_shape(spec)
+        steps.append((node, kernel_for(node, in_specs), in_specs, out_specs))
+    return specs, steps
 
 
 class Plan:
     def __init__(self, graph, arrays):
         self.graph = graph
-        specs = infer_shapes(graph, [TensorSpec.of(a) for a in arrays])
-        # Concrete shapes from inference, layouts from the graph (the layout pass's choice).
-        self.specs = {}
-        for value in graph.inputs:
-            self.specs[value.id] = specs[value.id]
-        self.steps = []  # (node, kernel, input specs, output specs)
-        for node in graph.nodes:
-            for value in node.outputs:
-                spec = specs[value.id]
-                self.specs[value.id] = TensorSpec(spec.shape, spec.dtype, value.spec.layout)
-            if node.is_constant:
-                continue
-            in_specs = [None if v is None else self.specs[v.id] for v in node.inputs]
-            out_specs = [self.specs[v.id] for v in node.outputs]
-            for spec in out_specs:
-                node.op.check_output_shape(spec)
-            kernel = self._kernel_for(node, in_specs)
-            self.steps.append((node, kernel, in_specs, out_specs))
+        self.specs, self.steps = plan_nodes(graph, [TensorSpec.of(a) for a in arrays], self._kernel_for)
         self.program = self._compile() if all(self._native(step) for step in self.steps) else None
 
     @staticmethod
@@ -237,3 +285,219 @@ class Plan:
             raise OpforgeError(f"graph '{self.graph.name}': memory is planned only when every node has a native "
                                "CPU kernel")
         return dict(self.report)
+
+
+_IO_ALIGN = 256  # cudaMalloc's alignment, which vectorized kernels rely on
+
+
+class DevicePlan:
+    """A graph on CUDA arrays of one signature, planned once: a GPU kernel and Init per
+    node, intermediates and workspaces at fixed offsets of one device arena.
+
+    The first call launches node by node (a warm-up: kernels may do one-time work
+    a capture cannot record); the second captures the same launches into a CUDA
+    graph, which every later call replays with one ``cudaGraphLaunch``.  A captured
+    graph keeps the addresses it was captured with, so it reads its inputs from,
+    and writes its outputs to, buffers of the plan's own (``io``): each call copies
+    its inputs in and its outputs out to fresh pooled buffers (one device-to-device
+    copy each, outside the graph, since a copy inside it would keep the first
+    call's addresses too).  Re-capturing when input addresses change was the other
+    choice, but a framework's allocator gives no promise of the same address from
+    one call to the next, and capture + instantiate costs far more than copying the
+    small tensors graphs are for.  A returned output is its own buffer: the next
+    call never writes it.
+    """
+
+    def __init__(self, graph, views, device_id, stream):
+        from ..runtime import cuda
+
+        self.graph, self.device_id = graph, device_id
+        self.specs, steps = plan_nodes(graph, [TensorSpec(v.shape, v.dtype) for v in views],
+                                       lambda node, in_specs: self._kernel_for(graph, node, in_specs))
+
+        refs, intermediate_bytes = self._place_values(steps)
+        self.steps, self.arena_bytes = self._prepare_steps(steps, refs, intermediate_bytes)
+
+        # The io buffer a captured graph reads its inputs from and writes its outputs to.
+        io_sizes = [v.nbytes for v in views] + [self.specs[i].nbytes for i in self.output_ids]
+        self.io_offsets = [sum(-(-n // _IO_ALIGN) * _IO_ALIGN for n in io_sizes[:k]) for k in range(len(io_sizes))]
+        self.io_bytes = sum(-(-n // _IO_ALIGN) * _IO_ALIGN for n in io_sizes)
+
+        # Graph outputs no node makes (an input, a constant) are copied into fresh buffers.
+        self.results = []  # per graph output: ("made", index in output_ids) or ("copy", buffer index)
+        for value in graph.outputs:
+            if value.id in self.output_ids:
+                self.results.append(("made", self.output_ids.index(value.id)))
+            else:
+                self.results.append(("copy", refs[value.id][0]))
+
+        self.arena = cuda.allocate(self.arena_bytes, stream, device_id)
+        self.constants = []
+        for node in (n for n in graph.nodes if n.is_constant):
+            host = np.ascontiguousarray(node.value)
+            buffer = cuda.allocate(host.nbytes, stream, device_id)
+            copy_async(buffer.pointer, host.ctypes.data, host.nbytes, stream, f"graph '{graph.name}': a constant",
+                       from_host=True)
+            self.constants.append((buffer, host))  # host stays alive while its copy may be pending
+        self.io = None
+        self.captured = None
+        self.capture_error = None  # why this plan runs eagerly for good (its kernels cannot be captured)
+        self.calls = self.captures = 0
+        self.stream = stream  # the stream the plan's buffers were last used on
+        self.lock = threading.Lock()
+
+    def _place_values(self, steps):
+        """Where each value lives, as (buffer, offset): buffer 0 is the arena (the
+        intermediates, placed by the memory plan), then the graph's inputs, the
+        outputs nodes make, the constants.  Returns (refs, intermediate bytes)."""
+        graph = self.graph
+        position, last_use = {}, {}
+        for index, (node, *_) in enumerate(steps):
+            for value in node.outputs:
+                position[value.id] = index
+            for value in node.inputs:
+                if value is not None:
+                    last_use[value.id] = index
+        refs = {v.id: (1 + k, 0) for k, v in enumerate(graph.inputs)}
+        self.output_ids = []  # graph outputs a node makes, each once
+        for value in graph.outputs:
+            if value.id not in refs and value.id in position and value.id not in self.output_ids:
+                refs[value.id] = (1 + len(graph.inputs) + len(self.output_ids), 0)
+                self.output_ids.append(value.id)
+        first_constant = 1 + len(graph.inputs) + len(self.output_ids)
+        for k, node in enumerate(n for n in graph.nodes if n.is_constant):
+            refs[node.outputs[0].id] = (first_constant + k, 0)
+        intermediates = [v for node, *_ in steps for v in node.outputs if v.id not in refs]
+        sizes = [self.specs[v.id].nbytes for v in intermediates]
+        lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
+        offsets, intermediate_bytes = plan_memory(sizes, lifetimes)
+        for value, offset in zip(intermediates, offsets):
+            refs[value.id] = (0, offset)
+        return refs, intermediate_bytes
+
+    @staticmethod
+    def _prepare_steps(steps, refs, intermediate_bytes):
+        """Per node: Init's state and the (buffer, offset) of each pointer, workspaces in one
+        region after the intermediates that all nodes share.  Returns (steps, arena bytes)."""
+        workspace_at = -(-intermediate_bytes // _IO_ALIGN) * _IO_ALIGN
+        prepared, workspace_bytes = [], 0
+        for node, kernel, in_specs, out_specs in steps:
+            kernel.load()
+            extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
+            sizes = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
+                                    function=kernel.function_name + "Init")
+            workspace_bytes = max(workspace_bytes, sum(sizes))
+            pointers = [refs[v.id] for v in node.inputs] + [refs[v.id] for v in node.outputs]
+            cursor = workspace_at
+            for size in sizes:  # multiples of 64
+                pointers.append((0, cursor))
+                cursor += size
+            empty = "always_compute" not in node.op.traits and any(0 in s.shape for s in in_specs)
+            prepared.append((node, kernel, tuple(pointers), tuple(s.shape for s in in_specs + out_specs),
+                             tuple(s.dtype for s in in_specs + out_specs), extra,
+                             tuple(s.nbytes for s in out_specs) if empty else None))
+        return prepared, workspace_at + workspace_bytes
+
+    @staticmethod
+    def _kernel_for(graph, node, in_specs):
+        pinned = node.kernel
+        if pinned is not None and pinned.device == "gpu" and pinned.reject_reason(node.op, in_specs) is None:
+            kernel = pinned
+        else:
+            kernel = select_kernel(node.op, in_specs, device="gpu")
+        if not isinstance(kernel, AotKernel):
+            raise DeviceError(f"graph '{graph.name}': node '{node.name}' (op '{node.op.name}'): its GPU kernel "
+                              f"'{kernel.name}' is a Python function; a graph runs on the GPU with native kernels "
+                              "only (add a .cu kernel)")
+        return kernel
+
+    @property
+    def mode(self):
+        """"graph" once captured, else "eager"."""
+        return "graph" if self.captured is not None else "eager"
+
+    def execute(self, views, stream):
+        from ..runtime import cuda, cuda_graph
+
+        with self.lock:
+            if stream != self.stream:  # the arena's earlier users must be done before this stream writes it
+                cuda_graph.order_after(self.stream, stream)
+                self.stream = stream
+                for buffer in [self.arena, self.io] + [c for c, _ in self.constants]:
+                    if buffer is not None:
+                        buffer.stream = stream  # freed after the last work that uses it
+            use_graph = self.calls > 0 and self.capture_error is None and cuda_graph.enabled()
+            self.calls += 1
+            made = self._replay(views, stream) if use_graph else None
+            if made is None:
+                made = [cuda.allocate(self.specs[i].nbytes, stream, self.device_id) for i in self.output_ids]
+                bases = [self.arena.pointer] + [v.data for v in views] + [b.pointer for b in made] + \
+                        [c.pointer for c, _ in self.constants]
+                for step in self.steps:
+                    self._launch(step, bases, stream)
+            sources = [self.arena.pointer] + [v.data for v in views] + [None] * len(self.output_ids) + \
+                      [c.pointer for c, _ in self.constants]
+            return [self._export(made[index] if how == "made" else self._copy(sources[index], value, stream), value)
+                    for (how, index), value in zip(self.results, self.graph.outputs)]
+
+    def _replay(self, views, stream):
+        """One call through the captured graph (captured now if not yet); None when
+        the kernels cannot be captured: the call then launches them eagerly."""
+        from ..runtime import cuda, cuda_graph
+
+        if self.io is None:
+            self.io = cuda.allocate(self.io_bytes, stream, self.device_id)
+        io = self.io.pointer
+        for value, view, offset in zip(self.graph.inputs, views, self.io_offsets):
+            copy_async(io + offset, view.data, view.nbytes, stream, f"graph '{self.graph.name}': input %{value.name}")
+        if self.captured is None:
+            bases = [self.arena.pointer] + [io + o for o in self.io_offsets] + [c.pointer for c, _ in self.constants]
+            try:
+                self.captured = cuda_graph.capture(lambda s: [self._launch(step, bases, s) for step in self.steps],
+                                                   self.device_id)
+            except cuda_graph.CaptureUnsupported as error:
+                self.capture_error = str(error)
+                return None
+            self.captures += 1
+        self.captured.launch(stream)
+        made = []
+        for index, value_id in enumerate(self.output_ids):
+            nbytes = self.specs[value_id].nbytes
+            buffer = cuda.allocate(nbytes, stream, self.device_id)
+            copy_async(buffer.pointer, io + self.io_offsets[len(views) + index], nbytes, stream,
+                       f"graph '{self.graph.name}': an output")
+            made.append(buffer)
+        return made
+
+    def _launch(self, step, bases, stream):
+        """One node's kernel on ``stream`` (during a capture: recorded, not run)."""
+        from ..runtime import cuda
+
+        node, kernel, refs, shapes, names, extra, empty = step
+        pointers = [bases[b] + offset for b, offset in refs]
+        if empty is not None:  # empty work: the outputs are zeros of their inferred shapes
+            for pointer, nbytes in zip(pointers[len(node.inputs):], empty):
+                zero_async(pointer, nbytes, stream, f"graph '{self.graph.name}': node '{node.name}'")
+            return
+        rc, error = _native.call_kernel(kernel._function, pointers, shapes, names, stream, extra)
+        if rc != 0 or error is not None:
+            raise kernel_error(node.op, kernel, rc, error)
+        try:
+            cuda.check_launch(node.op.name, kernel.function_name)
+        except CudaError as failure:
+            named = type(failure)(f"graph '{self.graph.name}': node '{node.name}': {failure}")
+            named.code, named.sticky = getattr(failure, "code", None), getattr(failure, "sticky", False)
+            raise named from None
+
+    def _copy(self, source, value, stream):
+        from ..runtime import cuda
+
+        nbytes = self.specs[value.id].nbytes
+        buffer = cuda.allocate(nbytes, stream, self.device_id)
+        copy_async(buffer.pointer, source, nbytes, stream, f"graph '{self.graph.name}': output %{value.name}")
+        return buffer
+
+    def _export(self, buffer, value):
+        spec = self.specs[value.id]
+        shape = spec.shape if spec.layout == "ndarray" else (spec.nbytes // np.dtype(spec.dtype).itemsize,)
+        return _native.DLPackExport(buffer.pointer, tuple(shape), spec.dtype, CUDA, self.device_id, buffer)

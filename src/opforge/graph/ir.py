@@ -145,7 +145,11 @@ class Graph:
 
         if self._executor is None:
             self._executor = Executor(self)
-        return self._executor.run(arrays)
+        return self._executor.run(arrays)  # torch, JAX, CuPy, ... arrays too: outputs of their kind
+
+    def input_name(self, index: int) -> str:
+        """How errors name input ``index`` (as ops name theirs)."""
+        return f"%{self.inputs[index].name}" if index < len(self.inputs) else f"#{index}"
 
     def _inline(self, args):
         from ..errors import ArityError, DTypeError, ShapeError
