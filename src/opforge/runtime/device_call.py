@@ -18,11 +18,10 @@ from .. import _native
 from ..bounded_cache import BoundedCache
 from ..dtypes import normalize as normalize_dtype
 from ..errors import DeviceError, ShapeError
-from ..operator import PyKernel
 from ..spec import TensorSpec
 from . import cuda
-from .aot import workspace_sizes
 from .arrays import CUDA, device_name, kind_of
+from .buffer_plan import BufferPlan
 
 PLANS_PER_OP = 64
 
@@ -72,30 +71,6 @@ def device_view(op, index, value, stream):
     return view
 
 
-class DevicePlan:
-    """What one input signature needs on the GPU, worked out once."""
-
-    __slots__ = ("kernel", "out_specs", "extra", "shapes", "names", "out_nbytes", "workspace", "workspace_total")
-
-    def __init__(self, op, attrs, specs, views):
-        from .dispatch import select_kernel
-
-        self.kernel = kernel = select_kernel(op, specs, device="gpu")
-        self.out_specs = op.infer_specs(specs, attrs, kernel)
-        for spec in self.out_specs:
-            op.check_output_shape(spec)
-        self.out_nbytes = [int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in self.out_specs]
-        self.shapes = [s.shape for s in specs] + [s.shape for s in self.out_specs]
-        self.names = [s.dtype for s in specs] + [s.dtype for s in self.out_specs]
-        if isinstance(kernel, PyKernel):
-            self.extra, self.workspace = None, ()
-        else:
-            self.extra, requested = kernel.signature_state(op, list(specs) + list(self.out_specs), attrs)
-            floor = max((v.nbytes for v in views), default=0)
-            self.workspace = workspace_sizes(requested, floor, op=op.name, function=kernel.function_name + "Init")
-        self.workspace_total = sum(self.workspace)
-
-
 def _plans(planner):
     plans = getattr(planner, "_device_plans", None)
     if plans is None:
@@ -120,27 +95,17 @@ def run_on_device(planner, where, args):
         views = [device_view(op, k, a, stream) for k, a in enumerate(args)]
         signature = tuple((v.shape, v.dtype) for v in views)
         plan = _plans(planner).get_or_create(
-            signature, lambda: DevicePlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], views))
-        kernel = plan.kernel
-        if isinstance(kernel, PyKernel):  # a Python GPU kernel works on the caller's own arrays
-            return kernel.fn(*args, **attrs)
+            signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
+        if not plan.native:  # a Python GPU kernel works on the caller's own arrays
+            return plan.kernel.fn(*args, **attrs)
         outputs = [cuda.allocate(n, stream, device_id) for n in plan.out_nbytes]
-        if any(v.nbytes == 0 for v in views) and "always_compute" not in op.traits:
+        if plan.skip:
             for buffer in outputs:  # empty work: outputs are zeros of their inferred shapes
                 cuda.memset(buffer, 0, stream)
         else:
-            workspace = cuda.allocate(plan.workspace_total, stream, device_id) if plan.workspace_total else None
-            pointers = [v.data for v in views] + [b.pointer for b in outputs]
-            offset = 0
-            for size in plan.workspace:
-                pointers.append(workspace.pointer + offset)
-                offset += size  # sizes are multiples of WORKSPACE_ALIGN
-            rc, error = _native.call_kernel(kernel._function, pointers, plan.shapes, plan.names, stream, plan.extra)
-            if rc != 0 or error is not None:
-                from .dispatch import kernel_error
-
-                raise kernel_error(op, kernel, rc, error)
-            cuda.check_launch(op.name, kernel.function_name)
+            workspace = cuda.allocate(plan.workspace_bytes, stream, device_id) if plan.workspace_bytes else None
+            plan.run([v.data for v in views], [b.pointer for b in outputs],
+                     workspace.pointer if workspace is not None else 0, stream)
             del workspace  # freed stream-ordered: after the kernel, on the same stream
         exports = [_native.DLPackExport(b.pointer, s.shape, s.dtype, CUDA, device_id, b)
                    for b, s in zip(outputs, plan.out_specs)]

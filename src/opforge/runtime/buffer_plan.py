@@ -1,0 +1,78 @@
+"""Kernel calls on memory the caller owns.
+
+A framework that runs opforge ops as its own (PyTorch through ``torch.library``,
+JAX through XLA's FFI, opforge's own GPU path) allocates the outputs and the
+workspace itself, from its allocator, and hands opforge raw pointers.  A
+``BufferPlan`` is what such a call needs, worked out once per op, attribute
+values, input signature and device: the kernel dispatch picks, the output specs
+inference gives, the kernel's Init state and the workspace it asked for.
+``BufferPlan.run`` then makes the call on pointers: kernel errors become
+``KernelError``, and on a GPU the launch is checked with ``cudaGetLastError``
+(no synchronization).
+"""
+from __future__ import annotations
+
+from .. import _native
+from ..operator import PyKernel
+from .aot import workspace_sizes
+from .dispatch import kernel_error, select_kernel
+
+
+class BufferPlan:
+    """One signature of one op on one device (``"cpu"`` or ``"gpu"``).
+
+    ``native`` is False for a Python kernel, which the caller runs on its own
+    arrays (``kernel.fn``); ``skip`` is True when an input is empty and the op
+    does not ask to run anyway: the outputs are zeros of their specs and no
+    kernel runs.  ``workspace`` holds the byte size of each workspace buffer
+    (multiples of 64, so one allocation of ``workspace_bytes`` serves them all).
+    """
+
+    __slots__ = ("op", "kernel", "device", "in_specs", "out_specs", "native", "skip", "extra", "shapes",
+                 "dtypes", "workspace", "workspace_bytes", "function")
+
+    def __init__(self, op, attrs, specs, device):
+        self.op, self.device = op, device
+        self.in_specs = tuple(specs)
+        self.kernel = kernel = select_kernel(op, specs, device=device)
+        self.out_specs = tuple(op.infer_specs(specs, attrs, kernel))
+        for spec in self.out_specs:
+            op.check_output_shape(spec)
+        present = [s for s in specs if s is not None]
+        self.skip = "always_compute" not in op.traits and any(s.nbytes == 0 for s in present)
+        self.native = not isinstance(kernel, PyKernel)
+        self.shapes = tuple(s.shape for s in present + list(self.out_specs))
+        self.dtypes = tuple(s.dtype for s in present + list(self.out_specs))
+        if self.native:
+            self.extra, requested = kernel.signature_state(op, present + list(self.out_specs), attrs)
+            self.workspace = workspace_sizes(requested, max((s.nbytes for s in present), default=0), op=op.name,
+                                             function=kernel.function_name + "Init")
+            self.function = kernel._function
+        else:
+            self.extra, self.workspace, self.function = None, (), None
+        self.workspace_bytes = sum(self.workspace)
+
+    @property
+    def out_nbytes(self):
+        return [s.nbytes for s in self.out_specs]
+
+    def pointers(self, inputs, outputs, workspace=0):
+        """The kernel's ``params``: input and output data pointers, then one per workspace buffer."""
+        pointers = list(inputs) + list(outputs)
+        offset = 0
+        for size in self.workspace:
+            pointers.append(workspace + offset)
+            offset += size
+        return pointers
+
+    def run(self, inputs, outputs, workspace=0, stream=0):
+        """Call the kernel on data pointers (inputs, then outputs; ``workspace``: the
+        start of ``workspace_bytes``) on ``stream``; raises the op's typed errors."""
+        rc, error = _native.call_kernel(self.function, self.pointers(inputs, outputs, workspace), self.shapes,
+                                        self.dtypes, stream, self.extra)
+        if rc != 0 or error is not None:
+            raise kernel_error(self.op, self.kernel, rc, error)
+        if self.device == "gpu":
+            from . import cuda
+
+            cuda.check_launch(self.op.name, self.kernel.function_name)
