@@ -14,6 +14,16 @@ from opforge import ops
 
 from helpers import declare
 
+@pytest.fixture(autouse=True)
+def dlpack_path_only(monkeypatch):
+    """These tests are about the DLPack path; once opforge.torch is imported (by another test
+    module) an opforge op called on torch tensors runs as its torch op instead (test_torch_bridge.py)."""
+    from opforge.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERCEPTORS",
+                        [i for i in dispatch.INTERCEPTORS if not i.__module__.startswith("opforge.torch")])
+
+
 # Writes the address each input arrived at, so a test sees what reached the kernel.
 ADDRESSES = r"""
 #include <cstdint>

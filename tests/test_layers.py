@@ -11,9 +11,9 @@ LAYERS = {
     "graph": ["graph", "testing"],
 }
 ABOVE = {
-    "core": {"runtime", "graph", "testing", "ops", "builtins", "frontends", "compat", "cli"},
-    "runtime": {"graph", "testing", "ops", "builtins", "frontends", "compat", "cli"},
-    "graph": {"ops", "builtins", "frontends", "compat", "cli"},
+    "core": {"runtime", "graph", "testing", "ops", "builtins", "frontends", "compat", "cli", "onnx", "torch"},
+    "runtime": {"graph", "testing", "ops", "builtins", "frontends", "compat", "cli", "onnx", "torch"},
+    "graph": {"ops", "builtins", "frontends", "compat", "cli", "onnx", "torch"},
 }
 
 

@@ -183,6 +183,7 @@ class Op(OpBase):
         self.grad_saves = ()
         self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
         self._fast_calls = BoundedCache(64)  # raw attribute values -> Launcher, for the functional API
+        self.plan_caches = []  # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
         with Op._instances_lock:
             Op._instances.add(self)
         self._default_launcher = None
@@ -340,6 +341,8 @@ class Op(OpBase):
     def _forget_plans(self):
         self._launchers.clear()
         self._fast_calls.clear()
+        for cache in self.plan_caches:
+            cache.clear()
         self._default_launcher = None
 
     # -- binding ----------------------------------------------------------

@@ -94,6 +94,38 @@ def _replay_and_differentiate(graph, inputs, cotangents, wrt):
                  for k in wrt)
 
 
+def op_backward(op, attrs, in_specs, out_specs):
+    """The backward graph of one call of ``op``: inputs ``(*ins, *outs, *douts)``,
+    outputs the gradients its rule gives, with no forward recomputation (the
+    rule reads the saved inputs and outputs).  Returns ``(graph, present)``:
+    ``present[k]`` tells whether input ``k`` gets a gradient (the rule's None
+    is absent from the graph's outputs).  A framework that differentiates
+    opforge ops itself (PyTorch's autograd, JAX's vjp) runs this graph's
+    nodes as its own ops, so the gradient is differentiable again."""
+    rule = _rule(op)
+    n_in, n_out = len(in_specs), len(out_specs)
+    names = [i.name for i in op.inputs] + list(op.outputs)
+    present = []
+
+    def pullback(*args):
+        ins, outs, douts = args[:n_in], args[n_in:n_in + n_out], args[n_in + n_out:]
+        ins = [None if s is None else x for x, s in zip(ins, in_specs)]
+        saved = Saved({n: x for n, x in zip(names, list(ins) + list(outs)) if n in op.grad_saves}, ins, outs)
+        dins = rule(saved, *douts, **attrs)
+        dins = dins if isinstance(dins, (tuple, list)) else (dins,)
+        if len(dins) != n_in:
+            raise GradientError(f"op '{op.name}': the gradient rule returned {len(dins)} gradient(s) for "
+                                f"{n_in} input(s)")
+        present[:] = [d is not None and s is not None for d, s in zip(dins, in_specs)]
+        return tuple(d for d, keep in zip(dins, present) if keep)
+
+    absent = TensorSpec([], "float32")  # stands in for an absent optional input; the rule never reads it
+    specs = [absent if s is None else s for s in in_specs] + list(out_specs) + list(out_specs)
+    graph = trace(pullback, *specs, name=f"{op.name}_backward")
+    graph.tuple_output = True
+    return graph, tuple(present)
+
+
 def _indices(graph, wrt):
     """``wrt`` (None: all, an index or indices, negative from the end) as a list of input indices."""
     n = len(graph.inputs)

@@ -1,0 +1,132 @@
+"""opforge ops as PyTorch ops (``pip install "opforge[torch]"``).
+
+``opforge.torch.register(op)`` defines ``torch.ops.<ns>.<name>`` through
+``torch.library``: the schema translated from opforge's, the op's kernels
+running on the tensors' own memory (CPU and CUDA, the current stream, outputs
+from torch's allocator), a fake kernel from opforge's inference (so
+``torch.compile`` and ``torch.export`` trace it without a graph break) and an
+autograd formula from its gradient rule.  Built-ins, which have no namespace,
+appear as ``torch.ops.opforge.<name>``.
+
+Once this module is imported, an opforge op called on torch tensors runs as
+its torch op (registered on first use), so it records autograd and the
+gradient rules' own op calls are differentiable too.  torch is imported only
+here.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..errors import SchemaError
+from ..operator import Op
+from ..registry import lookup, registered_ops
+from ..runtime.dispatch import INTERCEPTORS
+from .autograd import Gradient
+from .calls import Binding
+from .schema import qualified_name, torch_dtype, torch_schema
+
+__all__ = ["register", "register_all", "torch_op", "torch_schema"]
+
+_bindings: dict[str, Binding] = {}  # opforge op name -> its binding
+_lock = threading.RLock()
+
+
+def _define(op) -> Binding:
+    """Define ``op`` in torch (once per Op object; a replaced op is defined anew)."""
+    with _lock:
+        existing = _bindings.get(op.name)
+        if existing is not None and existing.op is op:
+            return existing
+        namespace, name = qualified_name(op)
+        for other in _bindings.values():
+            if other.op is not op and other.op.name != op.name and qualified_name(other.op) == (namespace, name):
+                raise SchemaError(f"op '{op.name}' and op '{other.op.name}' are both torch.ops.{namespace}.{name}; "
+                                  "rename one of them")
+        schema = torch_schema(op)
+        if existing is not None:
+            existing.library._destroy()
+        library = torch.library.Library(namespace, "FRAGMENT")
+        library.define(schema)
+        binding = Binding(op, getattr(getattr(torch.ops, namespace), name))
+        binding.library = library
+        library.impl(name, binding.run, "CPU")
+        library.impl(name, binding.run, "CUDA")
+        qualified = f"{namespace}::{name}"
+        torch.library.register_fake(qualified, binding.fake, lib=library)
+        gradient = Gradient(binding)
+        torch.library.register_autograd(qualified, gradient.backward, setup_context=gradient.setup_context,
+                                        lib=library)
+        _bindings[op.name] = binding
+        return binding
+
+
+def _ops_named(target):
+    if isinstance(target, Op):
+        return [target]
+    if not isinstance(target, str):
+        raise SchemaError(f"opforge.torch.register takes ops, op names or namespaces, got {type(target).__name__}")
+    op = lookup(target)
+    if op is not None:
+        return [op]
+    found = [o for o in registered_ops() if o.name.rpartition("::")[0] == target]
+    if not found:
+        raise SchemaError(f"opforge.torch.register: no op and no namespace is named '{target}'")
+    return found
+
+
+def register(*targets):
+    """Define opforge ops in PyTorch: each target is an ``Op``, an op's name, or a
+    namespace (all its ops).  Returns the torch op (``torch.ops.<ns>.<name>``),
+    or a list of them when several ops were named."""
+    packets = [_define(op).packet for target in targets for op in _ops_named(target)]
+    return packets[0] if len(packets) == 1 else packets
+
+
+def register_all():
+    """Define every registered opforge op in PyTorch (ops whose attributes torch's
+    schemas cannot express are skipped); returns the torch ops."""
+    packets = []
+    for op in registered_ops():
+        try:
+            packets.append(_define(op).packet)
+        except SchemaError:
+            continue
+    return packets
+
+
+def torch_op(op):
+    """The torch op of an opforge op (an ``Op`` or its name), defining it if needed."""
+    return register(op)
+
+
+def torch_op_call(op, attrs, tensors):
+    """``op`` on torch tensors (``attrs``: opforge's values) as a call of its torch op."""
+    binding = _define(op)
+    values = {name: (torch_dtype(value) if op.attrs[name].type == "DType" else value)
+              for name, value in attrs.items()}
+    args, kwargs = binding.call_args(tensors, values)
+    return binding.packet.default(*args, **kwargs)
+
+
+def _call_on_tensors(op, attrs, args):
+    """The interceptor: an opforge op called on torch tensors runs as its torch op.
+    Python scalars join as tensors of the first tensor's dtype (weak, as in NumPy);
+    arrays of another kind are left to the DLPack path, which refuses the mix."""
+    like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if like is None:
+        return NotImplemented
+    if not all(a is None or isinstance(a, (torch.Tensor, bool, int, float)) for a in args):
+        return NotImplemented
+    try:
+        _define(op)
+    except SchemaError:  # torch's schemas cannot express an attribute: the op runs through DLPack instead
+        return NotImplemented
+    tensors = [a if a is None or isinstance(a, torch.Tensor)
+               else torch.tensor(a, dtype=like.dtype, device=like.device) for a in args]
+    return torch_op_call(op, attrs, tensors)
+
+
+if _call_on_tensors not in INTERCEPTORS:
+    INTERCEPTORS.append(_call_on_tensors)

@@ -1,0 +1,151 @@
+"""What runs when PyTorch calls an opforge op: the kernel on the tensors' own
+memory, and the fake (meta) kernel made from opforge's inference.
+
+The real kernel takes each input's data pointer as it is (made contiguous
+first, as torch's own ops do), allocates the outputs and the workspace with
+``torch.empty`` on the inputs' device (torch's caching allocator on a GPU) and
+calls the op's kernel through a ``BufferPlan`` -- dispatch, inference and Init
+worked out once per input signature -- on the current CUDA stream.  Nothing
+goes through NumPy except Python kernels, which take NumPy views of the
+tensors' memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..attrs import attr_key
+from ..bounded_cache import BoundedCache
+from ..errors import DeviceError, DTypeError, ShapeError
+from ..runtime.buffer_plan import BufferPlan
+from ..spec import TensorSpec
+from . import symbolic
+from .schema import attr_value, dtype_name, torch_dtype
+
+PLANS_PER_OP = 256
+
+
+class Binding:
+    """One opforge op as a torch op: splits torch's arguments into tensors and
+    attributes, and runs the op on them."""
+
+    def __init__(self, op, packet):
+        self.op = op
+        self.packet = packet  # torch.ops.<ns>.<name>
+        self.variadic = op.variadic
+        self.n_tensors = 1 if op.variadic else len(op.inputs)
+        self.attrs = list(op.attrs.values())
+        self.positional = [a for a in self.attrs if a.positional]
+        self.plans = BoundedCache(PLANS_PER_OP)
+        op.plan_caches.append(self.plans)  # dropped when the op's kernels or the ISA cap change
+
+    # -- arguments --------------------------------------------------------------
+    def split(self, args, kwargs):
+        """torch's (args, kwargs) -> (tensor inputs, opforge attribute values)."""
+        n = self.n_tensors
+        tensors = list(args[0]) if self.variadic else list(args[:n]) + [None] * (n - len(args[:n]))
+        for index, input_def in enumerate(() if self.variadic else self.op.inputs):
+            if input_def.name in kwargs:  # torch passes Tensor? inputs by name when they are keywords
+                tensors[index] = kwargs[input_def.name]
+        values = dict(zip((a.name for a in self.positional), args[n:]))
+        values.update((k, v) for k, v in kwargs.items() if k in self.op.attrs)
+        given = {a.name: attr_value(self.op, a, values[a.name]) for a in self.attrs if a.name in values}
+        return tensors, self.op.resolve_attrs(given)
+
+    def call_args(self, tensors, attrs):
+        """opforge's tensors and attribute values as a call of ``torch.ops``: (args, kwargs)."""
+        args = [list(tensors)] if self.variadic else list(tensors)
+        return args, {name: value for name, value in attrs.items()}
+
+    # -- the real kernel ----------------------------------------------------------
+    def run(self, *args, **kwargs):
+        op = self.op
+        tensors, attrs = self.split(args, kwargs)
+        present = [t for t in tensors if t is not None]
+        device = present[0].device if present else torch.device("cpu")
+        for index, t in enumerate(tensors):
+            if t is not None and t.device != device:
+                raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' is on {t.device}, input "
+                                  f"'{op.input_name(tensors.index(present[0]))}' on {device}; one call takes "
+                                  "tensors on one device")
+        kind = "gpu" if device.type == "cuda" else "cpu" if device.type == "cpu" else None
+        if kind is None:
+            raise DeviceError(f"op '{op.name}': its inputs are on {device}; opforge kernels run on the CPU and on "
+                              "CUDA devices")
+        tensors = [None if t is None else t.detach().contiguous() for t in tensors]
+        key = (kind, attr_key(attrs), tuple(None if t is None else (t.shape, t.dtype) for t in tensors))
+        plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, self.specs(tensors), kind))
+        if not plan.native:
+            return self.run_python(plan, tensors, attrs, device)
+        outputs = [torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=device) for s in plan.out_specs]
+        if plan.skip:  # an empty input: nothing to compute, outputs are zeros of their inferred shapes
+            for output in outputs:
+                output.zero_()
+        else:
+            workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) \
+                if plan.workspace_bytes else None
+            inputs = [t.data_ptr() for t in tensors if t is not None]
+            if kind == "gpu":
+                with torch.cuda.device(device):
+                    plan.run(inputs, [o.data_ptr() for o in outputs],
+                             workspace.data_ptr() if workspace is not None else 0,
+                             torch.cuda.current_stream(device).cuda_stream)
+            else:
+                plan.run(inputs, [o.data_ptr() for o in outputs],
+                         workspace.data_ptr() if workspace is not None else 0)
+        return tuple(outputs) if op.tuple_output else outputs[0]
+
+    def specs(self, tensors, names=None, concrete=False):
+        """TensorSpecs of tensors (the op's inputs, or those ``names`` names); ``concrete``:
+        symbolic dims as their sizes (which makes torch guard on them)."""
+        op = self.op
+        return [None if t is None else
+                TensorSpec([int(d) for d in t.shape] if concrete else tuple(t.shape),
+                           dtype_name(t.dtype, op=op, what=f"input '{op.input_name(k)}'" if names is None
+                                      else f"'{names[k]}'"))
+                for k, t in enumerate(tensors)]
+
+    def run_python(self, plan, tensors, attrs, device):
+        """A Python kernel: NumPy views of host tensors in, its (checked, copied) arrays out as tensors;
+        a Python GPU kernel gets the CUDA tensors themselves."""
+        op = self.op
+        if device.type == "cuda":
+            return plan.kernel.fn(*tensors, **attrs)
+        arrays = []
+        for index, t in enumerate(tensors):
+            try:
+                arrays.append(None if t is None else t.numpy())
+            except TypeError:
+                raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' has dtype {t.dtype}; the op's "
+                                 f"Python kernel '{plan.kernel.name}' takes NumPy arrays, which have no such "
+                                 "dtype") from None
+        outputs = plan.kernel.run(op, arrays, attrs, plan.out_specs, plan.in_specs)
+        outputs = [torch.from_numpy(np.ascontiguousarray(o)) for o in outputs]
+        return tuple(outputs) if op.tuple_output else outputs[0]
+
+    # -- the fake kernel ------------------------------------------------------------
+    def unknown_specs(self, tensors, names=None):
+        """TensorSpecs of tensors (the op's inputs, or those ``names`` names) whose dims
+        may be SymInts: a symbolic dim is unknown (-1)."""
+        return symbolic.Signature(self.op, tensors, names).unknown
+
+    def fake(self, *args, **kwargs):
+        """Outputs of the right shape, dtype and device, from opforge's inference alone
+        (see ``symbolic``: dims of symbolic inputs become SymInt expressions, sizes only
+        the data decides become unbacked sizes)."""
+        op = self.op
+        tensors, attrs = self.split(args, kwargs)
+        present = [t for t in tensors if t is not None]
+        device = present[0].device if present else torch.device("cpu")
+        signature = symbolic.Signature(op, tensors)
+        out_specs = op.infer_specs(signature.unknown, attrs)
+        shapes = signature.output_dims(attrs, out_specs, lambda: self.specs(tensors, concrete=True))
+        outputs = []
+        for spec, shape in zip(out_specs, shapes):
+            if spec.rank is None:
+                raise ShapeError(f"op '{op.name}': inference gives output of unknown rank; PyTorch needs the rank "
+                                 "of every output when it traces")
+            shape = [torch.library.get_ctx().new_dynamic_size() if isinstance(d, int) and d < 0 else d
+                     for d in shape]  # a size only the data decides
+            outputs.append(torch.empty(shape, dtype=torch_dtype(spec.dtype), device=device))
+        return tuple(outputs) if op.tuple_output else outputs[0]

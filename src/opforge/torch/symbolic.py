@@ -1,0 +1,114 @@
+"""Output shapes from opforge's inference when torch traces with symbolic sizes.
+
+Under ``torch.compile`` or ``torch.export`` a dim may be a SymInt.  Inference
+sees it as unknown (-1).  An output dim inference can only give as unknown is
+found as an expression of the inputs' symbols: inference runs again on the
+sizes torch traced with (each symbol's hint), then with each symbol moved by
+2; a dim that moves by whole multiples, and predicts one more run, is that
+linear combination of the symbols (a shared dim, a concat's sum).  Anything
+else (a strided conv's floor division) is computed from the sizes themselves,
+which makes torch guard on them (a specialization, never a wrong shape).  A
+dim inference cannot give even from sizes depends on the data: the caller
+makes it an unbacked size.
+"""
+from __future__ import annotations
+
+from ..spec import TensorSpec
+from .schema import dtype_name
+
+_NO_HINT = 1024  # where a symbol without a hint (an unbacked size) is evaluated
+
+
+class Signature:
+    """The specs of tensors whose dims may be SymInts, and where each symbol sits."""
+
+    def __init__(self, op, tensors, names=None):
+        self.op = op
+        self.symbols = []  # [(SymInt, the size it is evaluated at)]
+        index_of = {}
+        self.unknown, self.where, self.dtypes = [], [], []
+        for k, t in enumerate(tensors):
+            if t is None:
+                self.unknown.append(None)
+                self.where.append(None)
+                self.dtypes.append(None)
+                continue
+            what = f"input '{op.input_name(k)}'" if names is None else f"'{names[k]}'"
+            dtype = dtype_name(t.dtype, op=op, what=what)
+            dims, where = [], []
+            for d in t.shape:
+                if isinstance(d, int):
+                    dims.append(d)
+                    where.append(None)
+                    continue
+                key = str(d)
+                if key not in index_of:
+                    hint = getattr(d.node, "hint", None)
+                    index_of[key] = len(self.symbols)
+                    self.symbols.append((d, int(hint) if hint is not None else _NO_HINT + 2 * len(self.symbols)))
+                dims.append(-1)
+                where.append(index_of[key])
+            self.unknown.append(TensorSpec(dims, dtype))
+            self.where.append(where)
+            self.dtypes.append(dtype)
+
+    def _evaluated(self, shift):
+        """The specs with every symbol at its size plus ``shift[symbol index]``."""
+        specs = []
+        for spec, where, dtype in zip(self.unknown, self.where, self.dtypes):
+            if spec is None:
+                specs.append(None)
+                continue
+            specs.append(TensorSpec([d if at is None else self.symbols[at][1] + shift.get(at, 0)
+                                     for d, at in zip(spec.shape, where)], dtype))
+        return specs
+
+    def output_dims(self, attrs, out_specs, concrete_specs):
+        """Each output's dims: ints, SymInt expressions, or -1 for a size only the data
+        decides.  ``concrete_specs()`` gives the inputs' specs with symbols specialized."""
+        shapes = [list(s.shape) for s in out_specs]
+        if not self.symbols or not any(d < 0 for shape in shapes for d in shape):
+            return shapes
+        op = self.op
+
+        def run(shift):
+            return [s.shape for s in op.infer_specs(self._evaluated(shift), attrs)]
+
+        try:
+            base = run({})
+            moved = [run({k: 2}) for k in range(len(self.symbols))]
+            check = run({k: 2 * (k + 1) for k in range(len(self.symbols))})
+        except Exception:  # the moved sizes broke one of the op's checks: specialize below
+            base = None
+        result = []
+        for o, shape in enumerate(shapes):
+            dims = []
+            for k, d in enumerate(shape):
+                found = None
+                if d < 0 and base is not None:
+                    found = self._linear(base[o][k], [m[o][k] for m in moved], check[o][k])
+                dims.append(d if d >= 0 else found if found is not None else -1)
+            result.append(dims)
+        if any(isinstance(d, int) and d < 0 for dims in result for d in dims):
+            concrete = op.infer_specs(concrete_specs(), attrs)
+            result = [[c if isinstance(d, int) and d < 0 else d for d, c in zip(dims, spec.shape)]
+                      for dims, spec in zip(result, concrete)]
+        return result
+
+    def _linear(self, base, moved, check):
+        """``base`` as ``c0 + sum(c_i * symbol_i)`` from the dims ``moved`` gave (symbol i
+        moved by 2), verified on ``check`` (symbol i moved by 2(i+1)); None when it is not
+        such a combination with integer coefficients."""
+        if base < 0 or check < 0 or any(m < 0 for m in moved):
+            return None
+        steps = [m - base for m in moved]
+        if any(step % 2 for step in steps):
+            return None
+        coefficients = [step // 2 for step in steps]
+        if base + sum(c * 2 * (k + 1) for k, c in enumerate(coefficients)) != check:
+            return None
+        value = base - sum(c * size for c, (_, size) in zip(coefficients, self.symbols))
+        for c, (symbol, _) in zip(coefficients, self.symbols):
+            if c:
+                value = value + c * symbol
+        return value
