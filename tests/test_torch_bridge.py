@@ -142,6 +142,44 @@ def test_kernels_read_the_tensors_memory_and_write_torch_allocated_outputs(addre
     assert seen[2].item() == seen.data_ptr()  # the kernel wrote into the tensor torch allocated
 
 
+def test_plain_calls_take_the_cpp_path_and_the_rest_python(scale, monkeypatch):
+    from opforge.torch import fast
+
+    ot.register(scale)
+    assert fast.library() is not None, fast.reason()
+    x = torch.arange(4, dtype=torch.float32)
+    torch.testing.assert_close(torch.ops.ttorch.scale(x, scale=3.0), 3 * x)  # the signature's plan is made
+    from opforge.runtime.buffer_plan import BufferPlan
+
+    python_calls = []
+    run = BufferPlan.run
+    monkeypatch.setattr(BufferPlan, "run", lambda self, *a, **k: python_calls.append(self.op.name) or run(self, *a, **k))
+    torch.testing.assert_close(torch.ops.ttorch.scale(x + 1, scale=3.0), 3 * (x + 1))
+    assert python_calls == []  # a known signature: the call ran in C++
+    with pytest.raises(KernelError):
+        torch.ops.ttorch.scale(x, scale=13.0)  # the kernel fails in C++: Python runs it again and raises
+    assert python_calls == ["ttorch::scale"]
+
+
+def test_without_the_cpp_path_calls_run_in_python(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, opforge, opforge.torch as ot\n"
+        "from opforge.torch import fast\n"
+        "assert fast.library() is None and fast.reason() == 'OPFORGE_TORCH_FAST=0'\n"
+        "x = torch.tensor([-1.0, 2.0], requires_grad=True)\n"
+        "ot.register('relu')\n"
+        "y = torch.ops.opforge.relu(x)\n"
+        "y.sum().backward()\n"
+        "assert y.tolist() == [0.0, 2.0] and x.grad.tolist() == [0.0, 1.0]\n"
+        "print('ok')\n")
+    env = dict(__import__("os").environ, OPFORGE_TORCH_FAST="0")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 def test_strided_inputs_are_made_contiguous_first(scale):
     ot.register(scale)
     x = torch.arange(12, dtype=torch.float64).reshape(3, 4).t()

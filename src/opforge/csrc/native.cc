@@ -36,6 +36,16 @@ opforge_native::AttrErrorSlot &opforge_native::ThreadAttrError() {
   return slot;
 }
 
+// For kernel callers outside this extension (opforge.torch's C++ path): clears the
+// calling thread's attribute-error slot and returns whether an error was recorded,
+// so a kernel that swallowed Attr<T>'s exception is still caught.
+extern "C" __attribute__((visibility("default"))) int opforge_take_attr_error() {
+  auto &slot = opforge_native::ThreadAttrError();
+  const int recorded = slot.kind == opforge_native::kAttrError;
+  slot.kind = opforge_native::kNoError;
+  return recorded;
+}
+
 namespace {
 
 using opforge_native::AttrKind;

@@ -193,6 +193,16 @@ def check_launch(op_name, function_name):
         raise _failed(lib, code, f"op '{op_name}': kernel '{function_name}' failed on the GPU", reset=False)
 
 
+def last_error_address() -> int:
+    """Address of the runtime's ``cudaGetLastError``, for launch checks made in C++
+    (0 without a runtime: the caller then checks nothing)."""
+    try:
+        lib = runtime()
+    except CudaError:
+        return 0
+    return ctypes.cast(lib.cudaGetLastError, ctypes.c_void_p).value or 0
+
+
 # -- devices ------------------------------------------------------------------
 def current_device() -> int:
     lib = runtime()

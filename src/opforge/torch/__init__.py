@@ -23,18 +23,28 @@ from ..errors import SchemaError
 from ..operator import Op
 from ..registry import lookup, registered_ops
 from ..runtime.dispatch import INTERCEPTORS
+from . import fast as fast_path
 from .autograd import Gradient
 from .calls import Binding
 from .schema import qualified_name, torch_dtype, torch_schema
 
 __all__ = ["register", "register_all", "torch_op", "torch_schema"]
 
+PYTHON_PREFIX = "_opforge_python_"  # ns::<prefix><name>: the op's Python implementation
+
 _bindings: dict[str, Binding] = {}  # opforge op name -> its binding
 _lock = threading.RLock()
 
 
 def _define(op) -> Binding:
-    """Define ``op`` in torch (once per Op object; a replaced op is defined anew)."""
+    """Define ``op`` in torch (once per Op object; a replaced op is defined anew).
+
+    Two torch ops: ``ns::name``, which users call, and ``ns::_opforge_python_name``,
+    the same op in Python (kernels, autograd, fake).  With the C++ path loaded,
+    ``ns::name`` runs its calls in C++ and hands anything else to the Python op;
+    without it, both are the Python implementation.  (A second op rather than an
+    overload: torch 2.13 crashes redefining an op whose library defined two
+    overloads of it.)"""
     with _lock:
         existing = _bindings.get(op.name)
         if existing is not None and existing.op is op:
@@ -46,18 +56,25 @@ def _define(op) -> Binding:
                                   "rename one of them")
         schema = torch_schema(op)
         if existing is not None:
-            existing.library._destroy()
+            existing.remove()
         library = torch.library.Library(namespace, "FRAGMENT")
+        python_name = PYTHON_PREFIX + name
         library.define(schema)
-        binding = Binding(op, getattr(getattr(torch.ops, namespace), name))
+        library.define(schema.replace(f"{name}(", f"{python_name}(", 1))
+        ns = getattr(torch.ops, namespace)
+        binding = Binding(op, getattr(ns, name))
         binding.library = library
-        library.impl(name, binding.run, "CPU")
-        library.impl(name, binding.run, "CUDA")
-        qualified = f"{namespace}::{name}"
-        torch.library.register_fake(qualified, binding.fake, lib=library)
         gradient = Gradient(binding)
-        torch.library.register_autograd(qualified, gradient.backward, setup_context=gradient.setup_context,
-                                        lib=library)
+        fast = fast_path.library() is not None
+        for defined in [python_name] + ([] if fast else [name]):
+            library.impl(defined, binding.run, "CPU")
+            library.impl(defined, binding.run, "CUDA")
+            library.impl(defined, gradient.kernel(getattr(ns, defined).default), "Autograd")
+        for defined in (name, python_name):
+            torch.library.register_fake(f"{namespace}::{defined}", binding.fake, lib=library)
+        if fast:
+            binding.fast = fast_path.FastPath(namespace, name, python_name, binding.native_plan)
+            op.plan_caches.append(binding.fast)
         _bindings[op.name] = binding
         return binding
 

@@ -3,9 +3,15 @@
 For each input signature the rule is traced once into a backward graph
 (``graph.autodiff.op_backward``: saved inputs and outputs and the output
 gradients in, the input gradients out, nothing recomputed).  ``backward``
-replays that graph on tensors, so every node runs as a torch op with its own
-autograd, and the gradient can be differentiated again.  Only the inputs and
+replays that graph on tensors, every node as a torch op with its own
+autograd, so the gradient can be differentiated again.  Only the inputs and
 outputs the graph reads are saved.
+
+``Gradient.kernel`` is the op's autograd kernel (PyTorch's ``Autograd``
+dispatch key): a call that needs no gradient goes below autograd at once;
+one that does runs the op's plain overload inside an ``autograd.Function``,
+so graphs traced by ``torch.compile`` record the overload whose calls take
+the C++ path.
 """
 from __future__ import annotations
 
@@ -19,10 +25,46 @@ from ..graph.autodiff import op_backward
 GRAPHS_PER_OP = 64
 
 
+class _Apply(torch.autograd.Function):
+    """One differentiable call: ``flat`` holds its tensors (a Tensor[] argument's
+    elements each), ``rebuild(flat)`` gives the call's (args, kwargs) back."""
+
+    @staticmethod
+    def forward(ctx, gradient, rebuild, slots, *flat):
+        args, kwargs = rebuild(flat)
+        output = gradient.binding.packet.default(*args, **kwargs)  # grad mode is off in here
+        outputs = output if gradient.binding.op.tuple_output else (output,)
+        gradient.setup_context(ctx, args, kwargs, output)
+        ctx.slots = slots
+        ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        per_input = ctx.gradient.backward(ctx, *grads)
+        return (None, None, None, *[per_input[slot] for slot in ctx.slots])
+
+
 class Gradient:
     def __init__(self, binding):
         self.binding = binding
         self.graphs = BoundedCache(GRAPHS_PER_OP)
+        binding.op.plan_caches.append(self.graphs)
+        # Named after the op, so a tensor's grad_fn says which op made it (opforge_reluBackward).
+        self.function = type(binding.packet._qualified_op_name.replace("::", "_"), (_Apply,), {})
+
+    # -- the autograd kernel -------------------------------------------------------
+    def kernel(self, below_autograd):
+        """The op's autograd kernel; ``below_autograd(*args, **kwargs)`` runs the call
+        below autograd (the same overload, with the autograd keys excluded)."""
+        def autograd_kernel(*args, **kwargs):
+            flat, slots, rebuild = self._flatten(args, kwargs)
+            if not (torch.is_grad_enabled() and any(t.requires_grad for t in flat)):
+                with torch._C._AutoDispatchBelowAutograd():
+                    return below_autograd(*args, **kwargs)
+            return self.function.apply(self, rebuild, slots, *flat)
+
+        return autograd_kernel
 
     def _problem(self):
         op = self.binding.op
@@ -32,11 +74,44 @@ class Gradient:
             return f"op '{op.name}' has no gradient rule; attach one with @op.grad (or give Custom a bprop)"
         return None
 
-    def setup_context(self, ctx, inputs, output, keyword_only_inputs=None):
+    def _flatten(self, args, kwargs):
+        """(the call's tensors, the op input each belongs to, rebuild): ``rebuild(tensors)``
+        gives the call's (args, kwargs) with those tensors in their places."""
+        n = len(args)
+        values = list(args) + list(kwargs.values())
+        names = list(kwargs)
+        places, flat, slots = [], [], []
+        for at, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                places.append((at, None))
+                flat.append(value)
+            elif isinstance(value, (list, tuple)) and self.binding.variadic and at == 0:
+                places.extend((at, k) for k in range(len(value)))
+                flat.extend(value)
+                slots.extend(range(len(value)))
+                continue
+            else:
+                continue
+            name = names[at - n] if at >= n else None
+            slots.append(at if name is None else [i.name for i in self.binding.op.inputs].index(name))
+
+        def rebuild(tensors):
+            out = list(values)
+            out[0] = list(out[0]) if self.binding.variadic and values else out[0]
+            for (at, k), tensor in zip(places, tensors):
+                if k is None:
+                    out[at] = tensor
+                else:
+                    out[at][k] = tensor
+            return out[:n], dict(zip(names, out[n:]))
+
+        return flat, slots, rebuild
+
+    def setup_context(self, ctx, inputs, keyword_only_inputs, output):
         binding = self.binding
-        tensors, attrs = binding.split(inputs, keyword_only_inputs or {})
+        tensors, attrs = binding.split(inputs, keyword_only_inputs)
         outputs = list(output) if binding.op.tuple_output else [output]
-        ctx.n_args, ctx.n_tensors = len(inputs), len(tensors)
+        ctx.gradient = self
         ctx.output_like = [(o.shape, o.dtype, o.device) for o in outputs]  # zeros for an absent output gradient
         ctx.problem = self._problem()
         if ctx.problem is not None:
@@ -73,6 +148,7 @@ class Gradient:
         return graph, present, [v.id in read for v in graph.inputs[:n_saved]]
 
     def backward(self, ctx, *grads):
+        """The gradient of each tensor input of the op (of each element of a Tensor[] one)."""
         if isinstance(ctx.problem, Exception):
             raise ctx.problem
         if ctx.problem is not None:
@@ -81,10 +157,7 @@ class Gradient:
         grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
                  for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
         found = iter(replay(ctx.graph, saved + grads, like=grads[0]))
-        gradients = [next(found) if keep else None for keep in ctx.present]
-        if self.binding.variadic:
-            return (gradients,) + (None,) * (ctx.n_args - 1)
-        return tuple(gradients) + (None,) * (ctx.n_args - ctx.n_tensors)
+        return [next(found) if keep else None for keep in ctx.present]
 
 
 def replay(graph, args, like):

@@ -19,6 +19,7 @@ from ..bounded_cache import BoundedCache
 from ..errors import DeviceError, DTypeError, ShapeError
 from ..runtime.buffer_plan import BufferPlan
 from ..spec import TensorSpec
+from . import fast as fast_path
 from . import symbolic
 from .schema import attr_value, dtype_name, torch_dtype
 
@@ -38,6 +39,16 @@ class Binding:
         self.positional = [a for a in self.attrs if a.positional]
         self.plans = BoundedCache(PLANS_PER_OP)
         op.plan_caches.append(self.plans)  # dropped when the op's kernels or the ISA cap change
+        self.library = None  # the torch.library.Library defining it
+        self.fast = None  # its C++ path (fast.FastPath), when loaded
+
+    def remove(self):
+        """Undefine the torch op (before the op is defined again)."""
+        if self.fast is not None:
+            self.fast.remove()
+            self.op.plan_caches.remove(self.fast)
+        self.op.plan_caches.remove(self.plans)
+        self.library._destroy()
 
     # -- arguments --------------------------------------------------------------
     def split(self, args, kwargs):
@@ -94,6 +105,31 @@ class Binding:
                 plan.run(inputs, [o.data_ptr() for o in outputs],
                          workspace.data_ptr() if workspace is not None else 0)
         return tuple(outputs) if op.tuple_output else outputs[0]
+
+    def native_plan(self, kind, device_index, specs, attrs):
+        """The C++ path's plan for one signature: (kernel address, Init state address,
+        output shapes, output dtypes, workspace sizes, skip, cudaGetLastError address,
+        opforge_take_attr_error address, the BufferPlan keeping it all alive), or None
+        for a Python kernel.  Errors propagate (the C++ path then runs the call in
+        Python, which raises them with their types)."""
+        op = self.op
+        given = {a.name: attr_value(op, a, attrs[a.name]) for a in self.attrs if a.name in attrs}
+        attrs = op.resolve_attrs(given)
+        in_specs = [None if s is None else TensorSpec(s[0], s[1]) for s in specs]
+        if self.variadic:
+            in_specs = [s for s in in_specs]
+        key = (kind, attr_key(attrs), tuple(None if s is None else (s.shape, s.dtype) for s in in_specs))
+        plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, in_specs, kind))
+        if not plan.native:
+            return None
+        last_error = 0
+        if kind == "gpu":
+            from ..runtime import cuda
+
+            last_error = cuda.last_error_address()
+        extra = plan.extra.address if plan.extra is not None else 0
+        return (plan.function, extra, [list(s.shape) for s in plan.out_specs], [s.dtype for s in plan.out_specs],
+                plan.workspace, plan.skip, last_error, fast_path.take_attr_error_address(), plan)
 
     def specs(self, tensors, names=None, concrete=False):
         """TensorSpecs of tensors (the op's inputs, or those ``names`` names); ``concrete``:
