@@ -1,0 +1,72 @@
+"""Train a PyTorch model whose activation is an opforge C++ op, under torch.compile.
+
+`softplus` is declared once -- schema, inference, a C++ kernel, a gradient rule
+-- and `opforge.torch.register` makes it `torch.ops.torchmlp.softplus`: a torch
+op with a fake kernel (so torch.compile traces it with no graph break) and
+autograd from the rule.  The model trains on CPU, and on CUDA where there is a
+device and the op has a GPU kernel (this one has none, so it stays on the CPU).
+"""
+import torch
+
+import opforge
+import opforge.torch
+from opforge import ops
+
+softplus = opforge.op("torchmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"], replace=True,
+                      doc="log(1 + exp(x)), computed without overflow.")
+softplus.def_infer(opforge.infer.same_as(0))
+softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""
+#include <cmath>
+#include "custom_aot_extra.h"
+
+extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
+  return 0;
+}
+""")
+
+
+@softplus.grad(save=["x"])
+def _(saved, dy):
+    return ops.mul(dy, ops.sigmoid(saved.x))  # built-in ops: the gradient is differentiable too
+
+
+opforge.torch.register(softplus)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(8, 32)
+        self.out = torch.nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.out(torch.ops.torchmlp.softplus(self.hidden(x)))
+
+
+def main(steps=60):
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    target = torch.sin(x.sum(dim=1, keepdim=True))
+    model = Model()
+    step = torch.compile(model, fullgraph=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    losses = []
+    for k in range(steps):
+        loss = torch.nn.functional.mse_loss(step(x), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if k % 10 == 0 or k == steps - 1:
+            print(f"step {k:3d}  loss {loss.item():.4f}")
+    return losses
+
+
+if __name__ == "__main__":
+    main()

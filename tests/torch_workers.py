@@ -1,0 +1,129 @@
+"""Code that test_torch_distributed.py runs in spawned processes (spawned children import
+it by name, so it lives in its own module): a model whose activation is an opforge C++ op,
+trained with PyTorch's distributed engines on the gloo backend."""
+import os
+
+import torch
+import torch.distributed as dist
+
+import opforge
+import opforge.torch
+from opforge import ops
+
+SOFTPLUS = r"""
+#include <cmath>
+#include "custom_aot_extra.h"
+
+extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                        void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
+  return 0;
+}
+"""
+
+
+def softplus_op():
+    """``tdist::softplus``: a C++ kernel and a gradient rule, as a torch op."""
+    op = opforge.lookup("tdist::softplus")
+    if op is None:
+        op = opforge.op("tdist::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"])
+        op.def_infer(opforge.infer.same_as(0))
+        op.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=SOFTPLUS)
+
+        @op.grad(save=["x"])
+        def _(saved, dy):
+            return ops.mul(dy, ops.sigmoid(saved.x))
+
+    return opforge.torch.register(op)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(6, 16).double()
+        self.out = torch.nn.Linear(16, 1).double()
+
+    def forward(self, x):
+        return self.out(torch.ops.tdist.softplus(self.hidden(x)))
+
+
+def data():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 6, dtype=torch.float64, generator=generator)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def train(model, x, target, steps, reduce_loss=lambda loss: loss):
+    """SGD steps on mean squared error; returns (losses, gradients of the last step)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(reduce_loss(loss.detach()).item())
+    return losses, [p.grad.clone() for p in model.parameters()]
+
+
+def _init(rank, world, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def ddp_worker(rank, world, port, steps, out_path):
+    """Rank ``rank`` of a DDP run: each rank trains on its half of the batch."""
+    _init(rank, world, port)
+    try:
+        softplus_op()
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(Model())
+        x, target = data()
+        half = x.shape[0] // world
+
+        def averaged(loss):  # the full batch's loss: the mean of the ranks' (equal-sized) halves
+            dist.all_reduce(loss)
+            return loss / world
+
+        losses, grads = train(model, x[rank * half:(rank + 1) * half], target[rank * half:(rank + 1) * half],
+                              steps, averaged)
+        if rank == 0:
+            torch.save({"losses": losses, "grads": grads,
+                        "params": [p.detach().clone() for p in model.module.parameters()]}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def dtensor_worker(rank, world, port, out_path):
+    """Rank ``rank`` of a DTensor run: opforge ops on tensors sharded over a 1-D mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    _init(rank, world, port)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        softplus_op()
+        opforge.torch.register("add", "matmul", "reduce_sum", "softmax")
+        generator = torch.Generator().manual_seed(5)
+        x = torch.randn(8, 6, dtype=torch.float64, generator=generator)
+        w = torch.randn(6, 4, dtype=torch.float64, generator=generator)
+        rows = distribute_tensor(x, mesh, [Shard(0)])
+        weights = distribute_tensor(w, mesh, [Replicate()])
+        results = {}
+        y = torch.ops.tdist.softplus(rows)
+        results["softplus"] = (y.placements, y.full_tensor())
+        h = torch.ops.opforge.matmul(rows, weights)
+        results["matmul"] = (h.placements, h.full_tensor())
+        s = torch.ops.opforge.softmax(h, axis=1)
+        results["softmax"] = (s.placements, s.full_tensor())
+        r = torch.ops.opforge.reduce_sum(h, axes=[0], keep_dims=False)
+        results["reduce_sum"] = (r.placements, r.full_tensor())
+        if rank == 0:
+            torch.save({name: (tuple(str(p) for p in placements), value)
+                        for name, (placements, value) in results.items()}, out_path)
+    finally:
+        dist.destroy_process_group()
