@@ -18,16 +18,18 @@
 // opforge against the installed torch's headers and cached like a kernel.
 #include <Python.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -106,7 +108,15 @@ struct OpState {
   PyObject *planner = nullptr;   // planner(kind, device_index, specs, attrs) -> tuple | None
   std::shared_mutex mutex;
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans;
-  explicit OpState(c10::OperatorHandle op) : fallback(std::move(op)) {}
+  std::atomic<uint64_t> generation{1};  // moves on when the plans are dropped
+  const uint64_t id;                    // unique for the process (an address may be reused)
+  explicit OpState(c10::OperatorHandle op) : fallback(std::move(op)), id(NextId()) {}
+
+ private:
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
 };
 
 // ------------------------------------------------------------------ keys ----
@@ -286,22 +296,33 @@ CurrentStreamFn CudaStreamGetter() {
   return getter;
 }
 
+template <typename T>
+using Small = c10::SmallVector<T, 8>;
+
 // Runs the call on plain tensors; false (stack untouched) when the Python op must run it.
 bool TryFast(OpState &state, torch::jit::Stack *stack) {
   const size_t n_args = state.kinds.size();
   auto args = torch::jit::last(*stack, n_args);
-  std::deque<at::Tensor> held;  // the inputs (contiguous copies of strided ones): stable addresses
-  std::vector<const at::Tensor *> tensors;
-  std::vector<std::pair<const c10::IValue *, bool>> attrs;
-  std::string key;
-  key.reserve(128);
+  size_t n_tensors = 0;
+  for (size_t k = 0; k < n_args; ++k)
+    n_tensors += state.kinds[k] == ArgKind::kTensorList ? args[k].toTensorList().size() : 1;
+  Small<const at::Tensor *> tensors;  // the inputs: on the stack, or in `held`
+  Small<at::Tensor> held;  // contiguous copies of strided inputs, list elements; never grows past the reserve
+  held.reserve(n_tensors);
+  Small<std::pair<const c10::IValue *, bool>> attrs;
+  thread_local std::string key;  // reused: no allocation per call
+  key.clear();
   c10::optional<c10::Device> device;
-  auto take = [&](const at::Tensor &t) {
+  auto take = [&](const at::Tensor &t, bool lasts) {  // lasts: t outlives the call (it is on the stack)
     if (!t.defined() || t.layout() != c10::kStrided || t.is_conj() || t.is_neg()) return false;
     if (device.has_value() && t.device() != *device) return false;
     device = t.device();
-    held.push_back(t.is_contiguous() ? t : t.contiguous());
-    tensors.push_back(&held.back());
+    if (lasts && t.is_contiguous()) {
+      tensors.push_back(&t);
+    } else {
+      held.push_back(t.is_contiguous() ? t : t.contiguous());
+      tensors.push_back(&held.back());
+    }
     PutTensor(&key, t);
     return true;
   };
@@ -309,16 +330,16 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
     const c10::IValue &v = args[k];
     switch (state.kinds[k]) {
       case ArgKind::kTensor:
-        if (!take(v.toTensor())) return false;
+        if (!take(v.toTensor(), true)) return false;
         break;
       case ArgKind::kOptionalTensor:
-        if (v.isNone() || !take(v.toTensor())) return false;  // absent: a Python reference kernel runs it
+        if (v.isNone() || !take(v.toTensor(), true)) return false;  // absent: a Python reference kernel runs it
         break;
       case ArgKind::kTensorList: {
         auto list = v.toTensorList();
         Put(&key, static_cast<int64_t>(list.size()));
         for (const at::Tensor &t : list)
-          if (!take(t)) return false;
+          if (!take(t, false)) return false;
         break;
       }
       case ArgKind::kAttr:
@@ -333,35 +354,58 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
   Put(&key, static_cast<int8_t>(device->type()));
   Put(&key, static_cast<int16_t>(device->index()));
 
+  // Calls mostly repeat the last signature: each thread remembers its last plan per op.
+  struct Last {
+    uint64_t op = 0;
+    uint64_t generation = 0;
+    std::string key;
+    std::shared_ptr<const Plan> plan;
+  };
+  thread_local Last last;
+  const uint64_t generation = state.generation.load(std::memory_order_acquire);
   std::shared_ptr<const Plan> plan;
-  {
+  if (last.op == state.id && last.generation == generation && last.key == key) {
+    plan = last.plan;
+  } else {
     std::shared_lock<std::shared_mutex> read(state.mutex);
     auto found = state.plans.find(key);
     if (found != state.plans.end()) plan = found->second;
   }
   if (plan == nullptr) {
-    plan = MakePlan(state, cuda, cuda ? device->index() : 0, tensors, attrs);
+    std::vector<const at::Tensor *> specs(tensors.begin(), tensors.end());
+    std::vector<std::pair<const c10::IValue *, bool>> plan_attrs(attrs.begin(), attrs.end());
+    plan = MakePlan(state, cuda, cuda ? device->index() : 0, specs, plan_attrs);
     if (plan == nullptr) return false;
     std::unique_lock<std::shared_mutex> write(state.mutex);
     state.plans.emplace(key, plan);
   }
+  if (last.plan != plan) {
+    last.op = state.id;
+    last.generation = generation;
+    last.key = key;
+    last.plan = plan;
+  }
 
-  c10::DeviceGuard guard(*device);
-  const auto options = at::TensorOptions().device(*device);
-  std::vector<at::Tensor> outputs;
-  outputs.reserve(plan->out_shapes.size());
-  for (size_t k = 0; k < plan->out_shapes.size(); ++k)
-    outputs.push_back(at::empty(plan->out_shapes[k], options.dtype(plan->out_types[k])));
+  c10::optional<c10::DeviceGuard> guard;
+  if (cuda) guard.emplace(*device);
+  const size_t n_out = plan->out_shapes.size();
+  Small<at::Tensor> outputs;
+  for (size_t k = 0; k < n_out; ++k)
+    outputs.push_back(cuda ? at::empty(plan->out_shapes[k], at::TensorOptions().device(*device).dtype(plan->out_types[k]))
+                           : at::Tensor(at::detail::empty_cpu(plan->out_shapes[k], plan->out_types[k])));
   if (plan->skip) {
     for (auto &out : outputs) out.zero_();
   } else {
     at::Tensor workspace;
-    if (plan->workspace_bytes) workspace = at::empty({plan->workspace_bytes}, options.dtype(c10::ScalarType::Byte));
-    const size_t n = tensors.size() + outputs.size() + plan->workspace.size();
-    std::vector<void *> params(n);
-    std::vector<int> ndims(n, 1);
-    std::vector<int64_t *> shapes(n);
-    std::vector<const char *> names(n, "uint8");
+    if (plan->workspace_bytes) {
+      workspace = cuda ? at::empty({plan->workspace_bytes}, at::TensorOptions().device(*device).dtype(at::kByte))
+                       : at::Tensor(at::detail::empty_cpu({plan->workspace_bytes}, at::kByte));
+    }
+    const size_t n = tensors.size() + n_out + plan->workspace.size();
+    Small<void *> params(n);
+    Small<int> ndims(n, 1);
+    Small<int64_t *> shapes(n);
+    Small<const char *> names(n, "uint8");
     size_t at = 0;
     for (const at::Tensor *t : tensors) {
       params[at] = t->data_ptr();
@@ -369,13 +413,13 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
       shapes[at] = const_cast<int64_t *>(t->sizes().data());
       names[at++] = DTypeNameOf(t->scalar_type());
     }
-    for (size_t k = 0; k < outputs.size(); ++k, ++at) {
+    for (size_t k = 0; k < n_out; ++k, ++at) {
       params[at] = outputs[k].data_ptr();
       ndims[at] = static_cast<int>(plan->out_shapes[k].size());
       shapes[at] = const_cast<int64_t *>(plan->out_shapes[k].data());
       names[at] = plan->out_names[k];
     }
-    std::vector<int64_t> workspace_dims(plan->workspace);
+    Small<int64_t> workspace_dims(plan->workspace.begin(), plan->workspace.end());
     char *base = plan->workspace_bytes ? static_cast<char *>(workspace.data_ptr()) : nullptr;
     for (size_t k = 0; k < plan->workspace.size(); ++k, ++at) {
       params[at] = base;
@@ -516,6 +560,7 @@ void opforge_torch_clear(void *handle) {
   {
     std::unique_lock<std::shared_mutex> write(binding->state->mutex);
     dropped.swap(binding->state->plans);
+    binding->state->generation.fetch_add(1, std::memory_order_acq_rel);
   }  // plans are released outside the lock: releasing one takes the GIL
 }
 
