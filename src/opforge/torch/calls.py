@@ -109,7 +109,8 @@ class Binding:
     def native_plan(self, kind, device_index, specs, attrs):
         """The C++ path's plan for one signature: (kernel address, Init state address,
         output shapes, output dtypes, workspace sizes, skip, cudaGetLastError address,
-        opforge_take_attr_error address, the BufferPlan keeping it all alive), or None
+        torch's current-stream getter, opforge_take_attr_error address, the BufferPlan
+        keeping it all alive), or None
         for a Python kernel.  Errors propagate (the C++ path then runs the call in
         Python, which raises them with their types)."""
         op = self.op
@@ -122,14 +123,14 @@ class Binding:
         plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, in_specs, kind))
         if not plan.native:
             return None
-        last_error = 0
+        last_error = current_stream = 0
         if kind == "gpu":
             from ..runtime import cuda
 
-            last_error = cuda.last_error_address()
+            last_error, current_stream = cuda.last_error_address(), fast_path.current_stream_address()
         extra = plan.extra.address if plan.extra is not None else 0
         return (plan.function, extra, [list(s.shape) for s in plan.out_specs], [s.dtype for s in plan.out_specs],
-                plan.workspace, plan.skip, last_error, fast_path.take_attr_error_address(), plan)
+                plan.workspace, plan.skip, last_error, current_stream, fast_path.take_attr_error_address(), plan)
 
     def specs(self, tensors, names=None, concrete=False):
         """TensorSpecs of tensors (the op's inputs, or those ``names`` names); ``concrete``:

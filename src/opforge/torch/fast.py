@@ -78,6 +78,17 @@ def take_attr_error_address() -> int:
     return ctypes.cast(ctypes.CDLL(_native.__file__).opforge_take_attr_error, ctypes.c_void_p).value
 
 
+def current_stream_address() -> int:
+    """Address of libtorch_cuda's ``aoti_torch_get_current_cuda_stream(device, &stream)``; 0 without it
+    (the C++ path then leaves CUDA calls to Python, which asks torch.cuda.current_stream)."""
+    path = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
+    try:
+        function = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY).aoti_torch_get_current_cuda_stream
+    except (OSError, AttributeError):
+        return 0
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
 class FastPath:
     """The C++ kernels of one torch op; ``clear()`` drops their plans (with the op's own)."""
 

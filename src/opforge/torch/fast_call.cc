@@ -26,8 +26,6 @@
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
-#include <dlfcn.h>
-
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -85,6 +83,7 @@ struct Plan {
   int64_t workspace_bytes = 0;
   bool skip = false;               // an empty input: zeros out, no kernel
   LastErrorFn last_error = nullptr;
+  CurrentStreamFn current_stream = nullptr;  // torch's, for CUDA plans
   TakeAttrErrorFn take_attr_error = nullptr;
   PyObject *keep = nullptr;        // the Python plan, which owns `extra`
 };
@@ -243,15 +242,18 @@ std::shared_ptr<const Plan> MakePlan(OpState &state, bool cuda, int device_index
   }
   if (ok) result = PyObject_CallFunction(state.planner, "siOO", cuda ? "gpu" : "cpu", device_index, specs, values);
   if (result != nullptr && result != Py_None) {
-    // (function, extra, [out shape], [out dtype], (workspace sizes), skip, last_error, take_attr_error, keep)
-    PyObject *function, *extra, *shapes, *names, *workspace, *skip, *last_error, *take_attr_error, *keep;
+    // (function, extra, [out shape], [out dtype], (workspace sizes), skip, last_error, current_stream,
+    //  take_attr_error, keep)
+    PyObject *function, *extra, *shapes, *names, *workspace, *skip, *last_error, *current_stream, *take_attr_error,
+        *keep;
     plan = std::shared_ptr<Plan>(new Plan(), DeletePlan);
-    ok = PyArg_ParseTuple(result, "OOOOOOOOO", &function, &extra, &shapes, &names, &workspace, &skip, &last_error,
-                          &take_attr_error, &keep);
+    ok = PyArg_ParseTuple(result, "OOOOOOOOOO", &function, &extra, &shapes, &names, &workspace, &skip, &last_error,
+                          &current_stream, &take_attr_error, &keep);
     if (ok) {
       plan->function = reinterpret_cast<KernelFn>(PyLong_AsVoidPtr(function));
       plan->extra = PyLong_AsVoidPtr(extra);
       plan->last_error = reinterpret_cast<LastErrorFn>(PyLong_AsVoidPtr(last_error));
+      plan->current_stream = reinterpret_cast<CurrentStreamFn>(PyLong_AsVoidPtr(current_stream));
       plan->take_attr_error = reinterpret_cast<TakeAttrErrorFn>(PyLong_AsVoidPtr(take_attr_error));
       plan->skip = PyObject_IsTrue(skip) == 1;
       ok = !PyErr_Occurred() && ReadInt64s(workspace, &plan->workspace);
@@ -289,12 +291,6 @@ std::shared_ptr<const Plan> MakePlan(OpState &state, bool cuda, int device_index
 }
 
 // ---------------------------------------------------------------- calls ----
-
-CurrentStreamFn CudaStreamGetter() {
-  static CurrentStreamFn getter =
-      reinterpret_cast<CurrentStreamFn>(dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream"));
-  return getter;
-}
 
 template <typename T>
 using Small = c10::SmallVector<T, 8>;
@@ -427,10 +423,8 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
       shapes[at] = &workspace_dims[k];
     }
     void *stream = nullptr;
-    if (cuda) {
-      CurrentStreamFn get_stream = CudaStreamGetter();
-      if (get_stream == nullptr || get_stream(device->index(), &stream) != 0) return false;
-    }
+    if (cuda && (plan->current_stream == nullptr || plan->current_stream(device->index(), &stream) != 0))
+      return false;
     int rc;
     if (plan->take_attr_error != nullptr) plan->take_attr_error();
     try {
