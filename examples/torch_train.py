@@ -1,10 +1,11 @@
 """Train a PyTorch model whose activation is an opforge C++ op, under torch.compile.
 
-`softplus` is declared once -- schema, inference, a C++ kernel, a gradient rule
--- and `opforge.torch.register` makes it `torch.ops.torchmlp.softplus`: a torch
-op with a fake kernel (so torch.compile traces it with no graph break) and
-autograd from the rule.  The model trains on CPU, and on CUDA where there is a
-device and the op has a GPU kernel (this one has none, so it stays on the CPU).
+`softplus` is declared once -- schema, inference, a C++ kernel and a CUDA one,
+a gradient rule -- and `opforge.torch.register` makes it
+`torch.ops.torchmlp.softplus`: a torch op with a fake kernel (so torch.compile
+traces it with no graph break) and autograd from the rule.  The model trains on
+the GPU where torch has one (the CUDA kernel is compiled by nvcc at its first
+use), else on the CPU.
 """
 import torch
 
@@ -30,6 +31,22 @@ extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes,
 }
 """)
 
+softplus.kernel(function="SoftplusGpu", device="gpu", dtypes={"x": ["float32", "float64"]}, code=r"""
+#include "opforge_cuda.h"
+
+__global__ void SoftplusKernel(const OPFORGE_T *x, OPFORGE_T *y, int64_t n) {
+  OPFORGE_GRID_STRIDE(i, n) y[i] = max(x[i], OPFORGE_T(0)) + log1p(exp(-abs(x[i])));
+}
+
+extern "C" int SoftplusGpu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *stream, void *extra) {
+  const int64_t n = OpforgeCount(ndims[0], shapes[0]);
+  SoftplusKernel<<<OpforgeBlocks(n, 256), 256, 0, OpforgeStream(stream)>>>(
+      static_cast<const OPFORGE_T *>(params[0]), static_cast<OPFORGE_T *>(params[1]), n);
+  return OpforgeLaunched("SoftplusKernel");
+}
+""")
+
 
 @softplus.grad(save=["x"])
 def _(saved, dy):
@@ -51,9 +68,10 @@ class Model(torch.nn.Module):
 
 def main(steps=60):
     torch.manual_seed(0)
-    x = torch.randn(256, 8)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(256, 8, device=device)
     target = torch.sin(x.sum(dim=1, keepdim=True))
-    model = Model()
+    model = Model().to(device)
     step = torch.compile(model, fullgraph=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     losses = []
@@ -64,7 +82,7 @@ def main(steps=60):
         optimizer.step()
         losses.append(loss.item())
         if k % 10 == 0 or k == steps - 1:
-            print(f"step {k:3d}  loss {loss.item():.4f}")
+            print(f"step {k:3d}  loss {loss.item():.4f}  ({device})")
     return losses
 
 

@@ -36,3 +36,16 @@ def test_ddp_training_with_an_opforge_op_equals_one_process(tmp_path):
         torch.testing.assert_close(theirs, ours, rtol=1e-9, atol=1e-12)
     for theirs, ours in zip(distributed["params"], model.parameters()):
         torch.testing.assert_close(theirs, ours.detach(), rtol=1e-9, atol=1e-12)
+
+
+def test_torch_train_example_prints_a_decreasing_loss():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "torch_train.py"
+    done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", done.stdout)]
+    assert len(losses) >= 5 and losses[-1] < 0.8 * losses[0], done.stdout

@@ -8,10 +8,11 @@ from torch's allocator), a fake kernel from opforge's inference (so
 autograd formula from its gradient rule.  Built-ins, which have no namespace,
 appear as ``torch.ops.opforge.<name>``.
 
-Once this module is imported, an opforge op called on torch tensors runs as
-its torch op (registered on first use), so it records autograd and the
-gradient rules' own op calls are differentiable too.  torch is imported only
-here.
+Importing this module registers every op opforge knows, and each op declared
+later, as it is declared: compiled torch programs (inductor's caches included)
+may name any of them, a gradient rule's ops among them.  An opforge op called
+on torch tensors runs as its torch op, so it records autograd.  torch is
+imported only here.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 from ..errors import SchemaError
 from ..operator import Op
-from ..registry import lookup, registered_ops
+from ..registry import LISTENERS, lookup, registered_ops
 from ..runtime.dispatch import INTERCEPTORS
 from . import fast as fast_path
 from .autograd import Gradient
@@ -145,5 +146,17 @@ def _call_on_tensors(op, attrs, args):
     return torch_op_call(op, attrs, tensors)
 
 
+def _on_declared(name):
+    """A registry listener: an op declared (or declared again) becomes a torch op at once."""
+    op = lookup(name)
+    if op is not None:
+        try:
+            _define(op)
+        except SchemaError:  # attributes torch cannot express: the op stays an opforge op
+            pass
+
+
 if _call_on_tensors not in INTERCEPTORS:
     INTERCEPTORS.append(_call_on_tensors)
+    LISTENERS.append(_on_declared)
+    register_all()
