@@ -100,7 +100,7 @@ def test_untranslatable_attributes_and_unknown_names_are_schema_errors(fresh):
     from opforge.operator import Op
 
     loose = Op("ttorch::loose", ["x"], ["y"], [AttrDef("anything")])
-    with pytest.raises(SchemaError, match="'ttorch::loose'.*'anything' has type any"):
+    with pytest.raises(SchemaError, match="'ttorch::loose'.*'anything' has type any and no default"):
         ot.register(loose)
     with pytest.raises(SchemaError, match="no op and no namespace is named 'ttorch_nothing'"):
         ot.register("ttorch_nothing")
@@ -398,3 +398,43 @@ def test_the_training_examples_cuda_kernel_compiles(tmp_path):
     for kernel in kernels:
         write_inline_source(kernel.path, kernel.code)
         assert build(kernel.path, extra_cflags=kernel.cflags, cuda_arch="80").path.is_file()
+
+
+# -- MindSpore-style Custom ops ----------------------------------------------------------
+
+OPS_CC = __import__("pathlib").Path(__file__).resolve().parent / "kernels" / "ops.cc"
+
+
+def test_custom_ops_pass_opcheck_and_their_bprop_differentiates():
+    from opforge import Custom, CustomRegOp
+
+    a, b = 2.0, -0.5
+    info = (CustomRegOp("ttorch_lin").input(0, "x").input(1, "w").output(0, "y")
+            .attr("a", "required", "float", value=a).attr("b", "required", "float", value=b).target("CPU")
+            .get_op_info())
+
+    def bprop(x, w, out, dout):
+        return dout * np.float32(a), dout * np.float32(b)
+
+    lin = Custom(f"{OPS_CC}:Lin", lambda x, w: x, "float32", "aot", bprop=bprop, reg_info=info)
+    packet = ot.register(lin)
+    x = torch.randn(2, 3, requires_grad=True)
+    w = torch.randn(2, 3, requires_grad=True)
+    y = packet(x, w)
+    torch.testing.assert_close(y, a * x + b * w)
+    (y * 3).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 3), 3 * a))
+    torch.testing.assert_close(w.grad, torch.full((2, 3), 3 * b))
+    result = torch.library.opcheck(packet.default, (torch.randn(2, 3, requires_grad=True),
+                                                    torch.randn(2, 3, requires_grad=True)))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_an_unregistered_op_cannot_take_a_registered_ops_torch_name():
+    from opforge.operator import Op
+
+    impostor = Op("add", ["a", "b"], ["y"])
+    with pytest.raises(SchemaError, match="torch.ops.opforge.add, which is op 'add' already"):
+        ot.register(impostor)
+    x = torch.ones(2)
+    torch.testing.assert_close(torch.ops.opforge.add(x, x), x + x)  # the built-in is untouched

@@ -33,7 +33,7 @@ __all__ = ["register", "register_all", "torch_op", "torch_schema"]
 
 PYTHON_PREFIX = "_opforge_python_"  # ns::<prefix><name>: the op's Python implementation
 
-_bindings: dict[str, Binding] = {}  # opforge op name -> its binding
+_bindings: dict[tuple, Binding] = {}  # (torch namespace, name) -> its binding
 _lock = threading.RLock()
 
 
@@ -47,14 +47,13 @@ def _define(op) -> Binding:
     overload: torch 2.13 crashes redefining an op whose library defined two
     overloads of it.)"""
     with _lock:
-        existing = _bindings.get(op.name)
+        namespace, name = qualified_name(op)
+        existing = _bindings.get((namespace, name))
         if existing is not None and existing.op is op:
             return existing
-        namespace, name = qualified_name(op)
-        for other in _bindings.values():
-            if other.op is not op and other.op.name != op.name and qualified_name(other.op) == (namespace, name):
-                raise SchemaError(f"op '{op.name}' and op '{other.op.name}' are both torch.ops.{namespace}.{name}; "
-                                  "rename one of them")
+        if existing is not None and lookup(op.name) is not op:  # only the registry's op of a name replaces
+            raise SchemaError(f"op '{op.name}' would be torch.ops.{namespace}.{name}, which is op "
+                              f"'{existing.op.name}' already; give it a namespace of its own ('mylib::{name}')")
         schema = torch_schema(op)
         if existing is not None:
             existing.remove()
@@ -76,7 +75,7 @@ def _define(op) -> Binding:
         if fast:
             binding.fast = fast_path.FastPath(namespace, name, python_name, binding.native_plan)
             op.plan_caches.append(binding.fast)
-        _bindings[op.name] = binding
+        _bindings[(namespace, name)] = binding
         return binding
 
 

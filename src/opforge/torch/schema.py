@@ -51,6 +51,25 @@ def _literal(value) -> str | None:
     return None
 
 
+def _type_of_value(value) -> str | None:
+    """The torch type of an untyped (``any``) attribute, from its default: such attributes
+    (MindSpore ``Custom``'s) reach the kernel with their value's own type."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, tuple) and value and all(type(v) is int for v in value):
+        return "int[]"
+    if isinstance(value, tuple) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in value):
+        return "float[]"
+    return None
+
+
 def torch_schema(op) -> str:
     """The ``torch.library`` schema of ``op`` (without its namespace)."""
     # torch takes no positional parameter without a default after one with a default
@@ -67,10 +86,11 @@ def torch_schema(op) -> str:
         params.append(f"{kind} {tensor.name}" + ("=None" if id(tensor) in may_default else ""))
     star = False
     for attr in op.attrs.values():
-        torch_type = _TYPES.get(attr.type)
+        torch_type = _TYPES.get(attr.type) or _type_of_value(attr.default)
         if torch_type is None:
-            raise SchemaError(f"op '{op.name}': attribute '{attr.name}' has type {attr.type}, which PyTorch's "
-                              f"schemas cannot express (they take {', '.join(_TYPES)})")
+            raise SchemaError(f"op '{op.name}': attribute '{attr.name}' has type {attr.type}"
+                              + (" and no default to take a type from" if attr.type == "any" else "")
+                              + f", which PyTorch's schemas cannot express (they take {', '.join(_TYPES)})")
         if not attr.positional and not star:
             params.append("*")
             star = True
