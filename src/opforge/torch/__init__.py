@@ -27,7 +27,7 @@ from ..runtime.dispatch import INTERCEPTORS
 from . import fast as fast_path
 from .autograd import Gradient
 from .calls import Binding
-from .schema import qualified_name, torch_dtype, torch_schema
+from .schema import qualified_name, torch_schema
 
 __all__ = ["register", "register_all", "torch_op", "torch_schema"]
 
@@ -57,6 +57,7 @@ def _define(op) -> Binding:
         schema = torch_schema(op)
         if existing is not None:
             existing.remove()
+            existing.op.__dict__.pop("_torch_binding", None)
         library = torch.library.Library(namespace, "FRAGMENT")
         python_name = PYTHON_PREFIX + name
         library.define(schema)
@@ -76,6 +77,7 @@ def _define(op) -> Binding:
             binding.fast = fast_path.FastPath(namespace, name, python_name, binding.native_plan)
             op.plan_caches.append(binding.fast)
         _bindings[(namespace, name)] = binding
+        op._torch_binding = binding
         return binding
 
 
@@ -118,31 +120,41 @@ def torch_op(op):
     return register(op)
 
 
+def _binding_of(op) -> Binding:
+    binding = op.__dict__.get("_torch_binding")  # the op's current binding, set by _define
+    return binding if binding is not None else _define(op)
+
+
 def torch_op_call(op, attrs, tensors):
     """``op`` on torch tensors (``attrs``: opforge's values) as a call of its torch op."""
-    binding = _define(op)
-    values = {name: (torch_dtype(value) if op.attrs[name].type == "DType" else value)
-              for name, value in attrs.items()}
-    args, kwargs = binding.call_args(tensors, values)
+    binding = _binding_of(op)
+    args, kwargs = binding.call_args(tensors, binding.torch_attrs(attrs))
     return binding.packet.default(*args, **kwargs)
+
+
+_JOINS_TENSORS = (torch.Tensor, bool, int, float, type(None))
 
 
 def _call_on_tensors(op, attrs, args):
     """The interceptor: an opforge op called on torch tensors runs as its torch op.
     Python scalars join as tensors of the first tensor's dtype (weak, as in NumPy);
     arrays of another kind are left to the DLPack path, which refuses the mix."""
-    like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    like = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            like = like if like is not None else a
+        elif not isinstance(a, _JOINS_TENSORS):
+            return NotImplemented
     if like is None:
         return NotImplemented
-    if not all(a is None or isinstance(a, (torch.Tensor, bool, int, float)) for a in args):
-        return NotImplemented
     try:
-        _define(op)
+        binding = _binding_of(op)
     except SchemaError:  # torch's schemas cannot express an attribute: the op runs through DLPack instead
         return NotImplemented
     tensors = [a if a is None or isinstance(a, torch.Tensor)
                else torch.tensor(a, dtype=like.dtype, device=like.device) for a in args]
-    return torch_op_call(op, attrs, tensors)
+    call_args, kwargs = binding.call_args(tensors, binding.torch_attrs(attrs))
+    return binding.packet.default(*call_args, **kwargs)
 
 
 def _on_declared(name):

@@ -37,6 +37,7 @@ class Binding:
         self.n_tensors = 1 if op.variadic else len(op.inputs)
         self.attrs = list(op.attrs.values())
         self.positional = [a for a in self.attrs if a.positional]
+        self.dtype_attrs = {a.name for a in self.attrs if a.type == "DType"}
         self.plans = BoundedCache(PLANS_PER_OP)
         op.plan_caches.append(self.plans)  # dropped when the op's kernels or the ISA cap change
         self.library = None  # the torch.library.Library defining it
@@ -63,10 +64,15 @@ class Binding:
         given = {a.name: attr_value(self.op, a, values[a.name]) for a in self.attrs if a.name in values}
         return tensors, self.op.resolve_attrs(given)
 
-    def call_args(self, tensors, attrs):
-        """opforge's tensors and attribute values as a call of ``torch.ops``: (args, kwargs)."""
-        args = [list(tensors)] if self.variadic else list(tensors)
-        return args, {name: value for name, value in attrs.items()}
+    def call_args(self, tensors, kwargs):
+        """opforge's tensors and torch's keyword arguments as a call of ``torch.ops``: (args, kwargs)."""
+        return ([list(tensors)] if self.variadic else list(tensors)), kwargs
+
+    def torch_attrs(self, attrs):
+        """opforge's attribute values as torch takes them (a dtype name as a torch.dtype)."""
+        if not self.dtype_attrs:
+            return attrs
+        return {name: torch_dtype(value) if name in self.dtype_attrs else value for name, value in attrs.items()}
 
     # -- the real kernel ----------------------------------------------------------
     def run(self, *args, **kwargs):
