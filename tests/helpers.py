@@ -11,6 +11,34 @@ def declare(fresh, schema, **kwargs):
     return op
 
 
+# Writes where each input and the output arrived, so a test sees what reached the kernel.
+ADDRESSES = r"""
+#include <cstdint>
+extern "C" int Addresses(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *stream, void *extra) {
+  int64_t *y = static_cast<int64_t *>(params[2]);
+  for (int k = 0; k < 3; k++) y[k] = reinterpret_cast<int64_t>(params[k]);
+  return 0;
+}
+"""
+
+
+def addresses_op(fresh, name):
+    """``name(a, b) -> y``: y (int64, 3 values) holds the addresses of a, b and y as the kernel saw them."""
+    op = declare(fresh, f"{name}(Tensor a, Tensor b) -> Tensor y")
+
+    @op.infer_shape
+    def _(a, b):
+        return (3,)
+
+    @op.infer_dtype
+    def _(a, b):
+        return "int64"
+
+    op.kernel(code=ADDRESSES, function="Addresses")
+    return op
+
+
 # Reports which ISA the variant was compiled for, so dispatch can be observed.
 WHICH_ISA = r"""
 #include "custom_aot_extra.h"

@@ -12,7 +12,7 @@ import torch
 import opforge
 from opforge import ops
 
-from helpers import declare
+from helpers import addresses_op, declare
 
 @pytest.fixture(autouse=True)
 def dlpack_path_only(monkeypatch):
@@ -24,33 +24,9 @@ def dlpack_path_only(monkeypatch):
                         [i for i in dispatch.INTERCEPTORS if not i.__module__.startswith("opforge.torch")])
 
 
-# Writes the address each input arrived at, so a test sees what reached the kernel.
-ADDRESSES = r"""
-#include <cstdint>
-extern "C" int Addresses(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                         void *stream, void *extra) {
-  int64_t *y = static_cast<int64_t *>(params[2]);
-  y[0] = reinterpret_cast<int64_t>(params[0]);
-  y[1] = reinterpret_cast<int64_t>(params[1]);
-  return 0;
-}
-"""
-
-
 @pytest.fixture
 def addresses(fresh):
-    op = declare(fresh, "tdlpack::addresses(Tensor a, Tensor b) -> Tensor y")
-
-    @op.infer_shape
-    def _(a, b):
-        return (2,)
-
-    @op.infer_dtype
-    def _(a, b):
-        return "int64"
-
-    op.kernel(code=ADDRESSES, function="Addresses")
-    return op
+    return addresses_op(fresh, "tdlpack::addresses")
 
 
 def torch_address(tensor):
@@ -66,7 +42,7 @@ def test_torch_cpu_tensors_reach_the_kernel_unchanged(addresses):
     b = torch.ones(5, dtype=torch.float64)
     seen = addresses(a, b)
     assert isinstance(seen, torch.Tensor)
-    assert seen.tolist() == [a.data_ptr(), b.data_ptr()]
+    assert seen.tolist()[:2] == [a.data_ptr(), b.data_ptr()]
 
 
 @pytest.fixture
@@ -81,7 +57,7 @@ def test_jax_cpu_arrays_reach_the_kernel_unchanged(addresses, jax_x64):
     b = jnp.ones(5, dtype=jnp.float32)
     seen = addresses(a, b)
     assert isinstance(seen, jax.Array) and seen.dtype == jnp.int64
-    assert [int(v) for v in np.asarray(seen)] == [jax_address(a), jax_address(b)]
+    assert [int(v) for v in np.asarray(seen)][:2] == [jax_address(a), jax_address(b)]
 
 
 def test_a_64_bit_output_jax_would_narrow_is_an_error(addresses):

@@ -8,24 +8,11 @@ import torch
 
 import opforge
 import opforge.torch as ot
-from helpers import WHICH_ISA, declare
+from helpers import WHICH_ISA, addresses_op, declare
 from opforge import ops
 from opforge.errors import CheckError, DTypeError, GradientError, KernelError, SchemaError
 
-# Writes the address each input arrived at, so a test sees what reached the kernel.
-ADDRESSES = r"""
-#include <cstdint>
-extern "C" int Addresses(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                         void *stream, void *extra) {
-  int64_t *y = static_cast<int64_t *>(params[2]);
-  y[0] = reinterpret_cast<int64_t>(params[0]);
-  y[1] = reinterpret_cast<int64_t>(params[1]);
-  y[2] = reinterpret_cast<int64_t>(params[2]);
-  return 0;
-}
-"""
-
-# y = scale * x (+ shift), in C++, with a gradient rule written with opforge ops.
+# y = scale * x, in C++, with a gradient rule written with opforge ops.
 SCALE = r"""
 #include "custom_aot_extra.h"
 extern "C" int Scale(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -58,18 +45,7 @@ def scale(fresh):
 
 @pytest.fixture
 def addresses(fresh):
-    op = declare(fresh, "ttorch::addresses(Tensor a, Tensor b) -> Tensor y")
-
-    @op.infer_shape
-    def _(a, b):
-        return (3,)
-
-    @op.infer_dtype
-    def _(a, b):
-        return "int64"
-
-    op.kernel(code=ADDRESSES, function="Addresses")
-    return op
+    return addresses_op(fresh, "ttorch::addresses")
 
 
 # -- registration and schemas ----------------------------------------------------------

@@ -2,43 +2,23 @@
 it by name, so it lives in its own module): a model whose activation is an opforge C++ op,
 trained with PyTorch's distributed engines on the gloo backend."""
 import os
+import runpy
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import opforge
 import opforge.torch
-from opforge import ops
 
-SOFTPLUS = r"""
-#include <cmath>
-#include "custom_aot_extra.h"
-
-extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
-  return 0;
-}
-"""
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torch_train.py"
 
 
 def softplus_op():
-    """``tdist::softplus``: a C++ kernel and a gradient rule, as a torch op."""
-    op = opforge.lookup("tdist::softplus")
-    if op is None:
-        op = opforge.op("tdist::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"])
-        op.def_infer(opforge.infer.same_as(0))
-        op.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=SOFTPLUS)
-
-        @op.grad(save=["x"])
-        def _(saved, dy):
-            return ops.mul(dy, ops.sigmoid(saved.x))
-
-    return opforge.torch.register(op)
+    """examples/torch_train.py's ``torchmlp::softplus`` (a C++ kernel, a gradient rule), as a torch op."""
+    if opforge.lookup("torchmlp::softplus") is None:
+        runpy.run_path(str(EXAMPLE))  # declares and registers it (main() runs only as a script)
+    return torch.ops.torchmlp.softplus
 
 
 class Model(torch.nn.Module):
@@ -48,7 +28,7 @@ class Model(torch.nn.Module):
         self.out = torch.nn.Linear(16, 1).double()
 
     def forward(self, x):
-        return self.out(torch.ops.tdist.softplus(self.hidden(x)))
+        return self.out(torch.ops.torchmlp.softplus(self.hidden(x)))
 
 
 def data():
@@ -114,7 +94,7 @@ def dtensor_worker(rank, world, port, out_path):
         rows = distribute_tensor(x, mesh, [Shard(0)])
         weights = distribute_tensor(w, mesh, [Replicate()])
         results = {}
-        y = torch.ops.tdist.softplus(rows)
+        y = torch.ops.torchmlp.softplus(rows)
         results["softplus"] = (y.placements, y.full_tensor())
         h = torch.ops.opforge.matmul(rows, weights)
         results["matmul"] = (h.placements, h.full_tensor())
