@@ -1,0 +1,253 @@
+"""opforge ops inside JAX: every call an XLA FFI custom call (``pip install "opforge[jax]"``).
+
+Once this module is imported, an opforge op called on JAX arrays -- eagerly, or
+on tracers inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` -- becomes one custom
+call to opforge's generic FFI handler (``ffi_call.cc``, built once against the
+installed jaxlib's FFI headers and cached).  The call site is planned when JAX
+traces it: the kernel dispatch picks for the inputs' shapes and dtypes (per
+platform: a CPU and a GPU plan), its Init state and workspace, and the output
+shapes from opforge's inference.  At run time the handler takes XLA's buffers
+as they are, with the workspace from XLA (on the GPU its scratch allocator)
+and XLA's stream.  Gradients come from the op's rule (``jax.custom_vjp``), so
+``jax.grad`` works, again on the gradient; ``jax.vmap`` batches an elementwise
+op in one call and anything else one example at a time.  Python kernels run as
+``jax.pure_callback``.  jax is imported only here.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from .. import _native
+from ..attrs import attr_key
+from ..bounded_cache import BoundedCache
+from ..dtypes import to_numpy
+from ..errors import DeviceError, DTypeError, OpforgeError
+from ..graph.autodiff import op_backward
+from ..operator import PyKernel
+from ..runtime.buffer_plan import BufferPlan
+from ..runtime.build import build
+from ..runtime.dispatch import INTERCEPTORS
+from ..spec import TensorSpec
+
+__all__ = ["call", "library"]
+
+TARGET = "opforge_call"
+_lock = threading.Lock()
+_library = None
+_plans_kept = []  # every BufferPlan a custom call may name: the handler reads their Init state
+
+
+def library():
+    """The FFI handlers, built and registered with XLA on first use."""
+    global _library
+    if _library is not None:
+        return _library
+    with _lock:
+        if _library is None:
+            source = Path(__file__).with_name("ffi_call.cc")
+            built = build(source, extra_cflags=["-isystem", jax.ffi.include_dir(),
+                                                f"-DOPFORGE_JAXLIB_VERSION=\"{jaxlib.__version__}\""])
+            handle = ctypes.CDLL(str(built.path))
+            handle.opforge_jax_add_plan.restype = ctypes.c_int64
+            handle.opforge_jax_add_plan.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                                                    ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handle.OpforgeCallCpu), platform="cpu")
+            if _gpu_backend():
+                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handle.OpforgeCallGpu), platform="CUDA")
+            _library = handle
+    return _library
+
+
+@functools.cache
+def _gpu_backend() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def _take_attr_error_address() -> int:
+    return ctypes.cast(ctypes.CDLL(_native.__file__).opforge_take_attr_error, ctypes.c_void_p).value
+
+
+# -- call sites ----------------------------------------------------------------------
+class CallSite:
+    """One op, attribute values and input signature, planned for XLA: the output
+    types, the plan index per platform (-1: no kernel there), and the vmap method."""
+
+    def __init__(self, op, attrs, specs):
+        self.op, self.attrs = op, attrs
+        self.cpu = BufferPlan(op, attrs, specs, "cpu")
+        self.gpu = None
+        if _gpu_backend() and any(k.device == "gpu" for k in op.kernels):
+            try:
+                self.gpu = BufferPlan(op, attrs, specs, "gpu")
+            except OpforgeError:  # no GPU kernel takes these inputs: the CPU plan must do
+                self.gpu = None
+        self.out_specs = self.cpu.out_specs
+        for index, spec in enumerate(self.out_specs):
+            if to_numpy(spec.dtype).itemsize == 8 and not jax.config.jax_enable_x64 and spec.dtype != "complex64":
+                raise DTypeError(f"op '{op.name}': output '{op.outputs[index]}' is {spec.dtype}, which JAX makes "
+                                 "32-bit while 64-bit types are off (jax.config.update('jax_enable_x64', True))")
+        self.out_types = [jax.ShapeDtypeStruct(s.shape, to_numpy(s.dtype)) for s in self.out_specs]
+        self.native = self.cpu.native
+        if self.native:
+            self.cpu_index = _add(self.cpu)
+            self.gpu_index = _add(self.gpu) if self.gpu is not None and self.gpu.native else -1
+        # Elementwise work batches by running once on the stacked inputs, when nothing
+        # was sized for the unbatched shapes (a workspace, Init's kernel data).
+        batches = "elementwise" in op.traits and not self.cpu.workspace and not getattr(self.cpu.kernel, "has_init",
+                                                                                          False)
+        self.vmap_method = "broadcast_all" if batches else "sequential"
+
+    def __call__(self, args):
+        op = self.op
+        if not self.native:
+            kernel = self.cpu.kernel
+            result = jax.pure_callback(lambda *xs: kernel.run(op, list(xs), self.attrs, self.out_specs),
+                                       self.out_types, *args, vmap_method="sequential")
+            return tuple(result) if op.tuple_output else result[0]
+        call = jax.ffi.ffi_call(TARGET, self.out_types if op.tuple_output else self.out_types[0],
+                                vmap_method=self.vmap_method)
+        return call(*args, plan_cpu=np.int64(self.cpu_index), plan_gpu=np.int64(self.gpu_index))
+
+
+def _add(plan) -> int:
+    """Puts a native plan in the handlers' table; its index."""
+    from ..runtime import cuda
+
+    lib = library()
+    sizes = (ctypes.c_int64 * max(len(plan.workspace), 1))(*plan.workspace)
+    last_error = memset = 0
+    if plan.device == "gpu":
+        last_error = cuda.last_error_address()
+        memset = ctypes.cast(cuda.runtime().cudaMemsetAsync, ctypes.c_void_p).value
+    extra = plan.extra.address if plan.extra is not None else 0
+    _plans_kept.append(plan)
+    return lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
+                                    len(plan.workspace), sizes, int(plan.skip), last_error,
+                                    _take_attr_error_address(), memset)
+
+
+def _spec(op, index, value):
+    try:
+        dtype = np.dtype(value.dtype).name
+    except TypeError:
+        raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' has dtype {value.dtype}, which opforge "
+                         "kernels do not take") from None
+    return TensorSpec(tuple(int(d) for d in value.shape), dtype)
+
+
+def _call_sites(op):
+    sites = op.__dict__.get("_jax_sites")
+    if sites is None:
+        sites = op._jax_sites = BoundedCache(256)
+        op.plan_caches.append(sites)  # dropped when the op's kernels or the ISA cap change
+    return sites
+
+
+def _site(op, attrs, args):
+    specs = [None if a is None else _spec(op, k, a) for k, a in enumerate(args)]
+    key = (attr_key(attrs), tuple(specs))
+    return _call_sites(op).get_or_create(key, lambda: CallSite(op, attrs, specs))
+
+
+# -- calls and gradients ------------------------------------------------------------------
+def call(op, attrs, args):
+    """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
+    differentiable with the op's rule."""
+    if any(a is None for a in args):
+        raise DeviceError(f"op '{op.name}': an absent optional input is not supported on JAX values; pass an array")
+    site = _site(op, attrs, args)
+
+    @jax.custom_vjp
+    def apply(*xs):
+        return site(xs)
+
+    def forward(*xs):
+        out = apply(*xs)  # not site(xs): an outer differentiation of this forward pass needs the rule too
+        return out, (xs, out)
+
+    def backward(residuals, cotangents):
+        xs, out = residuals
+        outs = list(out) if op.tuple_output else [out]
+        douts = list(cotangents) if op.tuple_output else [cotangents]
+        return _gradients(op, attrs, list(xs), outs, douts)
+
+    apply.defvjp(forward, backward)
+    return apply(*args)
+
+
+_graphs = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
+
+
+def _gradients(op, attrs, xs, outs, douts):
+    in_specs = [_spec(op, k, x) for k, x in enumerate(xs)]
+    out_specs = [TensorSpec(tuple(o.shape), np.dtype(o.dtype).name) for o in outs]
+    key = (id(op), attr_key(attrs), tuple(in_specs), tuple(out_specs))
+    graph, present = _graphs.get_or_create(key, lambda: op_backward(op, attrs, in_specs, out_specs))
+    douts = [jnp.zeros(o.shape, o.dtype) if d is None or _is_float0(d) else d for d, o in zip(douts, outs)]
+    found = iter(replay(graph, xs + outs + douts))
+    grads = []
+    for x, keep in zip(xs, present):
+        gradient = next(found) if keep else None
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            grads.append(np.zeros(x.shape, jax.dtypes.float0))  # integer inputs have no gradient
+        else:
+            grads.append(jnp.zeros(x.shape, x.dtype) if gradient is None else gradient.astype(x.dtype))
+    return tuple(grads)
+
+
+def _is_float0(value):
+    return getattr(value, "dtype", None) == jax.dtypes.float0
+
+
+def replay(graph, args):
+    """The graph's outputs for JAX values ``args``, each node an opforge op on JAX values
+    (so the result is differentiable again)."""
+    env = {v.id: x for v, x in zip(graph.inputs, args)}
+    for node in graph.nodes:
+        if node.is_constant:
+            env[node.outputs[0].id] = jnp.asarray(node.value)
+            continue
+        result = call(node.op, node.attrs, [env[v.id] for v in node.inputs])
+        for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
+            env[value.id] = out
+    return [env[v.id] for v in graph.outputs]
+
+
+# -- opforge ops called on JAX values ----------------------------------------------------------
+_JAX_VALUES = (jax.Array, jax.core.Tracer)
+
+
+def _call_on_jax_values(op, attrs, args):
+    """The interceptor: an opforge op called on JAX arrays or tracers runs as an FFI call.
+    Python scalars take the dtype of the first JAX operand (weak, as in NumPy); NumPy
+    arrays join as constants."""
+    like = next((a for a in args if isinstance(a, _JAX_VALUES)), None)
+    if like is None:
+        return NotImplemented
+    values = []
+    for a in args:
+        if a is None or isinstance(a, _JAX_VALUES):
+            values.append(a)
+        elif isinstance(a, (bool, int, float)):
+            values.append(jnp.asarray(a, dtype=like.dtype))
+        elif isinstance(a, (np.ndarray, np.generic)):
+            values.append(jnp.asarray(a))
+        else:
+            return NotImplemented
+    return call(op, attrs, values)
+
+
+if _call_on_jax_values not in INTERCEPTORS:
+    INTERCEPTORS.append(_call_on_jax_values)

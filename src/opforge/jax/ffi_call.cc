@@ -1,0 +1,232 @@
+// opforge's XLA FFI handlers: one generic handler per platform that runs any
+// opforge kernel inside an XLA program (jax.jit, eager JAX calls alike).
+//
+// opforge.jax plans each call site when JAX traces it: the kernel dispatch
+// picks, its Init state, the workspace it wants.  The plan goes into a table
+// here and the custom call carries its index as the attribute `plan` (one per
+// platform: `plan_cpu`, `plan_gpu`; -1 where the op has no kernel there).  At
+// run time the handler takes XLA's buffers as they are -- inputs, outputs --
+// reads their shapes and dtypes, takes the workspace (host memory on the CPU,
+// XLA's scratch allocator on a GPU, on the call's stream) and calls the kernel
+// on XLA's stream.  A kernel error is returned as an XLA FFI error whose
+// message starts with the opforge error's name.
+//
+// Built by opforge against the installed jaxlib's FFI headers (jax.ffi.include_dir());
+// the FFI API version is checked when it compiles.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
+
+#if XLA_FFI_API_MAJOR != 0 || XLA_FFI_API_MINOR < 1
+#error "opforge.jax needs jaxlib's XLA FFI API 0.1 or newer (RemainingArgs, ScratchAllocator)"
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using KernelFn = int (*)(int, void **, int *, int64_t **, const char **, void *, void *);
+using LastErrorFn = int (*)();
+using TakeAttrErrorFn = int (*)();
+
+struct Plan {
+  std::string op;        // for messages
+  std::string function;  // the kernel's name
+  KernelFn kernel = nullptr;
+  void *extra = nullptr;
+  std::vector<int64_t> workspace;  // byte sizes, multiples of 64
+  int64_t workspace_bytes = 0;
+  bool skip = false;  // an empty input: outputs zeroed, no kernel
+  LastErrorFn last_error = nullptr;
+  TakeAttrErrorFn take_attr_error = nullptr;
+};
+
+std::mutex plans_lock;
+std::vector<std::unique_ptr<Plan>> plans;  // index = the `plan` attribute; entries are never removed
+
+const Plan *PlanAt(int64_t index) {
+  std::lock_guard<std::mutex> hold(plans_lock);
+  return index >= 0 && static_cast<size_t>(index) < plans.size() ? plans[index].get() : nullptr;
+}
+
+const char *DTypeName(ffi::DataType type) {
+  switch (type) {
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U64: return "uint64";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::BF16: return "bfloat16";
+    default: return nullptr;
+  }
+}
+
+ffi::Error Failure(const Plan &plan, const std::string &what) {
+  return ffi::Error(ffi::ErrorCode::kInternal, what + " (op '" + plan.op + "', kernel '" + plan.function + "')");
+}
+
+// One call: `workspace` points at plan.workspace_bytes bytes (or is null when none are needed).
+ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets rets, void *stream, char *workspace,
+               bool gpu, const std::function<void(void *, size_t)> &zero) {
+  const size_t n_in = args.size(), n_out = rets.size();
+  const size_t n = n_in + n_out + plan.workspace.size();
+  std::vector<void *> params(n);
+  std::vector<int> ndims(n, 1);
+  std::vector<int64_t *> shapes(n);
+  std::vector<const char *> names(n, "uint8");
+  std::vector<int64_t> workspace_dims(plan.workspace);
+  std::string problem;
+  auto take = [&](size_t k, const ffi::AnyBuffer &buffer) {
+    const char *name = DTypeName(buffer.element_type());
+    if (name == nullptr) {
+      problem = "opforge.DTypeError: argument " + std::to_string(k) + " has a dtype opforge kernels do not take";
+      return false;
+    }
+    auto dims = buffer.dimensions();
+    params[k] = buffer.untyped_data();
+    ndims[k] = static_cast<int>(dims.size());
+    shapes[k] = const_cast<int64_t *>(dims.begin());
+    names[k] = name;
+    if (plan.skip && k >= n_in) zero(params[k], buffer.size_bytes());
+    return true;
+  };
+  for (size_t k = 0; k < n_in; ++k) {
+    auto buffer = args.get<ffi::AnyBuffer>(k);
+    if (!buffer.has_value()) return Failure(plan, "opforge.KernelError: input " + std::to_string(k) + " is not a buffer");
+    if (!take(k, *buffer)) return Failure(plan, problem);
+  }
+  for (size_t k = 0; k < n_out; ++k) {
+    auto result = rets.get<ffi::AnyBuffer>(k);
+    if (!result.has_value()) return Failure(plan, "opforge.KernelError: output " + std::to_string(k) + " is not a buffer");
+    if (!take(n_in + k, **result)) return Failure(plan, problem);
+  }
+  if (plan.skip) return ffi::Error::Success();
+  for (size_t k = 0; k < plan.workspace.size(); ++k) {
+    params[n_in + n_out + k] = workspace;
+    workspace += plan.workspace[k];
+    shapes[n_in + n_out + k] = &workspace_dims[k];
+  }
+  if (plan.take_attr_error != nullptr) plan.take_attr_error();
+  int rc;
+  std::string thrown;
+  try {
+    rc = plan.kernel(static_cast<int>(n), params.data(), ndims.data(), shapes.data(), names.data(), stream,
+                     plan.extra);
+  } catch (const std::exception &error) {
+    rc = -1;
+    thrown = error.what();
+  } catch (...) {
+    rc = -1;
+    thrown = "unknown C++ exception";
+  }
+  if (plan.take_attr_error != nullptr && plan.take_attr_error())
+    return Failure(plan, "opforge.AttrError: the kernel read an attribute the op does not have, or with the wrong "
+                         "type");
+  if (!thrown.empty()) return Failure(plan, "opforge.KernelError: the kernel threw: " + thrown);
+  if (rc != 0) return Failure(plan, "opforge.KernelError: the kernel returned error code " + std::to_string(rc));
+  if (gpu && plan.last_error != nullptr) {
+    int code = plan.last_error();
+    if (code != 0) return Failure(plan, "opforge.CudaError: the launch failed with cudaError " + std::to_string(code));
+  }
+  return ffi::Error::Success();
+}
+
+const Plan *Find(int64_t index, const char *platform, ffi::Error *error) {
+  const Plan *plan = PlanAt(index);
+  if (plan == nullptr)
+    *error = ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string("opforge.DeviceError: this opforge op has no ") + platform + " kernel for these inputs");
+  return plan;
+}
+
+ffi::Error CallCpu(int64_t plan_index, int64_t /*gpu plan*/, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  ffi::Error missing = ffi::Error::Success();
+  const Plan *plan = Find(plan_index, "cpu", &missing);
+  if (plan == nullptr) return missing;
+  std::unique_ptr<char, decltype(&std::free)> workspace(nullptr, &std::free);
+  if (plan->workspace_bytes) {
+    workspace.reset(static_cast<char *>(std::aligned_alloc(64, static_cast<size_t>(plan->workspace_bytes))));
+    if (workspace == nullptr) return Failure(*plan, "opforge.AllocationError: no host memory for the workspace");
+  }
+  return Run(*plan, args, rets, nullptr, workspace.get(), false,
+             [](void *data, size_t bytes) { std::memset(data, 0, bytes); });
+}
+
+using MemsetAsyncFn = int (*)(void *, int, size_t, void *);
+MemsetAsyncFn memset_async = nullptr;  // cudaMemsetAsync, set with the first GPU plan
+
+ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t /*cpu plan*/, int64_t plan_index,
+                   ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  ffi::Error missing = ffi::Error::Success();
+  const Plan *plan = Find(plan_index, "gpu", &missing);
+  if (plan == nullptr) return missing;
+  char *workspace = nullptr;
+  if (plan->workspace_bytes) {
+    auto memory = scratch.Allocate(static_cast<size_t>(plan->workspace_bytes), 256);
+    if (!memory.has_value()) return Failure(*plan, "opforge.AllocationError: XLA's scratch allocator failed");
+    workspace = static_cast<char *>(*memory);
+  }
+  return Run(*plan, args, rets, stream, workspace, true, [stream](void *data, size_t bytes) {
+    if (memset_async != nullptr) memset_async(data, 0, bytes, stream);
+  });
+}
+
+}  // namespace
+
+// Both handlers take both plans: one custom call serves whichever platform runs it.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallCpu, CallCpu,
+                              ffi::Ffi::Bind()
+                                  .Attr<int64_t>("plan_cpu")
+                                  .Attr<int64_t>("plan_gpu")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallGpu, CallGpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void *>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Attr<int64_t>("plan_cpu")
+                                  .Attr<int64_t>("plan_gpu")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+extern "C" {
+
+// Adds a plan; returns its index (the `plan_cpu` / `plan_gpu` attribute).
+int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel, void *extra, int n_workspace,
+                             const int64_t *workspace, int skip, void *last_error, void *take_attr_error,
+                             void *cuda_memset_async) {
+  auto plan = std::make_unique<Plan>();
+  plan->op = op;
+  plan->function = function;
+  plan->kernel = reinterpret_cast<KernelFn>(kernel);
+  plan->extra = extra;
+  plan->workspace.assign(workspace, workspace + n_workspace);
+  for (int64_t size : plan->workspace) plan->workspace_bytes += size;
+  plan->skip = skip != 0;
+  plan->last_error = reinterpret_cast<LastErrorFn>(last_error);
+  plan->take_attr_error = reinterpret_cast<TakeAttrErrorFn>(take_attr_error);
+  if (cuda_memset_async != nullptr) memset_async = reinterpret_cast<MemsetAsyncFn>(cuda_memset_async);
+  std::lock_guard<std::mutex> hold(plans_lock);
+  plans.push_back(std::move(plan));
+  return static_cast<int64_t>(plans.size() - 1);
+}
+
+int opforge_jax_ffi_api_version() { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
+
+}  // extern "C"
