@@ -40,6 +40,7 @@ from ..spec import TensorSpec
 __all__ = ["call", "library"]
 
 TARGET = "opforge_call"
+_NO_PLAN = 0xFFFFFFFF
 _lock = threading.Lock()
 _library = None
 _plans_kept = []  # every BufferPlan a custom call may name: the handler reads their Init state
@@ -100,9 +101,9 @@ class CallSite:
                                  "32-bit while 64-bit types are off (jax.config.update('jax_enable_x64', True))")
         self.out_types = [jax.ShapeDtypeStruct(s.shape, to_numpy(s.dtype)) for s in self.out_specs]
         self.native = self.cpu.native
-        if self.native:
-            self.cpu_index = _add(self.cpu)
-            self.gpu_index = _add(self.gpu) if self.gpu is not None and self.gpu.native else -1
+        if self.native:  # the handler's attribute: the CPU plan's index, and the GPU one's in the high bits
+            gpu_index = _add(self.gpu) if self.gpu is not None and self.gpu.native else _NO_PLAN
+            self.plans = np.uint64((gpu_index << 32) | _add(self.cpu)).astype(np.int64)
         # Elementwise work batches by running once on the stacked inputs, when nothing
         # was sized for the unbatched shapes (a workspace, Init's kernel data).
         batches = "elementwise" in op.traits and not self.cpu.workspace and not getattr(self.cpu.kernel, "has_init",
@@ -118,7 +119,7 @@ class CallSite:
             return tuple(result) if op.tuple_output else result[0]
         call = jax.ffi.ffi_call(TARGET, self.out_types if op.tuple_output else self.out_types[0],
                                 vmap_method=self.vmap_method)
-        return call(*args, plan_cpu=np.int64(self.cpu_index), plan_gpu=np.int64(self.gpu_index))
+        return call(*args, plans=np.int64(self.plans))
 
 
 def _add(plan) -> int:
@@ -133,9 +134,12 @@ def _add(plan) -> int:
         memset = ctypes.cast(cuda.runtime().cudaMemsetAsync, ctypes.c_void_p).value
     extra = plan.extra.address if plan.extra is not None else 0
     _plans_kept.append(plan)
-    return lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
+    index = lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
                                     len(plan.workspace), sizes, int(plan.skip), last_error,
                                     _take_attr_error_address(), memset)
+    if not 0 <= index < _NO_PLAN:
+        raise OpforgeError(f"op '{plan.op.name}': opforge's table of JAX call sites is full")
+    return index
 
 
 def _spec(op, index, value):

@@ -4,7 +4,8 @@
 // opforge.jax plans each call site when JAX traces it: the kernel dispatch
 // picks, its Init state, the workspace it wants.  The plan goes into a table
 // here and the custom call carries its index as the attribute `plan` (one per
-// platform: `plan_cpu`, `plan_gpu`; -1 where the op has no kernel there).  At
+// platform, packed in one int64 `plans`: the CPU plan's index in the low 32 bits,
+// the GPU plan's in the high 32 bits; 0xffffffff where the op has no kernel there).  At
 // run time the handler takes XLA's buffers as they are -- inputs, outputs --
 // reads their shapes and dtypes, takes the workspace (host memory on the CPU,
 // XLA's scratch allocator on a GPU, on the call's stream) and calls the kernel
@@ -13,10 +14,10 @@
 //
 // Built by opforge against the installed jaxlib's FFI headers (jax.ffi.include_dir());
 // the FFI API version is checked when it compiles.
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,12 +50,17 @@ struct Plan {
   TakeAttrErrorFn take_attr_error = nullptr;
 };
 
+// The plan table: chunks of plans, appended under a lock, read without one (a
+// handler call only reads an entry published before its program was built).
+constexpr int64_t kChunk = 1024, kChunks = 4096;
 std::mutex plans_lock;
-std::vector<std::unique_ptr<Plan>> plans;  // index = the `plan` attribute; entries are never removed
+std::atomic<Plan *> *chunks[kChunks];  // each chunk: kChunk entries, allocated when first needed
+int64_t plan_count = 0;
 
 const Plan *PlanAt(int64_t index) {
-  std::lock_guard<std::mutex> hold(plans_lock);
-  return index >= 0 && static_cast<size_t>(index) < plans.size() ? plans[index].get() : nullptr;
+  if (index < 0 || index >= kChunk * kChunks) return nullptr;  // 0xffffffff: no plan
+  std::atomic<Plan *> *chunk = chunks[index / kChunk];
+  return chunk == nullptr ? nullptr : chunk[index % kChunk].load(std::memory_order_acquire);
 }
 
 const char *DTypeName(ffi::DataType type) {
@@ -80,21 +86,33 @@ ffi::Error Failure(const Plan &plan, const std::string &what) {
   return ffi::Error(ffi::ErrorCode::kInternal, what + " (op '" + plan.op + "', kernel '" + plan.function + "')");
 }
 
+constexpr size_t kMaxParams = 128;  // inputs, outputs and workspaces of one call
+
+using MemsetAsyncFn = int (*)(void *, int, size_t, void *);
+MemsetAsyncFn memset_async = nullptr;  // cudaMemsetAsync, set with the first GPU plan
+
+// Zeros `bytes` at `data`: host memory, or device memory on `stream`.
+void Zero(void *data, size_t bytes, bool gpu, void *stream) {
+  if (!gpu) std::memset(data, 0, bytes);
+  else if (memset_async != nullptr) memset_async(data, 0, bytes, stream);
+}
+
 // One call: `workspace` points at plan.workspace_bytes bytes (or is null when none are needed).
 ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets rets, void *stream, char *workspace,
-               bool gpu, const std::function<void(void *, size_t)> &zero) {
+               bool gpu) {
   const size_t n_in = args.size(), n_out = rets.size();
   const size_t n = n_in + n_out + plan.workspace.size();
-  std::vector<void *> params(n);
-  std::vector<int> ndims(n, 1);
-  std::vector<int64_t *> shapes(n);
-  std::vector<const char *> names(n, "uint8");
-  std::vector<int64_t> workspace_dims(plan.workspace);
-  std::string problem;
+  if (n > kMaxParams) return Failure(plan, "opforge.ArityError: more than 128 inputs, outputs and workspaces");
+  void *params[kMaxParams];
+  int ndims[kMaxParams];
+  int64_t *shapes[kMaxParams];
+  const char *names[kMaxParams];
+  int64_t workspace_dims[kMaxParams];
+  const char *bad_dtype = nullptr;
   auto take = [&](size_t k, const ffi::AnyBuffer &buffer) {
     const char *name = DTypeName(buffer.element_type());
     if (name == nullptr) {
-      problem = "opforge.DTypeError: argument " + std::to_string(k) + " has a dtype opforge kernels do not take";
+      bad_dtype = k < n_in ? "an input" : "an output";
       return false;
     }
     auto dims = buffer.dimensions();
@@ -102,31 +120,35 @@ ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets ret
     ndims[k] = static_cast<int>(dims.size());
     shapes[k] = const_cast<int64_t *>(dims.begin());
     names[k] = name;
-    if (plan.skip && k >= n_in) zero(params[k], buffer.size_bytes());
+    if (plan.skip && k >= n_in) Zero(params[k], buffer.size_bytes(), gpu, stream);
     return true;
   };
   for (size_t k = 0; k < n_in; ++k) {
     auto buffer = args.get<ffi::AnyBuffer>(k);
     if (!buffer.has_value()) return Failure(plan, "opforge.KernelError: input " + std::to_string(k) + " is not a buffer");
-    if (!take(k, *buffer)) return Failure(plan, problem);
+    if (!take(k, *buffer)) break;
   }
-  for (size_t k = 0; k < n_out; ++k) {
+  for (size_t k = 0; k < n_out && bad_dtype == nullptr; ++k) {
     auto result = rets.get<ffi::AnyBuffer>(k);
     if (!result.has_value()) return Failure(plan, "opforge.KernelError: output " + std::to_string(k) + " is not a buffer");
-    if (!take(n_in + k, **result)) return Failure(plan, problem);
+    if (!take(n_in + k, **result)) break;
   }
+  if (bad_dtype != nullptr)
+    return Failure(plan, std::string("opforge.DTypeError: ") + bad_dtype + " has a dtype opforge kernels do not take");
   if (plan.skip) return ffi::Error::Success();
   for (size_t k = 0; k < plan.workspace.size(); ++k) {
-    params[n_in + n_out + k] = workspace;
+    const size_t at = n_in + n_out + k;
+    params[at] = workspace;
     workspace += plan.workspace[k];
-    shapes[n_in + n_out + k] = &workspace_dims[k];
+    workspace_dims[k] = plan.workspace[k];
+    ndims[at] = 1;
+    shapes[at] = &workspace_dims[k];
+    names[at] = "uint8";
   }
-  if (plan.take_attr_error != nullptr) plan.take_attr_error();
-  int rc;
+  int rc;  // (the attribute-error slot is clear: whoever saw an error cleared it)
   std::string thrown;
   try {
-    rc = plan.kernel(static_cast<int>(n), params.data(), ndims.data(), shapes.data(), names.data(), stream,
-                     plan.extra);
+    rc = plan.kernel(static_cast<int>(n), params, ndims, shapes, names, stream, plan.extra);
   } catch (const std::exception &error) {
     rc = -1;
     thrown = error.what();
@@ -154,26 +176,25 @@ const Plan *Find(int64_t index, const char *platform, ffi::Error *error) {
   return plan;
 }
 
-ffi::Error CallCpu(int64_t plan_index, int64_t /*gpu plan*/, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+int64_t CpuPlan(int64_t plans) { return static_cast<int64_t>(static_cast<uint32_t>(plans)); }
+int64_t GpuPlan(int64_t plans) { return static_cast<int64_t>(static_cast<uint64_t>(plans) >> 32); }
+
+ffi::Error CallCpu(int64_t plans, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(plan_index, "cpu", &missing);
+  const Plan *plan = Find(CpuPlan(plans), "cpu", &missing);
   if (plan == nullptr) return missing;
   std::unique_ptr<char, decltype(&std::free)> workspace(nullptr, &std::free);
   if (plan->workspace_bytes) {
     workspace.reset(static_cast<char *>(std::aligned_alloc(64, static_cast<size_t>(plan->workspace_bytes))));
     if (workspace == nullptr) return Failure(*plan, "opforge.AllocationError: no host memory for the workspace");
   }
-  return Run(*plan, args, rets, nullptr, workspace.get(), false,
-             [](void *data, size_t bytes) { std::memset(data, 0, bytes); });
+  return Run(*plan, args, rets, nullptr, workspace.get(), false);
 }
 
-using MemsetAsyncFn = int (*)(void *, int, size_t, void *);
-MemsetAsyncFn memset_async = nullptr;  // cudaMemsetAsync, set with the first GPU plan
-
-ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t /*cpu plan*/, int64_t plan_index,
-                   ffi::RemainingArgs args, ffi::RemainingRets rets) {
+ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t plans, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(plan_index, "gpu", &missing);
+  const Plan *plan = Find(GpuPlan(plans), "gpu", &missing);
   if (plan == nullptr) return missing;
   char *workspace = nullptr;
   if (plan->workspace_bytes) {
@@ -181,33 +202,26 @@ ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t /*cpu pl
     if (!memory.has_value()) return Failure(*plan, "opforge.AllocationError: XLA's scratch allocator failed");
     workspace = static_cast<char *>(*memory);
   }
-  return Run(*plan, args, rets, stream, workspace, true, [stream](void *data, size_t bytes) {
-    if (memset_async != nullptr) memset_async(data, 0, bytes, stream);
-  });
+  return Run(*plan, args, rets, stream, workspace, true);
 }
 
 }  // namespace
 
 // Both handlers take both plans: one custom call serves whichever platform runs it.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallCpu, CallCpu,
-                              ffi::Ffi::Bind()
-                                  .Attr<int64_t>("plan_cpu")
-                                  .Attr<int64_t>("plan_gpu")
-                                  .RemainingArgs()
-                                  .RemainingRets());
+                              ffi::Ffi::Bind().Attr<int64_t>("plans").RemainingArgs().RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallGpu, CallGpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void *>>()
                                   .Ctx<ffi::ScratchAllocator>()
-                                  .Attr<int64_t>("plan_cpu")
-                                  .Attr<int64_t>("plan_gpu")
+                                  .Attr<int64_t>("plans")
                                   .RemainingArgs()
                                   .RemainingRets());
 
 extern "C" {
 
-// Adds a plan; returns its index (the `plan_cpu` / `plan_gpu` attribute).
+// Adds a plan; returns its index (for the `plans` attribute), -1 when the table is full.
 int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel, void *extra, int n_workspace,
                              const int64_t *workspace, int skip, void *last_error, void *take_attr_error,
                              void *cuda_memset_async) {
@@ -223,8 +237,12 @@ int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel,
   plan->take_attr_error = reinterpret_cast<TakeAttrErrorFn>(take_attr_error);
   if (cuda_memset_async != nullptr) memset_async = reinterpret_cast<MemsetAsyncFn>(cuda_memset_async);
   std::lock_guard<std::mutex> hold(plans_lock);
-  plans.push_back(std::move(plan));
-  return static_cast<int64_t>(plans.size() - 1);
+  const int64_t index = plan_count;
+  if (index >= kChunk * kChunks) return -1;
+  if (chunks[index / kChunk] == nullptr) chunks[index / kChunk] = new std::atomic<Plan *>[kChunk]();
+  chunks[index / kChunk][index % kChunk].store(plan.release(), std::memory_order_release);
+  plan_count = index + 1;
+  return index;
 }
 
 int opforge_jax_ffi_api_version() { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
