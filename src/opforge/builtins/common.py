@@ -27,6 +27,12 @@ def known_dims(value):
     return tuple(spec.shape) if spec is not None else tuple(value.shape)
 
 
+def shapes_agree(expected, given):
+    """Whether a gradient op's ``dy`` of shape ``given`` can be the output of shape ``expected``:
+    one rank, and equal dims wherever both are known (-1 is unknown: a trace with symbolic dims)."""
+    return len(expected) == len(given) and all(e == g or -1 in (e, g) for e, g in zip(expected, given))
+
+
 def zeros_like(x, dtype):
     """Zeros of x's shape, known at trace time or only at run time (for
     gradient rules on graphs traced with unknown dims)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import FLOATS
+from opforge.builtins.common import FLOATS, shapes_agree
 
 POOL_ATTRS = "int[] kernel_shape, int[] strides=[], int[] pads=[], int[] dilations=[], bool ceil_mode=False"
 MAX_ATTRS = f"{POOL_ATTRS}, int storage_order=0"
@@ -199,7 +199,7 @@ def gradient_check(name, check, infer):
         problem = check(x, **attrs)
         if problem is None and dy.rank is not None:
             want = infer(x, **attrs)
-            if want.rank is not None and (dy.rank != want.rank or not want.matches(dy.shape)):
+            if want.rank is not None and not shapes_agree(want.shape, dy.shape):
                 problem = f"input 'dy' has shape {list(dy.shape)}; {name} of 'x' has {list(want.shape)}"
         return problem
 

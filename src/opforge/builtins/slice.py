@@ -12,6 +12,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.common import shapes_agree
 
 SCHEMA_ATTRS = "int[] starts, int[] ends, int[] axes=[], int[] steps=[]"
 slice = opforge.op(f"slice(Tensor x, *, {SCHEMA_ATTRS}) -> Tensor y",  # noqa: A001 - the op's name
@@ -104,7 +105,7 @@ def slice_grad_check(dy, x, *, starts, ends, axes, steps):
     problem = slice_problem(x, starts, ends, axes, steps)
     if problem is None and x.rank is not None and dy.rank is not None:
         want = TensorSpec(sliced_shape(x.shape, starts, ends, axes, steps))
-        if not want.matches(dy.shape) or dy.rank != want.rank:
+        if not shapes_agree(want.shape, dy.shape):
             problem = f"input 'dy' has shape {list(dy.shape)}, the slice of 'x' has {list(want.shape)}"
     return problem
 

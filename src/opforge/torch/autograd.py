@@ -21,6 +21,9 @@ from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
 from ..errors import GradientError, OpforgeError
 from ..graph.autodiff import op_backward
+from ..graph.passes import infer_shapes
+from ..spec import TensorSpec
+from .symbolic import Signature
 
 GRAPHS_PER_OP = 64
 
@@ -125,18 +128,22 @@ class Gradient:
 
     def _graph_for(self, attrs, tensors, outputs):
         """(backward graph, present, used) for this signature.  Symbolic dims (SymInts, when
-        torch traces) stay unknown to the trace; a rule that needs their sizes (one that
-        slices by them, say) is traced again with the sizes themselves, which makes torch
-        specialize the graph to them (a guard, and a recompilation for other sizes)."""
+        torch traces) stay unknown to the trace, and the graph is checked by inference at
+        the sizes torch traces with: a rule that needs their sizes (one that builds an
+        attribute from them, say) is traced again with the sizes themselves, which makes
+        torch specialize the graph to them (a guard, and a recompilation for other sizes)."""
         binding = self.binding
         names = binding.op.outputs
-        in_specs, out_specs = binding.unknown_specs(tensors), binding.unknown_specs(outputs, names)
-        try:
-            return self.graphs.get_or_create((attr_key(attrs), tuple(in_specs), tuple(out_specs)),
-                                             lambda: self._backward_graph(attrs, in_specs, out_specs))
-        except OpforgeError:
-            if in_specs == binding.specs(tensors, concrete=True):
-                raise
+        ins, outs = Signature(binding.op, tensors), Signature(binding.op, outputs, names)
+        if ins.symbols or outs.symbols:
+            key = (attr_key(attrs), tuple(ins.unknown), tuple(outs.unknown))
+            try:
+                found = self.graphs.get_or_create(key, lambda: self._backward_graph(attrs, ins.unknown, outs.unknown))
+                hinted = ins.evaluated() + outs.evaluated()
+                if _holds_at(found[0], hinted + outs.evaluated()):
+                    return found
+            except OpforgeError:
+                pass
         in_specs, out_specs = binding.specs(tensors, concrete=True), binding.specs(outputs, names, concrete=True)
         return self.graphs.get_or_create((attr_key(attrs), tuple(in_specs), tuple(out_specs)),
                                          lambda: self._backward_graph(attrs, in_specs, out_specs))
@@ -158,6 +165,16 @@ class Gradient:
                  for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
         found = iter(replay(ctx.graph, saved + grads, like=grads[0]))
         return [next(found) if keep else None for keep in ctx.present]
+
+
+def _holds_at(graph, specs) -> bool:
+    """Whether the graph, traced with unknown dims, infers every value at these concrete sizes."""
+    absent = TensorSpec([], "float32")
+    try:
+        found = infer_shapes(graph, [absent if s is None else s for s in specs])
+    except OpforgeError:
+        return False
+    return all(spec.is_static for spec in found.values())
 
 
 def replay(graph, args, like):

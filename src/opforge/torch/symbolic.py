@@ -52,8 +52,9 @@ class Signature:
             self.where.append(where)
             self.dtypes.append(dtype)
 
-    def _evaluated(self, shift):
-        """The specs with every symbol at its size plus ``shift[symbol index]``."""
+    def evaluated(self, shift=None):
+        """The specs with every symbol at its size (plus ``shift[symbol index]``)."""
+        shift = shift or {}
         specs = []
         for spec, where, dtype in zip(self.unknown, self.where, self.dtypes):
             if spec is None:
@@ -72,7 +73,7 @@ class Signature:
         op = self.op
 
         def run(shift):
-            return [s.shape for s in op.infer_specs(self._evaluated(shift), attrs)]
+            return [s.shape for s in op.infer_specs(self.evaluated(shift), attrs)]
 
         try:
             base = run({})
