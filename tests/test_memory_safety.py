@@ -236,3 +236,26 @@ def test_check_op_passes_a_kernel_that_writes_everything(fresh):
     op.kernel(source=f"{SOURCE}:Good")
     checks = check_op(op, np.arange(16, dtype=np.float32))
     assert [ok for name, ok, _ in checks if name == "kernel Good writes every element of output 'y'"] == [True]
+
+
+@pytest.mark.parametrize("checks", [False, True])
+def test_graphs_run_node_by_node_size_blocked_layouts_by_their_padding(checks):
+    """A graph run node by node (checked mode, or a node with only a Python kernel: layer_norm
+    without a bias) gives an nchw16c value its padded size; 20 channels pad to 32."""
+    from opforge import ops
+
+    x = np.random.default_rng(0).standard_normal((1, 20, 2, 3))
+
+    def fn(x):
+        blocked = ops.reorder(x, layout="nchw16c")
+        return ops.layer_norm(ops.reorder(ops.relu(blocked), layout="ndarray"), np.ones(3))[0]
+
+    graph = opforge.trace(fn, x)
+    opforge.set_checks(checks)
+    try:
+        y = graph(x)
+    finally:
+        opforge.set_checks(False)
+    relu = np.maximum(x, 0)
+    expected = (relu - relu.mean(-1, keepdims=True)) / np.sqrt(relu.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, expected, rtol=1e-7, atol=1e-9)

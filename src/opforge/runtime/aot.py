@@ -206,11 +206,34 @@ class AotKernel(Kernel):
             names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
             return cuda.run_on_device(self, op, arrays, out_specs, sizes, shapes, names, extra)
         arrays = tuple(as_array(op, k, a) for k, a in enumerate(arrays))
+        if any(s is not None and s.layout != "ndarray" for s in list(specs) + list(out_specs)):
+            return self._run_blocked(op, arrays, specs, out_specs, attrs)
         plan = self.plan(op, arrays, specs, out_specs, attrs)
         outputs, rc, error = _native.run_plan(plan, arrays, -1 if poison is None else poison)
         if outputs is None:
             raise kernel_error(op, self, rc, error)
         return list(outputs)
+
+
+    def _run_blocked(self, op, arrays, specs, out_specs, attrs):
+        """A call on a blocked layout (nchw16c) outside a planned graph: such a tensor is a
+        flat buffer of the layout's padded size, while the kernel is told the logical
+        shapes (as the planned executor does; the launcher sizes buffers by their shapes)."""
+        from .dispatch import kernel_error
+
+        extra, requested = self.signature_state(op, list(specs) + list(out_specs), attrs)
+        sizes = workspace_sizes(requested, largest_nbytes(arrays), op=op.name, function=self.function_name + "Init")
+        outputs = [np.empty(s.shape if s.layout == "ndarray" else s.nbytes // np.dtype(s.dtype).itemsize,
+                            np.dtype(s.dtype)) for s in out_specs]
+        workspace = np.empty(max(sum(sizes), 1), np.uint8)
+        offsets = np.cumsum((0,) + tuple(sizes[:-1])) if sizes else ()
+        pointers = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outputs] + \
+                   [workspace.ctypes.data + int(k) for k in offsets]
+        rc, error = _native.call_kernel(self._function, pointers, [s.shape for s in list(specs) + list(out_specs)],
+                                        [s.dtype for s in list(specs) + list(out_specs)], 0, extra)
+        if rc != 0 or error is not None:
+            raise kernel_error(op, self, rc, error)
+        return outputs
 
 
 # C types behind OPFORGE_T for each dtype a templated source is compiled for.
