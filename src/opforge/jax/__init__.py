@@ -29,7 +29,7 @@ from .. import _native
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
 from ..dtypes import to_numpy
-from ..errors import DeviceError, DTypeError, OpforgeError
+from ..errors import DTypeError, OpforgeError
 from ..graph.autodiff import op_backward
 from ..operator import PyKernel
 from ..runtime.buffer_plan import BufferPlan
@@ -112,10 +112,16 @@ class CallSite:
 
     def __call__(self, args):
         op = self.op
-        if not self.native:
-            kernel = self.cpu.kernel
-            result = jax.pure_callback(lambda *xs: kernel.run(op, list(xs), self.attrs, self.out_specs),
-                                       self.out_types, *args, vmap_method="sequential")
+        if not self.native:  # a Python kernel; an absent optional input (None) is handed to it as None
+            kernel, present = self.cpu.kernel, [k for k, a in enumerate(args) if a is not None]
+
+            def run(*arrays):
+                full = [None] * len(args)
+                for k, array in zip(present, arrays):
+                    full[k] = array
+                return kernel.run(op, full, self.attrs, self.out_specs)
+
+            result = jax.pure_callback(run, self.out_types, *[args[k] for k in present], vmap_method="sequential")
             return tuple(result) if op.tuple_output else result[0]
         call = jax.ffi.ffi_call(TARGET, self.out_types if op.tuple_output else self.out_types[0],
                                 vmap_method=self.vmap_method)
@@ -168,9 +174,7 @@ def _site(op, attrs, args):
 # -- calls and gradients ------------------------------------------------------------------
 def call(op, attrs, args):
     """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
-    differentiable with the op's rule."""
-    if any(a is None for a in args):
-        raise DeviceError(f"op '{op.name}': an absent optional input is not supported on JAX values; pass an array")
+    differentiable with the op's rule.  An absent optional input is None."""
     site = _site(op, attrs, args)
 
     @jax.custom_vjp
@@ -195,7 +199,7 @@ _graphs = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
 
 
 def _gradients(op, attrs, xs, outs, douts):
-    in_specs = [_spec(op, k, x) for k, x in enumerate(xs)]
+    in_specs = [None if x is None else _spec(op, k, x) for k, x in enumerate(xs)]
     out_specs = [TensorSpec(tuple(o.shape), np.dtype(o.dtype).name) for o in outs]
     key = (id(op), attr_key(attrs), tuple(in_specs), tuple(out_specs))
     graph, present = _graphs.get_or_create(key, lambda: op_backward(op, attrs, in_specs, out_specs))
@@ -204,7 +208,9 @@ def _gradients(op, attrs, xs, outs, douts):
     grads = []
     for x, keep in zip(xs, present):
         gradient = next(found) if keep else None
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
+        if x is None:
+            grads.append(None)
+        elif not jnp.issubdtype(x.dtype, jnp.inexact):
             grads.append(np.zeros(x.shape, jax.dtypes.float0))  # integer inputs have no gradient
         else:
             grads.append(jnp.zeros(x.shape, x.dtype) if gradient is None else gradient.astype(x.dtype))
@@ -223,7 +229,7 @@ def replay(graph, args):
         if node.is_constant:
             env[node.outputs[0].id] = jnp.asarray(node.value)
             continue
-        result = call(node.op, node.attrs, [env[v.id] for v in node.inputs])
+        result = call(node.op, node.attrs, [None if v is None else env[v.id] for v in node.inputs])
         for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):
             env[value.id] = out
     return [env[v.id] for v in graph.outputs]
