@@ -414,3 +414,12 @@ def test_an_unregistered_op_cannot_take_a_registered_ops_torch_name():
         ot.register(impostor)
     x = torch.ones(2)
     torch.testing.assert_close(torch.ops.opforge.add(x, x), x + x)  # the built-in is untouched
+
+
+def test_a_name_torch_cannot_take_is_a_schema_error_and_the_op_still_declares(fresh):
+    op = declare(fresh, "ttorch::elif(Tensor x) -> Tensor y")  # a Python keyword: fine for opforge, not for torch
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: x + 1)
+    assert op(np.zeros(2)).tolist() == [1.0, 1.0]
+    with pytest.raises(SchemaError, match=r"'ttorch::elif': PyTorch cannot define it as ttorch::elif\("):
+        ot.register(op)

@@ -58,10 +58,16 @@ def _define(op) -> Binding:
         if existing is not None:
             existing.remove()
             existing.op.__dict__.pop("_torch_binding", None)
+            del _bindings[(namespace, name)]
         library = torch.library.Library(namespace, "FRAGMENT")
         python_name = PYTHON_PREFIX + name
-        library.define(schema)
-        library.define(schema.replace(f"{name}(", f"{python_name}(", 1))
+        try:
+            library.define(schema)
+            library.define(schema.replace(f"{name}(", f"{python_name}(", 1))
+        except RuntimeError as error:  # names torch reserves (Python keywords, ...), its own limits
+            library._destroy()
+            raise SchemaError(f"op '{op.name}': PyTorch cannot define it as {namespace}::{schema}: "
+                              f"{str(error).splitlines()[0]}") from None
         ns = getattr(torch.ops, namespace)
         binding = Binding(op, getattr(ns, name))
         binding.library = library
