@@ -614,3 +614,41 @@ def test_grad_sees_arrays_the_function_reads_from_outside():
     np.testing.assert_allclose(g(x), [[10.0, 10.0, 10.0]])
     weights["w"][:] = 7.0
     np.testing.assert_allclose(g(x), [[14.0, 14.0, 14.0]])
+
+
+def test_value_and_grad_plans_once_per_graph_and_retraces_what_changed(monkeypatch):
+    from opforge.graph import autodiff
+
+    made = []
+    joint_graph = autodiff.joint_graph
+    monkeypatch.setattr(autodiff, "joint_graph", lambda *a: made.append(1) or joint_graph(*a))
+    scale = {"by": np.full(3, 2.0)}
+
+    def f(x):
+        return ops.reduce_sum(ops.tanh(x) * scale["by"])
+
+    vg = opforge.value_and_grad(f)
+    x = r(3)
+    for _ in range(3):
+        value, g = vg(x)
+    assert len(made) == 1  # one trace-to-graph, planned once, for three calls
+    np.testing.assert_allclose(g, 2 * (1 - np.tanh(x) ** 2), rtol=1e-12)
+    scale["by"] = np.full(3, 3.0)  # a new constant: a new graph
+    np.testing.assert_allclose(vg(x)[1], 3 * (1 - np.tanh(x) ** 2), rtol=1e-12)
+    assert len(made) == 2
+    scale["by"] = np.full(4, 3.0)
+    vg(r(4))  # a new shape: a new graph
+    assert len(made) == 3
+
+
+def test_the_joint_graph_computes_the_forward_once():
+    from opforge.graph.autodiff import joint_graph
+
+    forward = opforge.trace(lambda x: ops.reduce_sum(ops.tanh(ops.exp(x))), TensorSpec([5], "float64"))
+    joint = joint_graph(forward)
+    names = [node.op.name for node in joint.nodes if not node.is_constant]
+    assert names.count("exp") == 1 and names.count("tanh") == 1  # the rules read the forward's values
+    x = r(5)
+    value, gradient = joint(x)
+    assert float(value) == pytest.approx(np.tanh(np.exp(x)).sum(), rel=1e-12)
+    np.testing.assert_allclose(gradient, (1 - np.tanh(np.exp(x)) ** 2) * np.exp(x), rtol=1e-12)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attrs import attr_key
 from ..errors import DTypeError, GradientError, ShapeError
 from ..spec import TensorSpec
 from .ir import Graph, Value
@@ -55,9 +56,14 @@ def _replay_and_differentiate(graph, inputs, cotangents, wrt):
     """Inside a trace: the forward graph replayed on ``inputs``, then its VJP
     with respect to the inputs selected by ``wrt`` (nodes off their paths are
     not differentiated, so they need no rule)."""
-    active = _depends_on(graph, wrt)
-    env = graph.replay(inputs)
+    return _differentiate(graph, graph.replay(inputs), cotangents, wrt)
 
+
+def _differentiate(graph, env, cotangents, wrt):
+    """Inside a trace: the VJP of ``graph`` whose values are ``env`` (a replay's),
+    with respect to the inputs selected by ``wrt``; the rules read the forward
+    values from ``env``, so nothing is computed twice."""
+    active = _depends_on(graph, wrt)
     grads = {}
 
     def accumulate(value, gradient):
@@ -85,10 +91,12 @@ def _replay_and_differentiate(graph, inputs, cotangents, wrt):
                                 f"{len(node.inputs)} input(s)")
         for value, gradient in zip(node.inputs, dins):
             if value is not None and gradient is not None and value.id in active:
-                if isinstance(gradient, Value) and gradient.spec.shape != value.spec.shape and \
-                        value.spec.is_static and gradient.spec.is_static:
+                # (an array: a gradient computed while tracing, from constants alone)
+                shape = gradient.spec.shape if isinstance(gradient, Value) else np.shape(gradient)
+                known = gradient.spec.is_static if isinstance(gradient, Value) else True
+                if tuple(shape) != value.spec.shape and value.spec.is_static and known:
                     raise GradientError(f"op '{node.op.name}': the gradient rule gave shape "
-                                        f"{list(gradient.spec.shape)} for input of shape {list(value.spec.shape)}")
+                                        f"{list(shape)} for input of shape {list(value.spec.shape)}")
                 accumulate(value, gradient)
     return tuple(grads[graph.inputs[k].id] if graph.inputs[k].id in grads else _zeros(graph.inputs[k].spec)
                  for k in wrt)
@@ -200,11 +208,15 @@ def value_and_grad(fn, argnums=0):
     """Like ``grad``, also returning ``fn``'s value.
 
     ``fn`` is traced on every call (as JAX's grad does): arrays it reads from
-    its closure become constants of that trace, so a later call sees their
-    new values.  To reuse the graphs, trace once yourself and call
-    ``backward(graph)``."""
+    outside become constants of that trace, so a later call sees their new
+    values.  Tracing is cheap; planning is not: when a call's trace is the
+    graph an earlier call traced -- the same ops, attributes and wiring, equal
+    constants -- that call's joint graph runs again with its plans.  The joint
+    graph computes the value and the gradients in one pass: the backward part
+    reads the forward part's values instead of recomputing them."""
     _function("grad", fn)
     single = isinstance(argnums, int)
+    joints = []  # (forward graph, joint graph), most recent first; a few, for alternating signatures
 
     def wrapped(*arrays):
         arrays = _arrays("grad", arrays)
@@ -214,11 +226,63 @@ def value_and_grad(fn, argnums=0):
         spec = forward.outputs[0].spec
         if spec.is_static and int(np.prod(spec.shape)) != 1:
             raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
-        value = forward(*arrays)
-        grads = backward(forward, wrt=argnums)(*arrays, np.ones_like(value))
+        joint = next((j for f, j in joints if same_graph(f, forward)), None)
+        if joint is None:
+            joint = joint_graph(forward, argnums)
+            joints.insert(0, (forward, joint))
+            del joints[JOINT_GRAPHS_KEPT:]
+        value, *grads = joint(*arrays)
         return value, (grads[0] if single else tuple(grads))
 
     return wrapped
+
+
+JOINT_GRAPHS_KEPT = 4
+
+
+def joint_graph(forward, wrt=None):
+    """One graph computing a scalar ``forward``'s value and its gradients with respect
+    to the inputs selected by ``wrt``: inputs as forward's, outputs (value, *gradients).
+    ``forward`` was traced on arrays, so its output's shape is known."""
+    indices = _indices(forward, wrt)
+    spec = forward.outputs[0].spec
+
+    def value_and_gradients(*args):
+        env = forward.replay(args)
+        value = env[forward.outputs[0].id]
+        return (value, *_differentiate(forward, env, [np.ones(spec.shape, spec.dtype)], indices))
+
+    graph = trace(value_and_gradients, *[v.spec for v in forward.inputs], name=f"{forward.name}_value_and_grad")
+    graph.tuple_output = True
+    return graph
+
+
+def same_graph(a, b) -> bool:
+    """Whether two traces are one graph: the same ops, attribute values and wiring,
+    inputs of the same specs, and equal constants."""
+    if len(a.nodes) != len(b.nodes) or len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
+        return False
+    position = {}
+    for k, (x, y) in enumerate(zip(a.inputs, b.inputs)):
+        if x.spec != y.spec:
+            return False
+        position[x.id], position[y.id] = ("in", k), ("in", k)
+    for k, (x, y) in enumerate(zip(a.nodes, b.nodes)):
+        if x.op is not y.op or len(x.inputs) != len(y.inputs) or len(x.outputs) != len(y.outputs):
+            return False
+        if x.is_constant:
+            if not (y.is_constant and x.value.dtype == y.value.dtype and np.array_equal(x.value, y.value)):
+                return False
+        elif attr_key(x.attrs) != attr_key(y.attrs):
+            return False
+        for u, v in zip(x.inputs, y.inputs):
+            if (u is None) != (v is None) or (u is not None and position.get(u.id) != position.get(v.id)):
+                return False
+        for j, (u, v) in enumerate(zip(x.outputs, y.outputs)):
+            if u.spec != v.spec:
+                return False
+            position[u.id], position[v.id] = ("node", k, j), ("node", k, j)
+    return all(position.get(u.id) == position.get(v.id) for u, v in zip(a.outputs, b.outputs))
 
 
 def grad(fn, argnums=0):
