@@ -397,3 +397,30 @@ def test_clear_errors_for_bad_names_ragged_inputs_and_missing_sources(tmp_path):
         opforge.ops.relu([[1.0, 2.0], [3.0]])
     with pytest.raises(opforge.KernelSourceError, match="missing.cc"):
         opforge.Custom(f"{tmp_path}/missing.cc:F", [1], "float32")
+
+
+def test_keyword_calls_are_remembered_by_value_and_never_mix_up():
+    rs = opforge.lookup("reduce_sum")
+    x = np.arange(6.0).reshape(2, 3)
+    axes = [0]
+    np.testing.assert_array_equal(rs(x, axes=axes), x.sum(axis=0))
+    axes[0] = 1  # the same list, changed in place: a new call
+    np.testing.assert_array_equal(rs(x, axes=axes), x.sum(axis=1))
+    np.testing.assert_array_equal(rs(x, axes=(0,)), x.sum(axis=0))
+    np.testing.assert_array_equal(rs(x, axes=[1], keep_dims=True), x.sum(axis=1, keepdims=True))
+    np.testing.assert_array_equal(rs(x, keep_dims=True, axes=[1]), x.sum(axis=1, keepdims=True))
+    for _ in range(2):  # a bad value is refused every time, never remembered
+        with pytest.raises(opforge.AttrError, match="keep_dims"):
+            rs(x, axes=[1], keep_dims="yes")
+    lr = opforge.lookup("leaky_relu")
+    v = np.array([-2.0, 1.0])
+    for alpha in (0.5, 0.25, 0.5, 0.125, 0.25):  # alternating values find their own launchers
+        np.testing.assert_array_equal(lr(v, alpha=alpha), np.where(v > 0, v, alpha * v))
+
+
+def test_the_functional_api_calls_the_op_object():
+    x = np.array([-2.0, 1.0])
+    np.testing.assert_allclose(opforge.ops.leaky_relu(x), [-0.02, 1.0], rtol=1e-7)  # alpha crosses as a float32
+    assert opforge.ops.leaky_relu(x, alpha=0.5).tolist() == [-1.0, 1.0]
+    assert opforge.ops.leaky_relu(x=x, alpha=0.25).tolist() == [-0.5, 1.0]  # a tensor by name: the general path
+    assert opforge.ops.reduce_sum(np.ones((2, 3)), axes=[1]).tolist() == [3.0, 3.0]

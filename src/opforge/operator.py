@@ -182,7 +182,6 @@ class Op(OpBase):
         self.grad_rule = None
         self.grad_saves = ()
         self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
-        self._fast_calls = BoundedCache(64)  # raw attribute values -> Launcher, for the functional API
         self.plan_caches = []  # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
         with Op._instances_lock:
             Op._instances.add(self)
@@ -340,7 +339,7 @@ class Op(OpBase):
 
     def _forget_plans(self):
         self._launchers.clear()
-        self._fast_calls.clear()
+        self._forget_keyword_calls()
         for cache in self.plan_caches:
             cache.clear()
         self._default_launcher = None
@@ -431,6 +430,16 @@ class Op(OpBase):
         return tuple(out) if self.tuple_output else out[0]
 
     # -- calling ----------------------------------------------------------
+    def _keyword_launcher(self, args, kwargs):
+        """The launcher of a call whose positional arguments are all its tensors and whose
+        keywords are all attributes (the C base remembers it for calls with the same
+        values), or None for any other call; raises the op's errors for bad values."""
+        n_tensors = len(args) if self.variadic else len(self.inputs)
+        if len(args) != n_tensors or not all(name in self.attrs for name in kwargs):
+            return None
+        tensors, attrs = self.bind(args, kwargs)
+        return RUNTIME.launcher_for(self, attrs, len(tensors))
+
     def call(self, args, kwargs):
         """The general call path: bind, then run through the attributes' launcher."""
         tensors, attr_values = self.bind(args, kwargs)

@@ -13,24 +13,6 @@ from .errors import ArityError, AttrError
 _functions = {}  # op name -> (op, function)
 
 
-def _call(op, tensors, attrs):
-    """Call with the launcher for these raw attribute values, binding them only once."""
-    try:  # (types too: 1, 1.0 and True are equal keys in Python but different attributes)
-        key = (len(tensors), tuple(attrs.values()), tuple(map(type, attrs.values())))
-        launcher = op._fast_calls.get(key)
-    except TypeError:  # unhashable attribute values (lists): the general path
-        key, launcher = None, None
-    if launcher is None:
-        if any(t is None for t in tensors) or op.variadic and not tensors:
-            return op.call(tuple(tensors), attrs)
-        from .runtime.dispatch import launcher_for
-
-        launcher = launcher_for(op, op.resolve_attrs(attrs), len(tensors))
-        if key is not None:
-            op._fast_calls.put(key, launcher)
-    return launcher(*tensors)
-
-
 def signature_of(op) -> inspect.Signature:
     P = inspect.Parameter
     params = []
@@ -102,19 +84,21 @@ def function_for(op):
     by_name = "{" + ", ".join(f"{name!r}: {name}" for name in keyword) + "}"
     fill = "".join(f"    if {name} is _MISSING:\n        {name} = _defaults[{name!r}]\n"
                    for name in positional if name in defaults)
-    if op.variadic:
-        tensors = op.inputs[0].name
-    else:
-        tensors = "(" + "".join(f"{i.name}, " for i in op.inputs) + ")"
-    attrs = "{" + ", ".join(f"{a!r}: {a}" for a in op.attrs) + "}"
+    # The call itself is the op object's: without attributes (or with every one at its
+    # default, the same objects) the op's default launcher; else its launcher for these
+    # keyword values, which the op's C base remembers.
+    tensors = f"*{op.inputs[0].name}" if op.variadic else ", ".join(i.name for i in op.inputs)
+    attrs = ", ".join(f"{a}={a}" for a in op.attrs)
+    at_defaults = " and ".join(f"{a} is _defaults[{a!r}]" for a in op.attrs if a in defaults)
+    if attrs and at_defaults and all(a in defaults for a in op.attrs):
+        fill += f"    if {at_defaults}:\n        return _op({tensors})\n"
     short = op.name.split("::")[-1]
     source = (f"def _function({', '.join(pieces)}):\n"
               f"    if {' or '.join(off_path)}:\n"
               f"        return _bind_by_name(_op, {given}, {{**{by_name}, **_unknown}})\n"
               f"{fill}"
-              f"    return _call(_op, {tensors}, {attrs})\n")
-    namespace = {"_call": _call, "_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults,
-                 "_MISSING": _MISSING}
+              f"    return _op({', '.join(filter(None, [tensors, attrs]))})\n")
+    namespace = {"_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults, "_MISSING": _MISSING}
     exec(compile(source, f"<opforge.ops.{short}>", "exec"), namespace)
     function = namespace["_function"]
     function.__name__ = function.__qualname__ = short  # may be a Python keyword: 'mylib::def' is ops.mylib.def
@@ -166,15 +150,10 @@ def _bind_by_name(op, given, by_name):
             raise ArityError(f"op '{op.name}' takes {len(op.inputs)} tensor input(s) ({inputs}), "
                              f"got {len(op.inputs) - len(missing)}; missing: {', '.join(missing)}")
         tensors = tuple(values.pop(i.name, None) for i in op.inputs)
-    attrs = {}  # every attribute, in declaration order: _call's cache key is their values
     for name, attr in op.attrs.items():
-        if name in values:
-            attrs[name] = values[name]
-        elif attr.default is not REQUIRED:
-            attrs[name] = attr.default
-        else:
+        if name not in values and attr.default is REQUIRED:
             raise AttrError(f"op '{op.name}': required attribute '{name}' ({attr.type}) was not given")
-    return _call(op, tensors, attrs)
+    return op(*tensors, **values)
 
 
 class Namespace:

@@ -1042,21 +1042,148 @@ PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // --------------------------------------------------------------- OpBase ----
 //
 // The C base of opforge.Op: a call with no keyword arguments goes straight to
-// the op's default Launcher (a C call, no Python frame in between); anything
-// else goes to the Python method ``call(args, kwargs)``.
+// the op's default Launcher (a C call, no Python frame in between).  A call
+// with keyword attributes looks for its launcher among the last few keyword
+// calls -- the same number of positional tensors, the same keywords with
+// strictly equal values (1, 1.0 and True differ; lists compare by content,
+// against copies, so a list changed in place is a new call) -- and asks the
+// Python method ``_keyword_launcher(args, kwargs)`` for it otherwise (which
+// checks the attributes).  Anything else goes to ``call(args, kwargs)``.
+
+constexpr int kKeywordCalls = 8;
+
+struct KeywordCall {
+  Py_ssize_t n_args = -1;
+  PyObject *items = nullptr;     // ((name, value copy), ...) in the call's order
+  PyObject *launcher = nullptr;
+};
 
 struct OpBaseObject {
   PyObject_HEAD
   PyObject *default_launcher;
+  KeywordCall calls[kKeywordCalls];
+  int next_call;
 };
+
+// A copy of an attribute value that the caller cannot change: lists (nested too) are copied.
+PyObject *FrozenValue(PyObject *value) {
+  if (!PyList_Check(value)) {
+    Py_INCREF(value);
+    return value;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(value);
+  PyObject *copy = PyList_New(n);
+  if (copy == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject *item = FrozenValue(PyList_GET_ITEM(value, k));
+    if (item == nullptr) {
+      Py_DECREF(copy);
+      return nullptr;
+    }
+    PyList_SET_ITEM(copy, k, item);
+  }
+  return copy;
+}
+
+// 1 when a and b are the same attribute value: one type, equal (lists and tuples element by element).
+int StrictlyEqual(PyObject *a, PyObject *b) {
+  if (a == b) return 1;
+  if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+  if (PyFloat_CheckExact(a)) return PyFloat_AS_DOUBLE(a) == PyFloat_AS_DOUBLE(b);
+  if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) {
+    const bool list = PyList_CheckExact(a);
+    const Py_ssize_t n = list ? PyList_GET_SIZE(a) : PyTuple_GET_SIZE(a);
+    if (n != (list ? PyList_GET_SIZE(b) : PyTuple_GET_SIZE(b))) return 0;
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      int same = list ? StrictlyEqual(PyList_GET_ITEM(a, k), PyList_GET_ITEM(b, k))
+                      : StrictlyEqual(PyTuple_GET_ITEM(a, k), PyTuple_GET_ITEM(b, k));
+      if (same != 1) return same;
+    }
+    return 1;
+  }
+  return PyObject_RichCompareBool(a, b, Py_EQ);  // -1: an error, left set for the caller
+}
+
+// 1 when the call (args, kwargs) is `call`'s; -1 on error.
+int SameCall(const KeywordCall &call, PyObject *args, PyObject *kwargs) {
+  if (call.launcher == nullptr || call.n_args != PyTuple_GET_SIZE(args) ||
+      PyTuple_GET_SIZE(call.items) != PyDict_GET_SIZE(kwargs))
+    return 0;
+  PyObject *items = call.items;
+  Py_INCREF(items);  // an __eq__ may run Python code, and another thread replace the slot
+  Py_ssize_t pos = 0, k = 0;
+  PyObject *name, *value;
+  int same = 1;
+  while (same == 1 && PyDict_Next(kwargs, &pos, &name, &value)) {
+    PyObject *item = PyTuple_GET_ITEM(items, k++);
+    PyObject *known = PyTuple_GET_ITEM(item, 0);
+    same = known == name || PyUnicode_Compare(known, name) == 0 ? StrictlyEqual(PyTuple_GET_ITEM(item, 1), value)
+                                                                 : 0;
+  }
+  Py_DECREF(items);
+  return same;
+}
+
+void ForgetCalls(OpBaseObject *self) {
+  for (KeywordCall &call : self->calls) {
+    Py_CLEAR(call.items);
+    Py_CLEAR(call.launcher);
+    call.n_args = -1;
+  }
+}
+
+// Remembers the launcher of a keyword call (replacing the oldest); false with an error set.
+bool RememberCall(OpBaseObject *self, PyObject *args, PyObject *kwargs, PyObject *launcher) {
+  PyObject *items = PyTuple_New(PyDict_GET_SIZE(kwargs));
+  if (items == nullptr) return false;
+  Py_ssize_t pos = 0, k = 0;
+  PyObject *name, *value;
+  while (PyDict_Next(kwargs, &pos, &name, &value)) {
+    PyObject *frozen = FrozenValue(value);
+    PyObject *item = frozen == nullptr ? nullptr : PyTuple_Pack(2, name, frozen);
+    Py_XDECREF(frozen);
+    if (item == nullptr) {
+      Py_DECREF(items);
+      return false;
+    }
+    PyTuple_SET_ITEM(items, k++, item);
+  }
+  KeywordCall &slot = self->calls[self->next_call];
+  self->next_call = (self->next_call + 1) % kKeywordCalls;
+  Py_XDECREF(slot.items);
+  Py_XDECREF(slot.launcher);
+  slot.items = items;
+  Py_INCREF(launcher);
+  slot.launcher = launcher;
+  slot.n_args = PyTuple_GET_SIZE(args);
+  return true;
+}
+
+PyObject *CallLauncher(PyObject *launcher, PyObject *args) {
+  Py_INCREF(launcher);  // the call may replace it
+  PyObject *result = PyObject_Call(launcher, args, nullptr);
+  Py_DECREF(launcher);
+  return result;
+}
 
 PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   PyObject *launcher = self->default_launcher;
-  if (launcher != nullptr && launcher != Py_None && (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0)) {
-    Py_INCREF(launcher);  // the call may replace it
-    PyObject *result = PyObject_Call(launcher, args, kwargs);
-    Py_DECREF(launcher);
-    return result;
+  const bool keywords = kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0;
+  if (!keywords && launcher != nullptr && launcher != Py_None) return CallLauncher(launcher, args);
+  if (keywords) {
+    for (const KeywordCall &call : self->calls) {
+      int same = SameCall(call, args, kwargs);
+      if (same < 0) return nullptr;
+      if (same && call.launcher != nullptr) return CallLauncher(call.launcher, args);
+    }
+    PyObject *found = PyObject_CallMethod(reinterpret_cast<PyObject *>(self), "_keyword_launcher", "OO", args, kwargs);
+    if (found == nullptr) return nullptr;
+    if (found != Py_None) {
+      PyObject *result = RememberCall(self, args, kwargs, found) ? CallLauncher(found, args) : nullptr;
+      Py_DECREF(found);
+      return result;
+    }
+    Py_DECREF(found);
   }
   PyObject *method = PyObject_GetAttrString(reinterpret_cast<PyObject *>(self), "call");
   if (method == nullptr) return nullptr;
@@ -1068,13 +1195,28 @@ PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   return result;
 }
 
+PyObject *OpBase_forget_calls(OpBaseObject *self, PyObject *) {
+  ForgetCalls(self);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef OpBase_methods[] = {
+    {"_forget_keyword_calls", reinterpret_cast<PyCFunction>(OpBase_forget_calls), METH_NOARGS,
+     "drop the launchers remembered for keyword calls"},
+    {nullptr, nullptr, 0, nullptr}};
+
 int OpBase_traverse(OpBaseObject *self, visitproc visit, void *arg) {
   Py_VISIT(self->default_launcher);
+  for (const KeywordCall &call : self->calls) {
+    Py_VISIT(call.items);
+    Py_VISIT(call.launcher);
+  }
   return 0;
 }
 
 int OpBase_clear(OpBaseObject *self) {
   Py_CLEAR(self->default_launcher);
+  ForgetCalls(self);
   return 0;
 }
 
@@ -1214,6 +1356,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   OpBaseType.tp_clear = reinterpret_cast<inquiry>(OpBase_clear);
   OpBaseType.tp_dealloc = reinterpret_cast<destructor>(OpBase_dealloc);
   OpBaseType.tp_members = OpBase_members;
+  OpBaseType.tp_methods = OpBase_methods;
 
   if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&ProgramType) < 0 ||
       PyType_Ready(&OpBaseType) < 0)
