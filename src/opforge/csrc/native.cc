@@ -995,7 +995,11 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
     return nullptr;
   }
   std::vector<char *> bases(self->n_buffers);
-  for (int b = 0; b < self->n_buffers; ++b) bases[b] = static_cast<char *>(PyLong_AsVoidPtr(PyTuple_GET_ITEM(address_tuple, b)));
+  for (int b = 0; b < self->n_buffers; ++b) {  // a buffer: a C-contiguous NumPy array, or an address
+    PyObject *buffer = PyTuple_GET_ITEM(address_tuple, b);
+    bases[b] = PyArray_Check(buffer) ? static_cast<char *>(PyArray_DATA(reinterpret_cast<PyArrayObject *>(buffer)))
+                                     : static_cast<char *>(PyLong_AsVoidPtr(buffer));
+  }
   if (PyErr_Occurred()) return nullptr;
   Py_ssize_t failed = -1;
   int rc = 0;
@@ -1033,7 +1037,7 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
 }
 
 PyMethodDef Program_methods[] = {
-    {"run", reinterpret_cast<PyCFunction>(Program_run), METH_VARARGS, "run(addresses) -> None or (step, rc, error)"},
+    {"run", reinterpret_cast<PyCFunction>(Program_run), METH_VARARGS, "run(buffers) -> None or (step, rc, error); each buffer a NumPy array or an address"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};

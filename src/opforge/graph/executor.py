@@ -54,16 +54,25 @@ class Executor:
         self.plans = BoundedCache(MAX_PLANS)
 
     def plan_for(self, arrays):
-        key = (cpu.isa_cap(), tuple((a.shape, a.dtype.str) for a in arrays))  # a new cap re-chooses kernels
-        return self.plans.get_or_create(key, lambda: Plan(self.graph, arrays))
+        key = (cpu.isa_cap(), *[(a.shape, a.dtype) for a in arrays])  # a new cap re-chooses kernels
+        plan = self.plans.get(key)
+        return plan if plan is not None else self.plans.get_or_create(key, lambda: Plan(self.graph, arrays))
 
     def run(self, arrays, where=None):
         """The graph's outputs for ``arrays``; ``where``: their Placement, if the caller knows it."""
         graph = self.graph
+        if where is None and len(arrays) == len(graph.inputs):  # the common case first: aligned NumPy arrays
+            key = (cpu.isa_cap(), *[(a.shape, a.dtype) if type(a) is np.ndarray and a.flags.c_contiguous
+                                    and a.flags.aligned and a.dtype.isnative else None for a in arrays])
+            plan = self.plans.get(key)
+            if plan is not None:
+                outputs = plan.execute(arrays)
+                return tuple(outputs) if graph.tuple_output else outputs[0]
         if len(arrays) != len(graph.inputs):
             raise ArityError(f"graph '{graph.name}' takes {len(graph.inputs)} input(s), got {len(arrays)}")
-        if where is None and not all(isinstance(a, np.ndarray) for a in arrays):
-            where = placement(graph, arrays)
+        if where is None and not all(type(a) is np.ndarray for a in arrays):
+            if not all(isinstance(a, np.ndarray) for a in arrays):
+                where = placement(graph, arrays)
         if where is not None:  # torch, JAX, CuPy, ... arrays, or arrays on a GPU
             return self._run_placed(where, arrays)
         arrays = [_as_array(a) for a in arrays]
@@ -205,6 +214,7 @@ class Plan:
                        "workspace_bytes": workspace_bytes, "nodes": len(prepared)}
         self.largest_workspace = largest
         self.arena = None  # allocated by the first run (checked mode never needs it)
+        self.results = None  # where each graph output comes from, found by the first run
         self.n_buffers = next_buffer
         self.buffers = buffers
         self.kernels = [(node, kernel) for node, kernel, *_ in prepared]
@@ -233,34 +243,34 @@ class Plan:
             raise AllocationError(f"graph '{self.graph.name}': cannot allocate output {spec} "
                                   f"({spec.nbytes} bytes)") from None
 
+    def _results(self):
+        """Where each graph output comes from: ("made", output slot), ("input", k) or ("constant", array)."""
+        graph = self.graph
+        inputs = {v.id: k for k, v in enumerate(graph.inputs)}
+        constants = {n.outputs[0].id: n.value for n in graph.nodes if n.is_constant}
+        return [("made", self.output_slots.index(v.id)) if v.id in self.output_slots else
+                ("input", inputs[v.id]) if v.id in inputs else ("constant", constants[v.id]) for v in graph.outputs]
+
     def execute(self, arrays):
         if self.program is None or checks_enabled():
             return self._interpret(arrays)
-        graph = self.graph
-        outputs = {vid: self._output(vid) for vid in self.output_slots}
+        outputs = [self._output(vid) for vid in self.output_slots]
         # The plan's arena, or a new one on the first run and while another thread runs this plan.
         arena, self.arena = self.arena, None
         if arena is None:
             arena = self._new_arena()
-        addresses = [arena.ctypes.data] + [a.ctypes.data for a in arrays] + \
-                    [outputs[vid].ctypes.data for vid in self.output_slots] + [c.ctypes.data for c in self.constants]
         try:
-            failure = self.program.run(tuple(addresses))
+            failure = self.program.run((arena, *arrays, *outputs, *self.constants))
         finally:
             self.arena = arena
         if failure is not None:
             index, rc, error = failure
             node, kernel = self.kernels[index]
             raise kernel_error(node.op, kernel, rc, error)
-        results = []
-        inputs = {v.id: a for v, a in zip(graph.inputs, arrays)}
-        constants = {n.outputs[0].id: n.value for n in graph.nodes if n.is_constant}
-        for value in graph.outputs:
-            if value.id in outputs:
-                results.append(outputs[value.id])
-            else:
-                results.append(np.array(inputs.get(value.id, constants.get(value.id))))
-        return results
+        if self.results is None:
+            self.results = self._results()
+        return [outputs[at] if how == "made" else np.array(arrays[at] if how == "input" else at)
+                for how, at in self.results]
 
     # -- one node at a time -----------------------------------------------------
     def _interpret(self, arrays):

@@ -139,13 +139,15 @@ class Graph:
         self._executor = None
 
     def __call__(self, *arrays):
-        if any(isinstance(a, Value) for a in arrays):  # inside a trace (grad of a graph): record its ops
-            return self._inline(arrays)
-        from .executor import Executor
+        executor = self._executor
+        if executor is None:
+            from .executor import Executor
 
-        if self._executor is None:
-            self._executor = Executor(self)
-        return self._executor.run(arrays)  # torch, JAX, CuPy, ... arrays too: outputs of their kind
+            executor = self._executor = Executor(self)
+        for a in arrays:
+            if isinstance(a, Value):  # inside a trace (grad of a graph): record its ops
+                return self._inline(arrays)
+        return executor.run(arrays)  # torch, JAX, CuPy, ... arrays too: outputs of their kind
 
     def input_name(self, index: int) -> str:
         """How errors name input ``index`` (as ops name theirs)."""

@@ -69,11 +69,18 @@ def set_isa_cap(isa) -> None:
     Op.forget_all_plans()  # kernels chosen under the old cap must be chosen again
 
 
+_env_cap = None  # OPFORGE_ISA's cap, read once: the environment is not read on every call
+
+
 def isa_cap() -> str:
+    """The ISA cap: ``set_isa_cap``'s, else OPFORGE_ISA's (read when first needed), else none."""
+    global _env_cap
     if _cap is not None:
         return _cap
-    env = os.environ.get("OPFORGE_ISA")
-    return normalize_isa(env) if env else ISA_LEVELS[-1]
+    if _env_cap is None:
+        env = os.environ.get("OPFORGE_ISA")
+        _env_cap = normalize_isa(env) if env else ISA_LEVELS[-1]
+    return _env_cap
 
 
 def isa_rank(isa) -> int:
