@@ -29,7 +29,7 @@ from .autograd import Gradient
 from .calls import Binding
 from .schema import qualified_name, torch_schema
 
-__all__ = ["register", "register_all", "torch_op", "torch_schema"]
+__all__ = ["register", "register_all", "torch_schema"]
 
 PYTHON_PREFIX = "_opforge_python_"  # ns::<prefix><name>: the op's Python implementation
 
@@ -121,11 +121,6 @@ def register_all():
     return packets
 
 
-def torch_op(op):
-    """The torch op of an opforge op (an ``Op`` or its name), defining it if needed."""
-    return register(op)
-
-
 def _binding_of(op) -> Binding:
     binding = op.__dict__.get("_torch_binding")  # the op's current binding, set by _define
     return binding if binding is not None else _define(op)
@@ -160,7 +155,7 @@ def _call_on_tensors(op, attrs, args):
     tensors = [a if a is None or isinstance(a, torch.Tensor)
                else torch.tensor(a, dtype=like.dtype, device=like.device) for a in args]
     call_args, kwargs = binding.call_args(tensors, binding.torch_attrs(attrs))
-    return binding.packet.default(*call_args, **kwargs)
+    return binding.packet.default(*call_args, **kwargs)  # (torch_op_call, with the binding found already)
 
 
 def _on_declared(name):

@@ -116,15 +116,12 @@ class Binding:
         """The C++ path's plan for one signature: (kernel address, Init state address,
         output shapes, output dtypes, workspace sizes, skip, cudaGetLastError address,
         torch's current-stream getter, opforge_take_attr_error address, the BufferPlan
-        keeping it all alive), or None
-        for a Python kernel.  Errors propagate (the C++ path then runs the call in
-        Python, which raises them with their types)."""
+        keeping it all alive), or None for a Python kernel.  Errors propagate (the C++
+        path then runs the call in Python, which raises them with their types)."""
         op = self.op
         given = {a.name: attr_value(op, a, attrs[a.name]) for a in self.attrs if a.name in attrs}
         attrs = op.resolve_attrs(given)
         in_specs = [None if s is None else TensorSpec(s[0], s[1]) for s in specs]
-        if self.variadic:
-            in_specs = [s for s in in_specs]
         key = (kind, attr_key(attrs), tuple(None if s is None else (s.shape, s.dtype) for s in in_specs))
         plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, in_specs, kind))
         if not plan.native:
