@@ -19,6 +19,7 @@ from .runtime.aot import AotKernel
 from .runtime.build import build, cache_dir
 from .runtime.checks import checks_enabled, set_checks
 from .runtime.cpu import cpu_features, isa_cap, set_isa_cap
+from .runtime.parallel import get_num_threads, set_num_threads
 from .spec import TensorSpec
 
 from . import testing  # noqa: E402

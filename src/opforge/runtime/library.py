@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from ..errors import KernelSourceError, OpforgeError, SymbolNotFoundError
+from . import parallel  # noqa: F401 - the thread pool's symbols, global before any kernel library loads
 
 __all__ = ["Library", "detect_cxx11_abi", "load_library"]
 

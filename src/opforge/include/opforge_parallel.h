@@ -1,0 +1,67 @@
+/*
+ * opforge_parallel.h: opforge's thread pool for kernels.
+ *
+ *   OpforgeParallelFor(begin, end, grain, [&](int64_t lo, int64_t hi) { ... });
+ *
+ * runs the function on consecutive ranges [lo, hi) that cover [begin, end),
+ * each at least `grain` long (pick a grain that is worth a thread: tens of
+ * thousands of cheap elements), on the calling thread and opforge's workers,
+ * and returns when all are done.  Ranges run concurrently: write to disjoint
+ * memory.  The pool has opforge.set_num_threads() threads (OPFORGE_NUM_THREADS;
+ * default: the cores this process may use); a call inside a range, or while
+ * another thread's kernel holds the pool, runs serially.  An exception thrown
+ * by the function is rethrown here once every range has finished.
+ *
+ * The functions are opforge's (its _native extension, loaded into the global
+ * symbol scope before kernel libraries): a library built with this header links
+ * nothing, and run where opforge has not loaded them, it runs serially.
+ */
+#ifndef OPFORGE_PARALLEL_H_
+#define OPFORGE_PARALLEL_H_
+
+#include <cstdint>
+#include <exception>
+#include <mutex>
+
+extern "C" {
+typedef void (*OpforgeRangeFn)(int64_t begin, int64_t end, void *context);
+int opforge_parallel_for(int64_t begin, int64_t end, int64_t grain, OpforgeRangeFn fn, void *context)
+    __attribute__((weak));
+int opforge_parallel_threads(void) __attribute__((weak));
+int opforge_parallel_thread_index(void) __attribute__((weak));
+}
+
+/* Threads in opforge's pool (1 where there is none). */
+inline int OpforgeThreads() { return opforge_parallel_threads ? opforge_parallel_threads() : 1; }
+
+/* Which of them runs the calling code: 0 for the thread that called the kernel. */
+inline int OpforgeThreadIndex() { return opforge_parallel_thread_index ? opforge_parallel_thread_index() : 0; }
+
+template <typename F>
+void OpforgeParallelFor(int64_t begin, int64_t end, int64_t grain, const F &f) {
+  if (end <= begin) return;
+  if (!opforge_parallel_for || end - begin <= grain) {
+    f(begin, end);
+    return;
+  }
+  struct Context {
+    const F *f;
+    std::mutex lock;
+    std::exception_ptr error;
+  } context{&f, {}, nullptr};
+  opforge_parallel_for(
+      begin, end, grain,
+      [](int64_t lo, int64_t hi, void *raw) {
+        auto *c = static_cast<Context *>(raw);
+        try {
+          (*c->f)(lo, hi);
+        } catch (...) {
+          std::lock_guard<std::mutex> hold(c->lock);
+          if (!c->error) c->error = std::current_exception();
+        }
+      },
+      &context);
+  if (context.error) std::rethrow_exception(context.error);
+}
+
+#endif  // OPFORGE_PARALLEL_H_
