@@ -110,7 +110,8 @@ class CallSite:
                                                                                           False)
         self.vmap_method = "broadcast_all" if batches else "sequential"
 
-    def __call__(self, args):
+    def __call__(self, args, varying=frozenset()):
+        """The outputs for ``args``; ``varying``: the mesh axes they vary over (inside ``shard_map``)."""
         op = self.op
         if not self.native:  # a Python kernel; an absent optional input (None) is handed to it as None
             kernel, present = self.cpu.kernel, [k for k, a in enumerate(args) if a is not None]
@@ -123,8 +124,8 @@ class CallSite:
 
             result = jax.pure_callback(run, self.out_types, *[args[k] for k in present], vmap_method="sequential")
             return tuple(result) if op.tuple_output else result[0]
-        call = jax.ffi.ffi_call(TARGET, self.out_types if op.tuple_output else self.out_types[0],
-                                vmap_method=self.vmap_method)
+        out_types = self.out_types if not varying else [_typed_like(args[0], t) for t in self.out_types]
+        call = jax.ffi.ffi_call(TARGET, out_types if op.tuple_output else out_types[0], vmap_method=self.vmap_method)
         return call(*args, plans=np.int64(self.plans))
 
 
@@ -176,10 +177,18 @@ def call(op, attrs, args):
     """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
     differentiable with the op's rule.  An absent optional input is None."""
     site = _site(op, attrs, args)
+    # Inside shard_map each input varies over some mesh axes (a split one does, a
+    # broadcast one does not): the call runs on inputs that all vary over the union,
+    # as JAX's own ops do, and gives outputs that do.  The broadcast inputs' gradients
+    # are then summed over those axes by the transpose of that cast (pcast's: psum).
+    varying = frozenset().union(*(_varying(a) for a in args if a is not None))
+    if varying:
+        args = [a if a is None or _varying(a) == varying else
+                jax.lax.pcast(a, tuple(sorted(varying - _varying(a))), to="varying") for a in args]
 
     @jax.custom_vjp
     def apply(*xs):
-        return site(xs)
+        return site(xs, varying)
 
     def forward(*xs):
         out = apply(*xs)  # not site(xs): an outer differentiation of this forward pass needs the rule too
@@ -215,6 +224,20 @@ def _gradients(op, attrs, xs, outs, douts):
         else:
             grads.append(jnp.zeros(x.shape, x.dtype) if gradient is None else gradient.astype(x.dtype))
     return tuple(grads)
+
+
+def _varying(value) -> frozenset:
+    """The manual mesh axes a JAX value varies over (inside shard_map; else none)."""
+    kind = getattr(jax.typeof(value), "manual_axis_type", None)
+    return frozenset(getattr(kind, "varying", ()))
+
+
+def _typed_like(value, result):
+    """``result``'s shape and dtype with the JAX type of ``value`` otherwise: inside shard_map,
+    its mesh and the axes it varies over."""
+    like = jax.typeof(value)
+    sharding = jax.sharding.NamedSharding(like.sharding.mesh, jax.sharding.PartitionSpec(*[None] * len(result.shape)))
+    return like.update(shape=tuple(result.shape), dtype=result.dtype, sharding=sharding, weak_type=False)
 
 
 def _is_float0(value):

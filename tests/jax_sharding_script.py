@@ -1,0 +1,43 @@
+"""Run by test_jax_sharding.py in a child process: JAX must see 4 host devices from its start
+(XLA_FLAGS=--xla_force_host_platform_device_count=4).  Prints one JSON line of results."""
+import json
+import os
+
+assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import opforge.jax  # noqa: E402,F401
+from opforge import ops  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+mesh = jax.make_mesh((4,), ("i",))
+rng = np.random.default_rng(0)
+x_host, w_host = rng.standard_normal((8, 3)), rng.standard_normal((3, 5))
+x = jax.device_put(x_host, NamedSharding(mesh, P("i")))
+w = jax.device_put(w_host, NamedSharding(mesh, P()))
+results = {"devices": len(jax.devices())}
+
+
+def model(x, w):
+    return ops.reduce_sum(ops.softmax(ops.tanh(ops.matmul(x, w)), axis=1), axes=[1], keep_dims=False) * x[:, 0]
+
+
+def loss(x, w):
+    return jnp.sum(model(x, w) ** 2)
+
+
+# shard_map, the default check_vma=True: per-shard calls, gradients of the broadcast w summed over shards
+sharded = jax.shard_map(model, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))
+value = jax.jit(sharded)(x, w)
+grads = jax.jit(jax.grad(lambda x, w: jnp.sum(sharded(x, w) ** 2), argnums=(0, 1)))(x, w)
+expected = model(jnp.asarray(x_host), jnp.asarray(w_host))
+expected_grads = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x_host), jnp.asarray(w_host))
+results["shard_map_value"] = bool(np.allclose(value, expected, rtol=1e-12, atol=1e-12))
+results["shard_map_grad_x"] = bool(np.allclose(grads[0], expected_grads[0], rtol=1e-10, atol=1e-12))
+results["shard_map_grad_w"] = bool(np.allclose(grads[1], expected_grads[1], rtol=1e-10, atol=1e-12))
+print(json.dumps(results))
