@@ -12,7 +12,7 @@ import opforge
 import opforge.jax
 from opforge import ops
 
-softplus = opforge.op("jaxmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"], replace=True,
+softplus = opforge.op("jaxmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], replace=True,
                       doc="log(1 + exp(x)), computed without overflow.")
 softplus.def_infer(opforge.infer.same_as(0))
 softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""

@@ -13,7 +13,7 @@ import opforge
 import opforge.torch
 from opforge import ops
 
-softplus = opforge.op("torchmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"], replace=True,
+softplus = opforge.op("torchmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], replace=True,
                       doc="log(1 + exp(x)), computed without overflow.")
 softplus.def_infer(opforge.infer.same_as(0))
 softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""

@@ -40,4 +40,27 @@ expected_grads = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x_host), jnp.asarray
 results["shard_map_value"] = bool(np.allclose(value, expected, rtol=1e-12, atol=1e-12))
 results["shard_map_grad_x"] = bool(np.allclose(grads[0], expected_grads[0], rtol=1e-10, atol=1e-12))
 results["shard_map_grad_w"] = bool(np.allclose(grads[1], expected_grads[1], rtol=1e-10, atol=1e-12))
+# jax.jit on sharded inputs: each call partitioned by the op's SBP signatures
+value = jax.jit(model)(x, w)
+grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+results["jit_value"] = bool(np.allclose(value, expected, rtol=1e-12, atol=1e-12))
+results["jit_grad_x"] = bool(np.allclose(grads[0], expected_grads[0], rtol=1e-10, atol=1e-12))
+results["jit_grad_w"] = bool(np.allclose(grads[1], expected_grads[1], rtol=1e-10, atol=1e-12))
+results["jit_value_sharding"] = str(value.sharding.spec)
+
+COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
+
+
+def collectives(f, *args):
+    text = jax.jit(f).lower(*args).compile().as_text()
+    return sorted(c for c in COLLECTIVES if c in text)
+
+
+b = jax.device_put(rng.standard_normal(3), NamedSharding(mesh, P()))
+results["elementwise_collectives"] = collectives(lambda x, b: ops.tanh(ops.add(x, b)), x, b)
+results["rows_matmul_collectives"] = collectives(lambda x, w: ops.matmul(x, w), x, w)
+results["row_sums_collectives"] = collectives(lambda x: ops.reduce_sum(x, axes=[1], keep_dims=False), x)
+column_sums = jax.jit(lambda x: ops.reduce_sum(x, axes=[0], keep_dims=False))(x)  # over the split axis: a psum
+results["column_sums"] = bool(np.allclose(column_sums, x_host.sum(axis=0), rtol=1e-12))
+results["column_sums_collectives"] = collectives(lambda x: ops.reduce_sum(x, axes=[0], keep_dims=False), x)
 print(json.dumps(results))

@@ -1,6 +1,7 @@
 """opforge ops on JAX values sharded over a mesh of 4 host devices (a child process, which
 JAX starts with XLA_FLAGS=--xla_force_host_platform_device_count=4): results and gradients
-equal the single-device run."""
+equal the single-device run, under shard_map and under jax.jit, where each call is
+partitioned by the op's SBP signatures: no collective where a signature fits."""
 import json
 import os
 import subprocess
@@ -27,3 +28,16 @@ def test_four_devices(results):
 @pytest.mark.parametrize("check", ["shard_map_value", "shard_map_grad_x", "shard_map_grad_w"])
 def test_shard_map_with_check_vma(results, check):
     assert results[check] is True
+
+
+@pytest.mark.parametrize("check", ["jit_value", "jit_grad_x", "jit_grad_w", "column_sums"])
+def test_jit_on_sharded_inputs(results, check):
+    assert results[check] is True
+
+
+def test_the_result_stays_sharded_and_elementwise_ops_need_no_collective(results):
+    assert results["jit_value_sharding"] == "P('i',)"
+    assert results["elementwise_collectives"] == []
+    assert results["rows_matmul_collectives"] == []  # a:S(0), b:B -> y:S(0)
+    assert results["row_sums_collectives"] == []
+    assert results["column_sums_collectives"] == ["all-reduce"]  # x:S(0) -> y:P, summed

@@ -49,3 +49,22 @@ def test_torch_train_example_prints_a_decreasing_loss():
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", done.stdout)]
     assert len(losses) >= 5 and losses[-1] < 0.8 * losses[0], done.stdout
+
+
+def test_dtensor_sharded_over_two_processes_flows_through_opforge_ops(tmp_path):
+    spawn(torch_workers.dtensor_worker, 2, free_port(), str(tmp_path / "dtensor.pt"))
+    results = torch.load(tmp_path / "dtensor.pt")
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 6, dtype=torch.float64, generator=generator)
+    w = torch.randn(6, 4, dtype=torch.float64, generator=generator)
+    softplus = torch_workers.softplus_op()
+    h = x @ w
+    expected = {"softplus": softplus(x), "matmul": h, "softmax": torch.softmax(h, dim=1), "reduce_sum": h.sum(0)}
+    for name, value in expected.items():
+        placements, full = results[name]
+        torch.testing.assert_close(full, value, rtol=1e-12, atol=1e-12)
+    # where a signature fits, the op ran shard by shard and its output keeps the sharding
+    assert results["softplus"][0] == ("S(0)",)  # elementwise: x:S(0) -> y:S(0)
+    assert results["matmul"][0] == ("S(0)",)  # a:S(0), b:B -> y:S(0)
+    assert results["softmax"][0] == ("S(0)",)  # rows split, softmax along axis 1
+    assert results["reduce_sum"][0] == ("P(sum)",)  # x:S(0) -> y:P: summed when read

@@ -253,7 +253,28 @@ def run_ops(args) -> int:
             print(f"    traits: {', '.join(sorted(op.traits))}")
         for kernel in op.kernels:
             print(_kernel_line(kernel))
+        print(_sbp_line(op))
     return 0
+
+
+def _sbp_line(op) -> str:
+    """The op's SBP signatures as far as they are known without shapes: a fixed list is shown
+    (on inputs of unknown rank), a function or trait that needs shapes is named."""
+    from opforge.spec import TensorSpec
+
+    parts = ["elementwise splits"] if "elementwise" in op.traits else []
+    declared = op.sbp_declaration
+    if declared is not None and not callable(declared) and not op.variadic:
+        try:
+            signatures = op.sbp_signatures([TensorSpec(None)] * len(op.inputs))
+            return "    sbp: " + " | ".join(parts + [str(s) for s in signatures])
+        except OpforgeError:  # its outputs' ranks need attributes or shapes after all
+            pass
+    if declared is not None:
+        parts.append("declared (depends on shapes)")
+    if "no_side_effect" in op.traits:
+        parts.append("all broadcast")
+    return "    sbp: " + (" | ".join(parts) or "none (runs unsharded)")
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from .attrs import REQUIRED, AttrDef, check_attr
 from .bounded_cache import BoundedCache
 from .dtypes import normalize as normalize_dtype
 from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
+from .sbp import checked_declaration, signatures
 from .spec import TensorSpec
 
 
@@ -181,6 +182,7 @@ class Op(OpBase):
         self.check_fn = None
         self.grad_rule = None
         self.grad_saves = ()
+        self.sbp_declaration = None  # see Op.sbp
         self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
         self.plan_caches = []  # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
         with Op._instances_lock:
@@ -336,6 +338,21 @@ class Op(OpBase):
         self.check_fn = fn
         self._forget_plans()
         return fn
+
+    def sbp(self, declaration):
+        """Declare the op's SBP signatures (OneFlow's get_sbp_fn; see ``opforge.sbp``).
+
+        As a decorator on ``fn(*input_specs, **attrs)`` returning a list of
+        signatures, each a dict naming every input and output:
+        ``{"a": split(0), "b": broadcast, "y": split(0)}``; or given a list of
+        such dicts directly, for signatures that do not depend on shapes.
+        """
+        self.sbp_declaration = checked_declaration(self, declaration)
+        return declaration
+
+    def sbp_signatures(self, specs, attrs=None):
+        """The op's valid SBP signatures for these input specs and attribute values (``opforge.sbp.signatures``)."""
+        return signatures(self, specs, attrs)
 
     def _forget_plans(self):
         self._launchers.clear()

@@ -9,7 +9,8 @@ from .errors import SchemaError
 from .operator import Op
 from .schema import parse_schema
 
-TRAITS = frozenset({"no_grad", "cpu_only", "no_side_effect", "always_compute", "support_non_contiguous"})
+TRAITS = frozenset({"no_grad", "cpu_only", "no_side_effect", "always_compute", "support_non_contiguous",
+                    "elementwise"})
 
 _ops: dict[str, Op] = {}
 

@@ -10,7 +10,7 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 
-abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
+abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],  # noqa: A001 - the op's name
                  doc="Absolute value, elementwise.")
 abs.def_infer(infer.same_as(0))
 

@@ -9,10 +9,23 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
+from opforge.sbp import partial_sum
 
-add = opforge.op("add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+add = opforge.op("add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise sum with NumPy broadcasting; y has the dtype of a.")
 add.def_infer(infer.broadcast())
+
+
+@add.sbp
+def add_sbp(a, b):
+    # Beside the elementwise splits: addends of a plus addends of b are addends of y.
+    return [{"a": partial_sum, "b": partial_sum, "y": partial_sum}] if summable(a, b) else []
+
+
+def summable(*specs):
+    """Whether partial sums pass through a linear op on inputs of these specs: one numeric dtype.
+    (y takes a's dtype, so mixed dtypes round or truncate each addend; bools add as logical or.)"""
+    return len({s.dtype for s in specs}) == 1 and specs[0].dtype != "bool"
 
 
 @add.reference(fallback=True)

@@ -9,8 +9,9 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.sbp import partial_sum
 
-cast = opforge.op("cast(Tensor x, *, DType dtype) -> Tensor y", traits=["no_side_effect"],
+cast = opforge.op("cast(Tensor x, *, DType dtype) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Elementwise conversion to dtype (NumPy's astype: floats to integers truncate; "
                       "out-of-range values are undefined).")
 
@@ -27,6 +28,13 @@ def cast_reference(x, *, dtype):
 
 def _is_float(dtype):
     return np.dtype(dtype).kind == "f"
+
+
+@cast.sbp
+def cast_sbp(x, *, dtype):
+    # Beside the elementwise splits: float to float keeps sums (up to rounding); to or from
+    # integers each addend would be truncated, and bools do not add.
+    return [{"x": partial_sum, "y": partial_sum}] if _is_float(x.dtype) and _is_float(dtype) else []
 
 
 @cast.grad(save=["x"])

@@ -16,7 +16,8 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import FLOATS, every_dtype
 
-clip = opforge.op("clip(Tensor x, *, float min=-1e999, float max=1e999) -> Tensor y", traits=["no_side_effect"],
+clip = opforge.op("clip(Tensor x, *, float min=-1e999, float max=1e999) -> Tensor y",
+                  traits=["no_side_effect", "elementwise"],
                   doc="Elementwise clamp to [min, max] (infinite by default); min > max gives max everywhere.")
 clip.def_infer(infer.same_as(0))
 

@@ -24,7 +24,7 @@ _EVERY_DTYPE = every_dtype(BINARY_BROADCAST, "Binary", NUMERIC)
 
 
 def comparison(name, numpy_fn, operator):
-    op = opforge.op(f"{name}(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "no_grad"],
+    op = opforge.op(f"{name}(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise", "no_grad"],
                     doc=f"Elementwise a {operator} b with NumPy broadcasting; y is bool.")
     op.def_infer(infer.broadcast(dtype="bool"))
 

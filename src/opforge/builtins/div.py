@@ -7,13 +7,20 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, sum_to, summable
 from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
+from opforge.sbp import broadcast, partial_sum
 
-div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")
 div.def_infer(infer.broadcast())
 div.check(floating_point("div", "a"))
+
+
+@div.sbp
+def div_sbp(a, b):
+    # Beside the elementwise splits: linear in the numerator (not in the divisor).
+    return [{"a": partial_sum, "b": broadcast, "y": partial_sum}] if summable(a, b) else []
 
 
 @div.reference

@@ -13,7 +13,7 @@ from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
-erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect"],
+erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Gauss error function, elementwise (floating-point inputs).")
 erf.def_infer(infer.same_as(0))
 erf.check(floating_point("erf", "x"))

@@ -9,7 +9,7 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
-exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect"],
+exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Exponential, elementwise (floating-point inputs).")
 exp.def_infer(infer.same_as(0))
 

@@ -19,7 +19,7 @@ APPROXIMATIONS = ("none", "tanh")
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 CUBIC = 0.044715
 
-gelu = opforge.op('gelu(Tensor x, *, str approximate="none") -> Tensor y', traits=["no_side_effect"],
+gelu = opforge.op('gelu(Tensor x, *, str approximate="none") -> Tensor y', traits=["no_side_effect", "elementwise"],
                   doc='Gaussian error linear unit, elementwise (floating-point): approximate "none" (erf) '
                       'or "tanh".')
 gelu.def_infer(infer.same_as(0))

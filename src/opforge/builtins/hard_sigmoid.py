@@ -11,7 +11,7 @@ from opforge import infer
 from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
 hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta=0.5) -> Tensor y",
-                          traits=["no_side_effect"],
+                          traits=["no_side_effect", "elementwise"],
                           doc="max(0, min(1, alpha * x + beta)), elementwise (floating-point inputs).")
 hard_sigmoid.def_infer(infer.same_as(0))
 hard_sigmoid.check(floating_point("hard_sigmoid", "x"))

@@ -20,7 +20,8 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
-leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y", traits=["no_side_effect"],
+leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y",
+                        traits=["no_side_effect", "elementwise"],
                         doc="Leaky rectified linear unit, elementwise: x where x > 0, else alpha * x.")
 leaky_relu.def_infer(infer.same_as(0))
 
@@ -234,7 +235,8 @@ def leaky_relu_grad_rule(saved, dy, *, alpha):
 
 
 leaky_relu_grad = opforge.op("leaky_relu_grad(Tensor dy, Tensor x, *, float alpha=0.01) -> Tensor dx",
-                             traits=["no_side_effect"], doc="Gradient of leaky_relu: dy where x > 0, else alpha * dy.")
+                             traits=["no_side_effect", "elementwise"],
+                             doc="Gradient of leaky_relu: dy where x > 0, else alpha * dy.")
 leaky_relu_grad.def_infer(infer.same_as(0))
 
 

@@ -9,7 +9,7 @@ from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
-log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect"],
+log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Natural logarithm, elementwise (floating-point inputs).")
 log.def_infer(infer.same_as(0))
 log.check(floating_point("log", "x"))

@@ -14,6 +14,7 @@ import numpy as np
 import opforge
 from opforge.builtins.common import FLOATS, gpu_source, known_dims, same_dtypes
 from opforge.runtime import blas, cublas
+from opforge.sbp import broadcast, elementwise_splits, partial_sum, split
 
 matmul = opforge.op("matmul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                     doc="Matrix product of the last two dims, batched over leading dims that are equal or 1 "
@@ -51,6 +52,26 @@ def matmul_infer(a, b):
         else:
             batch.append(y if x == -1 else x)  # a known dim wins over -1
     return opforge.TensorSpec((*batch, m, n), a.dtype)
+
+
+@matmul.sbp
+def matmul_sbp(a, b):
+    # OneFlow's: rows of a, or columns of b, split the product; splitting the shared dim k gives
+    # partial products; either operand's addends times the other give addends.  Batch dims split
+    # as an elementwise op's (a batch dim of 1 is broadcast).
+    rank = a.rank if a.rank is not None else b.rank
+    if rank is not None and rank < 2:
+        return []  # inference rejects it
+    row, col = (-2, -1) if rank is None else (rank - 2, rank - 1)
+    signatures = [{"a": split(row), "b": broadcast, "y": split(row)},
+                  {"a": broadcast, "b": split(col), "y": split(col)},
+                  {"a": split(col), "b": split(row), "y": partial_sum},
+                  {"a": partial_sum, "b": broadcast, "y": partial_sum},
+                  {"a": broadcast, "b": partial_sum, "y": partial_sum}]
+    if a.rank is not None and b.rank is not None:
+        signatures += [{"a": on_a, "b": on_b, "y": split(axis)}
+                       for axis, (on_a, on_b) in elementwise_splits(a.shape[:-2], b.shape[:-2])]
+    return signatures
 
 
 @matmul.reference(fallback=True)

@@ -10,7 +10,7 @@ from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
 from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 
-maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
 maximum.def_infer(infer.broadcast())
 

@@ -9,7 +9,8 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import FLOATS, every_dtype, floating_point, known_dims, zeros_like
-from opforge.builtins.reduce_sum import REDUCE_SUM, reduce_sum_check, spread
+from opforge.builtins.reduce_sum import REDUCE_SUM, kept_axes, reduce_sum_check, spread
+from opforge.sbp import split
 from opforge.spec import UNKNOWN_RANK
 
 mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
@@ -25,6 +26,12 @@ is_float = floating_point("mean", "x")
 def mean_check(x, *, axes, keep_dims):
     is_float(x)
     return reduce_sum_check(x, axes=axes, keep_dims=keep_dims)
+
+
+@mean.sbp
+def mean_sbp(x, *, axes, keep_dims):
+    # A split on a kept axis stays a split; the mean over a split axis would need each slice's count.
+    return [{"x": split(x_axis), "y": split(y_axis)} for x_axis, y_axis in kept_axes(x, axes, keep_dims)]
 
 
 @mean.reference

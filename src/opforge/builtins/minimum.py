@@ -11,7 +11,7 @@ from opforge.builtins.add import BINARY_BROADCAST, sum_to
 from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
 from opforge.builtins.maximum import split_by
 
-minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Elementwise minimum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
 minimum.def_infer(infer.broadcast())
 

@@ -13,7 +13,8 @@ from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST
 from opforge.builtins.common import every_dtype
 
-mod = opforge.op("mod(Tensor a, Tensor b, *, bool fmod=False) -> Tensor y", traits=["no_side_effect", "no_grad"],
+mod = opforge.op("mod(Tensor a, Tensor b, *, bool fmod=False) -> Tensor y",
+                 traits=["no_side_effect", "elementwise", "no_grad"],
                  doc="Elementwise remainder with NumPy broadcasting: the sign of b (fmod=False, NumPy's %) or of "
                      "a (fmod=True, C's fmod); an integer divisor of 0 gives 0. y has the dtype of a.")
 mod.def_infer(infer.broadcast())

@@ -6,12 +6,21 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to, summable
 from opforge.builtins.common import gpu_source
+from opforge.sbp import broadcast, partial_sum
 
-mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise product with NumPy broadcasting; y has the dtype of a.")
 mul.def_infer(infer.broadcast())
+
+
+@mul.sbp
+def mul_sbp(a, b):
+    # Beside the elementwise splits: linear in each operand while the other is whole.
+    if not summable(a, b):
+        return []
+    return [{"a": partial_sum, "b": broadcast, "y": partial_sum}, {"a": broadcast, "b": partial_sum, "y": partial_sum}]
 
 
 @mul.reference(fallback=True)

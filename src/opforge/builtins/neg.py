@@ -4,9 +4,11 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
+from opforge.sbp import partial_sum
 
-neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect"], doc="Elementwise negation.")
+neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], doc="Elementwise negation.")
 neg.def_infer(infer.same_as(0))
+neg.sbp([{"x": partial_sum, "y": partial_sum}])  # beside the elementwise splits: -(x1 + x2) = -x1 + -x2
 
 
 @neg.reference(fallback=True)

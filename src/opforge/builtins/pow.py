@@ -10,7 +10,8 @@ from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
 from opforge.builtins.common import FLOATS, every_dtype, floating_point
 
-pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
+pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y",  # noqa: A001 - the op's name
+                 traits=["no_side_effect", "elementwise"],
                  doc="Elementwise power with NumPy broadcasting (floating-point); y has the dtype of a.")
 pow.def_infer(infer.broadcast())
 pow.check(floating_point("pow", "a"))

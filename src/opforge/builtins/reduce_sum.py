@@ -9,6 +9,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes, zeros_like
+from opforge.sbp import partial_sum, split
 
 reduce_sum = opforge.op("reduce_sum(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                         traits=["no_side_effect"],
@@ -30,6 +31,33 @@ def reduce_sum_check(x, *, axes, keep_dims):
     if len(set(normalized)) != len(normalized):
         return f"axes {list(axes)} name the same axis more than once"
     return None
+
+
+@reduce_sum.sbp
+def reduce_sum_sbp(x, *, axes, keep_dims):
+    # A split on a kept axis stays a split; on a reduced axis each device sums its slice: addends of y.
+    # Addends of x sum to addends of y.  (Bools do not add: their sum is cast back to bool.)
+    signatures = [{"x": split(x_axis), "y": split(y_axis)} for x_axis, y_axis in kept_axes(x, axes, keep_dims)]
+    if x.dtype != "bool":
+        signatures += [{"x": split(axis), "y": partial_sum} for axis in reduced_axes(x, axes)]
+        signatures.append({"x": partial_sum, "y": partial_sum})
+    return signatures
+
+
+def reduced_axes(x, axes):
+    """The axes of x that ``axes`` reduces: all of them when empty; none known for an unknown rank."""
+    if x.rank is None:
+        return []
+    return infer.normalize_axes(axes, x.rank, "reduce_sum") or list(range(x.rank))
+
+
+def kept_axes(x, axes, keep_dims):
+    """(x's axis, y's axis) for each axis of x a reduction keeps; none known for an unknown rank."""
+    if x.rank is None:
+        return []
+    reduced = reduced_axes(x, axes)
+    return [(axis, axis if keep_dims else axis - sum(r < axis for r in reduced))
+            for axis in range(x.rank) if axis not in reduced]
 
 
 @reduce_sum.reference(fallback=True)

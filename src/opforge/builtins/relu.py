@@ -10,7 +10,7 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 
-relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect"],
+relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Rectified linear unit, elementwise.")
 relu.def_infer(infer.same_as(0))
 
@@ -52,7 +52,7 @@ relu.kernel(source=gpu_source("elementwise.cu", "ReluGpu"), device="gpu", dtypes
 
 
 # The gradient is an op too (OneFlow's relu / relu_grad pair): dx = dy where y > 0.
-relu_grad_op = opforge.op("relu_grad(Tensor dy, Tensor y) -> Tensor dx", traits=["no_side_effect"],
+relu_grad_op = opforge.op("relu_grad(Tensor dy, Tensor y) -> Tensor dx", traits=["no_side_effect", "elementwise"],
                           doc="Gradient of relu: dy where y > 0, else 0.")
 relu_grad_op.def_infer(infer.same_as(0))
 

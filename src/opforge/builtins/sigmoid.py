@@ -12,7 +12,7 @@ from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
-sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect"],
+sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Logistic sigmoid 1 / (1 + exp(-x)), elementwise (floating-point inputs).")
 sigmoid.def_infer(infer.same_as(0))
 sigmoid.check(floating_point("sigmoid", "x"))

@@ -9,6 +9,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
+from opforge.sbp import split
 
 softmax = opforge.op("softmax(Tensor x, *, int axis=-1) -> Tensor y", traits=["no_side_effect"],
                      doc="Numerically stable softmax along one axis (floating-point inputs).")
@@ -26,6 +27,14 @@ def softmax_check(x, *, axis):
     if not -rank <= axis < rank:
         return f"axis {axis} is out of range for input 'x' of rank {x.rank} (valid: {-rank}..{rank - 1})"
     return None
+
+
+@softmax.sbp
+def softmax_sbp(x, *, axis):
+    # Each slice along `axis` is normalised on its own, so any other axis splits.
+    if not x.rank:  # unknown rank, or 0-d
+        return []
+    return [{"x": split(k), "y": split(k)} for k in range(x.rank) if k != axis % x.rank]
 
 
 @softmax.reference(fallback=True)

@@ -9,7 +9,7 @@ from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
 
-sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect"],
+sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Square root, elementwise (floating-point inputs).")
 sqrt.def_infer(infer.same_as(0))
 sqrt.check(floating_point("sqrt", "x"))

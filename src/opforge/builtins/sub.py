@@ -6,12 +6,19 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to
+from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTYPES, sum_to, summable
 from opforge.builtins.common import gpu_source
+from opforge.sbp import partial_sum
 
-sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
+sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise difference with NumPy broadcasting; y has the dtype of a.")
 sub.def_infer(infer.broadcast())
+
+
+@sub.sbp
+def sub_sbp(a, b):
+    # Beside the elementwise splits: (a1 + a2) - (b1 + b2) = (a1 - b1) + (a2 - b2).
+    return [{"a": partial_sum, "b": partial_sum, "y": partial_sum}] if summable(a, b) else []
 
 
 @sub.reference(fallback=True)

@@ -9,7 +9,7 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 
-tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect"],
+tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Hyperbolic tangent, elementwise (floating-point inputs).")
 tanh.def_infer(infer.same_as(0))
 

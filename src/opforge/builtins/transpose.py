@@ -14,6 +14,7 @@ import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import gpu_source
 from opforge.errors import ShapeError
+from opforge.sbp import split
 
 transpose = opforge.op("transpose(Tensor x, *, int[] perm=[]) -> Tensor y", traits=["no_side_effect"],
                        doc="Permute the axes: y's axis k is x's axis perm[k] (negative entries count from the "
@@ -52,6 +53,16 @@ def transpose_infer(x, *, perm):
     if x.rank is None:
         return TensorSpec([-1] * len(perm) if perm else None, x.dtype)
     return TensorSpec([x.shape[axis] for axis in full_perm(x.rank, perm)], x.dtype)
+
+
+@transpose.sbp
+def transpose_sbp(x, *, perm):
+    # y's axis k is x's axis perm[k]: a split moves with its axis.
+    rank = x.rank if x.rank is not None else len(perm)
+    order = full_perm(rank, perm) if rank else []  # (an unknown rank with an empty perm: nothing known)
+    if isinstance(order, str):
+        raise ShapeError(f"op 'transpose': {order}")
+    return [{"x": split(x_axis), "y": split(y_axis)} for y_axis, x_axis in enumerate(order)]
 
 
 @transpose.reference(fallback=True)

@@ -11,7 +11,8 @@ from opforge.builtins.add import BROADCAST_HELPERS, sum_to
 from opforge.builtins.common import NUMERIC, every_dtype
 from opforge.infer import broadcast_shapes
 
-where = opforge.op("where(Tensor condition, Tensor x, Tensor y) -> Tensor out", traits=["no_side_effect"],
+where = opforge.op("where(Tensor condition, Tensor x, Tensor y) -> Tensor out",
+                   traits=["no_side_effect", "elementwise"],
                    doc="Elementwise choice: x where condition is true, else y (broadcasting all three); "
                        "condition is bool, x and y share a dtype.")
 

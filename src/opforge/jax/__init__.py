@@ -76,6 +76,11 @@ def _gpu_backend() -> bool:
         return False
 
 
+@functools.cache
+def _several_devices() -> bool:
+    return len(jax.devices()) > 1
+
+
 def _take_attr_error_address() -> int:
     return ctypes.cast(ctypes.CDLL(_native.__file__).opforge_take_attr_error, ctypes.c_void_p).value
 
@@ -186,9 +191,17 @@ def call(op, attrs, args):
         args = [a if a is None or _varying(a) == varying else
                 jax.lax.pcast(a, tuple(sorted(varying - _varying(a))), to="varying") for a in args]
 
+    run = site
+    if not varying and site.native and any(isinstance(a, jax.core.Tracer) for a in args) and _several_devices():
+        from .sharding import partitioned  # under jit: split by the op's SBP signatures
+
+        shapes = partitioned(op, attrs, [_spec(op, k, a) for k, a in enumerate(args)], site.out_specs,
+                             lambda xs: _site(op, attrs, xs)(xs))
+        run = lambda xs, varying=frozenset(): shapes(*xs)  # noqa: E731
+
     @jax.custom_vjp
     def apply(*xs):
-        return site(xs, varying)
+        return run(xs, varying)
 
     def forward(*xs):
         out = apply(*xs)  # not site(xs): an outer differentiation of this forward pass needs the rule too

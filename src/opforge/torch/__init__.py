@@ -25,6 +25,7 @@ from ..operator import Op
 from ..registry import LISTENERS, lookup, registered_ops
 from ..runtime.dispatch import INTERCEPTORS
 from . import fast as fast_path
+from . import sharding
 from .autograd import Gradient
 from .calls import Binding
 from .schema import qualified_name, torch_schema
@@ -82,6 +83,8 @@ def _define(op) -> Binding:
         if fast:
             binding.fast = fast_path.FastPath(namespace, name, python_name, binding.native_plan)
             op.plan_caches.append(binding.fast)
+        if sharding.available():
+            sharding.register(binding)
         _bindings[(namespace, name)] = binding
         op._torch_binding = binding
         return binding

@@ -33,7 +33,7 @@ def _placement(sbp):
 
 
 def register(binding):
-    """Give DTensor the op's signatures (ops with a Tensor[] input keep DTensor's default)."""
+    """Give DTensor the op's signatures (none for ops with a Tensor[] input)."""
     from torch.distributed.tensor.experimental import register_sharding
 
     op = binding.op

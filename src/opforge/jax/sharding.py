@@ -1,0 +1,168 @@
+"""opforge ops under ``jax.jit`` on sharded inputs: each call site partitioned by the
+op's SBP signatures (``opforge.sbp``), so it runs on each device's shard with no
+all-gather where a signature fits the inputs' shardings.
+
+XLA treats a custom call as opaque: left alone, it would gather every input on
+every device.  ``partitioned`` wraps a call site in ``custom_partitioning``:
+
+* for Shardy's propagation, a sharding rule derived from the signatures on the
+  global shapes (the dims a signature splits together share a factor; a factor
+  split only on inputs, whose signature sums its output, is a reduction factor;
+  dims no signature splits need replication);
+* for the partitioning itself, per mesh axis, the signature whose input SBPs are
+  the inputs' shardings there (a dim sharded over the axis is ``split``, else
+  ``broadcast``); its output SBPs give the result's sharding, and a
+  ``partial_sum`` output is summed over the axis (``psum``) in the per-shard
+  code.  An axis no signature fits is gathered (XLA inserts the collective), as
+  is a split of a dim the axis does not divide evenly.
+"""
+from __future__ import annotations
+
+import itertools
+import string
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..sbp import PartialSum, Split, broadcast
+
+
+def _factor_names():
+    for size in itertools.count(1):
+        for letters in itertools.product(string.ascii_lowercase, repeat=size):
+            yield "".join(letters)
+
+
+def sharding_rule(op, in_specs, out_specs, signatures):
+    """(Shardy rule string, reduction factors, need-replication factors) for these signatures."""
+    parent = {}
+
+    def find(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    def union(a, b):
+        parent[find(a)] = find(b)
+
+    reducing, touched = set(), set()
+    for signature in signatures:
+        split = [(("in", k), s.axis) for k, s in enumerate(signature.inputs) if isinstance(s, Split)]
+        split += [(("out", k), s.axis) for k, s in enumerate(signature.outputs) if isinstance(s, Split)]
+        touched.update(split)
+        for first, other in zip(split, split[1:]):
+            union(first, other)
+        if split and any(isinstance(s, PartialSum) for s in signature.outputs):
+            reducing.update(key for key in split if key[0][0] == "in")
+    names, factors = _factor_names(), {}
+    reduction, replicated = set(), set()
+
+    def factor(key):
+        root = find(key)
+        if root not in factors:
+            factors[root] = next(names)
+        return factors[root]
+
+    def dims(side, specs):
+        text = []
+        for k, spec in enumerate(specs):
+            text.append(" ".join(factor(((side, k), d)) for d in range(len(spec.shape))))
+        return ", ".join(text)
+
+    rule = f"{dims('in', in_specs)} -> {dims('out', out_specs)}"
+    split_anywhere = {find(key) for key in touched}
+    in_result = {find((("out", k), d)) for k, s in enumerate(out_specs) for d in range(len(s.shape))}
+    for root, name in factors.items():
+        if root not in in_result:
+            if any(find(key) == root for key in reducing):
+                reduction.add(name)
+            else:
+                replicated.add(name)
+        elif root not in split_anywhere:
+            replicated.add(name)
+    return rule, tuple(sorted(reduction)), tuple(sorted(replicated))
+
+
+def _axes_of(entry):
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _choose(mesh, signatures, in_specs, arg_shardings):
+    """Per mesh axis, the signature the inputs' shardings fit, or None (the axis is gathered)."""
+    chosen = {}
+    for axis in mesh.axis_names:
+        given = []
+        for spec, sharding in zip(in_specs, arg_shardings):
+            entries = tuple(sharding.spec) + (None,) * (len(spec.shape) - len(sharding.spec))
+            dims = [d for d, entry in enumerate(entries) if axis in _axes_of(entry)]
+            given.append(Split(dims[0]) if dims else broadcast)
+        size = mesh.shape[axis]
+        fitting = [s for s in signatures if tuple(s.inputs) == tuple(given)
+                   and all(not isinstance(sbp, Split) or spec.shape[sbp.axis] % size == 0
+                           for sbp, spec in zip(s.inputs, in_specs))]
+        chosen[axis] = fitting[0] if fitting else None
+    return chosen
+
+
+def _shardings(mesh, chosen, in_specs, out_specs):
+    """(input shardings to ask for, output shardings, axes to psum each output over)."""
+    inputs = [[[] for _ in spec.shape] for spec in in_specs]
+    outputs = [[[] for _ in spec.shape] for spec in out_specs]
+    sums = [[] for _ in out_specs]
+    for axis, signature in chosen.items():
+        if signature is None:
+            continue
+        for k, sbp in enumerate(signature.inputs):
+            if isinstance(sbp, Split):
+                inputs[k][sbp.axis].append(axis)
+        for k, sbp in enumerate(signature.outputs):
+            if isinstance(sbp, Split):
+                outputs[k][sbp.axis].append(axis)
+            elif isinstance(sbp, PartialSum):
+                sums[k].append(axis)
+
+    def named(dims):
+        return NamedSharding(mesh, P(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+                                       for axes in dims]))
+
+    return [named(d) for d in inputs], [named(d) for d in outputs], sums
+
+
+def partitioned(op, attrs, in_specs, out_specs, run_shard):
+    """A function of the call's arrays that XLA's partitioners split by the op's signatures;
+    ``run_shard(arrays)`` runs the op on arrays of whatever shape (a device's shard)."""
+    signatures = op.sbp_signatures(in_specs, attrs)
+    rule, reduction, replicated = sharding_rule(op, in_specs, out_specs, signatures)
+    several = op.tuple_output
+
+    @custom_partitioning
+    def call(*arrays):
+        return run_shard(arrays)
+
+    def plan(mesh, arg_shapes):
+        arg_shardings = [shape.sharding for shape in arg_shapes]
+        chosen = _choose(mesh, signatures, in_specs, arg_shardings)
+        return _shardings(mesh, chosen, in_specs, out_specs)
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+        _, outputs, _ = plan(mesh, arg_shapes)
+        return tuple(outputs) if several else outputs[0]
+
+    def partition(mesh, arg_shapes, result_shape):
+        inputs, outputs, sums = plan(mesh, arg_shapes)
+
+        def per_shard(*arrays):
+            result = run_shard(arrays)
+            results = list(result) if several else [result]
+            results = [jax.lax.psum(r, tuple(axes)) if axes else r for r, axes in zip(results, sums)]
+            return tuple(results) if several else results[0]
+
+        return mesh, per_shard, (tuple(outputs) if several else outputs[0]), tuple(inputs)
+
+    call.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                       sharding_rule=rule, reduction_factors=reduction, need_replication_factors=replicated)
+    return call
