@@ -42,7 +42,7 @@ import onnx
 import onnxruntime as ort
 
 import opforge.onnx
-from opforge.cli import _random_input, set_blas_threads
+from opforge.cli import _random_input, set_threads
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = sorted(p.name[len("light_"):-len(".onnx")] for p in LIGHT.glob("light_*.onnx"))
@@ -89,10 +89,10 @@ def bench_model(name, warmup, repeat):
     error = max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0 for a, b in zip(ours, theirs))
     agree = all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(ours, theirs))
 
-    set_blas_threads(1)
+    set_threads(1)
     ours_1 = median_ms(lambda: graph(*arrays), warmup, repeat)
     ort_1 = median_ms(lambda: sessions[1].run(None, feed), warmup, repeat)
-    set_blas_threads(os.cpu_count() or 1)
+    set_threads(os.cpu_count() or 1)
     ours_all = median_ms(lambda: graph(*arrays), warmup, repeat)
     ort_all = median_ms(lambda: sessions[0].run(None, feed), warmup, repeat)
     return {"load_ms": 1e3 * (loaded - start), "first_ms": 1e3 * (first - loaded), "agree": agree, "error": error,
@@ -150,7 +150,7 @@ def print_breakdown(name, repeat):
     rng = np.random.default_rng(0)
     arrays = [_random_input(v.spec, rng) for v in graph.inputs]
     graph(*arrays)
-    set_blas_threads(1)
+    set_threads(1)
     ours = sorted(opforge_breakdown(graph, arrays, repeat).items(), key=lambda item: -item[1])
     session = ort_session(path, 1)
     theirs = sorted(ort_breakdown(path, {i.name: a for i, a in zip(session.get_inputs(), arrays)}, repeat).items(),

@@ -327,8 +327,8 @@ def add_run(subparsers) -> None:
                         help="the array for the model input NAME, from a .npy file (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument("--threads", type=_positive_int, metavar="N",
-                        help="threads of the BLAS behind matmul, gemm and conv (OpenBLAS; default 1, or "
-                             "OPFORGE_BLAS_THREADS); opforge's other kernels run on one thread")
+                        help="threads for opforge's kernels and the BLAS behind matmul, gemm and conv "
+                             "(opforge.set_num_threads; default: OPFORGE_NUM_THREADS, else every core)")
     _add_declaration_options(parser, models=True)
     parser.add_argument("--bench", action="store_true", help="time --repeat runs after the first")
     parser.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
@@ -357,12 +357,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def set_blas_threads(count: int) -> None:
-    """Make OpenBLAS (the linear ops' BLAS) use ``count`` threads, now and in child processes."""
-    from .runtime import blas
+def set_threads(count: int) -> None:
+    """Run opforge's kernels, and the OpenBLAS behind its linear ops, on ``count`` threads, now and in
+    child processes."""
+    from .runtime.parallel import set_num_threads
 
-    os.environ["OPFORGE_BLAS_THREADS"] = str(count)
-    blas.set_num_threads(count)
+    os.environ["OPFORGE_NUM_THREADS"] = os.environ["OPFORGE_BLAS_THREADS"] = str(count)
+    set_num_threads(count)
 
 
 def _onnx():
@@ -452,7 +453,7 @@ def run_run(args) -> int:
     import numpy as np
 
     if args.threads is not None:
-        set_blas_threads(args.threads)
+        set_threads(args.threads)
     start = time.perf_counter()
     graph = _load_model(args)
     loaded = time.perf_counter()

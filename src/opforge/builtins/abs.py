@@ -35,6 +35,13 @@ UNARY_ELEMENTWISE = r"""
 #include <cstdlib>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
+
+// Ranges of this many elements or more go to opforge's threads (a source
+// whose operation costs more per element may define a smaller grain).
+#ifndef OPFORGE_GRAIN
+#define OPFORGE_GRAIN (1 << 16)
+#endif
 
 extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                      void *stream, void *extra) {
@@ -42,7 +49,9 @@ extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, co
   OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_UNARY(x[i]);
+  OpforgeParallelFor(0, n, OPFORGE_GRAIN, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) y[i] = OPFORGE_UNARY(x[i]);
+  });
   return 0;
 }
 """

@@ -64,9 +64,16 @@ BROADCAST_HELPERS = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 #ifndef OPFORGE_BINARY
 #define OPFORGE_BINARY(x, y) ((x) + (y))
+#endif
+
+// Elements per parallel range: arrays up to this size run on the calling
+// thread, as waking the pool costs more than it saves there.
+#ifndef OPFORGE_GRAIN
+#define OPFORGE_GRAIN (1 << 16)
 #endif
 
 typedef OPFORGE_T T;
@@ -97,9 +104,82 @@ static void BroadcastStrides(int ndim, const int64_t *shape, int rank, int64_t *
     stride *= shape[k];
   }
 }
+
+// Merges neighbouring output dims that every input steps through alike
+// (contiguously, or broadcast over both), and drops size-1 dims, so that the
+// innermost dim is as long as it can be: (4096, 4096) + (4096,) stays 2-D, but
+// (8, 512, 512) + (8, 512, 512) becomes one run.  Returns the new rank (>= 1).
+static int Coalesce(int rank, int64_t *shape, int inputs, std::vector<int64_t> *strides) {
+  int m = 0;
+  for (int d = 0; d < rank; d++) {
+    if (shape[d] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < inputs && merge; k++) merge = strides[k][m - 1] == strides[k][d] * shape[d];
+    if (merge) {
+      shape[m - 1] *= shape[d];
+      for (int k = 0; k < inputs; k++) strides[k][m - 1] = strides[k][d];
+    } else {
+      shape[m] = shape[d];
+      for (int k = 0; k < inputs; k++) strides[k][m] = strides[k][d];
+      m++;
+    }
+  }
+  if (m == 0) {  // a single element
+    shape[0] = 1;
+    for (int k = 0; k < inputs; k++) strides[k][0] = 0;
+    m = 1;
+  }
+  return m;
+}
+
+// Calls row(offsets, start) for the output rows [r0, r1) of a coalesced walk:
+// each row is shape[rank - 1] elements from output offset `start`, and
+// offsets[k] is input k's offset there.  The outer index is an odometer
+// started from r0, so ranges run independently on several threads.
+template <int K, typename Row>
+static void ForRows(int rank, const int64_t *shape, const std::vector<int64_t> *strides, int64_t r0, int64_t r1,
+                    const Row &row) {
+  std::vector<int64_t> index(rank, 0);
+  int64_t off[K] = {};
+  for (int64_t r = r0, d = rank - 2; d >= 0; d--) {
+    index[d] = r % shape[d];
+    r /= shape[d];
+    for (int k = 0; k < K; k++) off[k] += index[d] * strides[k][d];
+  }
+  const int64_t inner = shape[rank - 1];
+  for (int64_t q = r0; q < r1; q++) {
+    row(off, q * inner);
+    for (int d = rank - 2; d >= 0; d--) {
+      for (int k = 0; k < K; k++) off[k] += strides[k][d];
+      if (++index[d] < shape[d]) break;
+      for (int k = 0; k < K; k++) off[k] -= strides[k][d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+// The rows a parallel range should hold at least, for rows of `inner` elements.
+static int64_t RowGrain(int64_t inner) { return inner >= OPFORGE_GRAIN ? 1 : OPFORGE_GRAIN / inner; }
 """
 # (where.py builds its three-input kernel on the helpers above.)
 BINARY_BROADCAST = BROADCAST_HELPERS + r"""
+// n elements of y from a and b read with element steps ia and ib (1:
+// contiguous, 0: one value broadcast): the common steps get loops of their
+// own, which the compiler vectorizes.
+static void Span(const T *a, int64_t ia, const T *b, int64_t ib, Y *y, int64_t n) {
+  if (ia == 1 && ib == 1) {
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], b[i]);
+  } else if (ia == 1 && ib == 0) {
+    const T s = b[0];
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], s);
+  } else if (ia == 0 && ib == 1) {
+    const T s = a[0];
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(s, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i * ia], b[i * ib]);
+  }
+}
+
 extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
   const T *a = static_cast<const T *>(params[0]);
@@ -111,52 +191,38 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
   for (int d = 0; d < 4; d++)
     if (shapes[0][d] != shapes[1][d]) return 4;
   const int64_t padded = shapes[0][0] * ((shapes[0][1] + 15) / 16 * 16) * shapes[0][2] * shapes[0][3];
-  for (int64_t i = 0; i < padded; i++) y[i] = OPFORGE_BINARY(a[i], b[i]);
+  OpforgeParallelFor(0, padded, OPFORGE_GRAIN,
+                     [&](int64_t lo, int64_t hi) { Span(a + lo, 1, b + lo, 1, y + lo, hi - lo); });
   return 0;
 #endif
   const int rank = ndims[2];
-  const int64_t *out = shapes[2];
-  const int64_t n = Count(rank, out);
+  const int64_t n = Count(rank, shapes[2]);
   const int64_t na = Count(ndims[0], shapes[0]), nb = Count(ndims[1], shapes[1]);
   if (n == 0) return 0;
 
   // Fast paths.  An input with as many elements as the output is laid out
   // like it (broadcasting only ever adds size-1 dims), so it is read linearly.
-  if (na == n && nb == n) {
-    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], b[i]);
-    return 0;
-  }
-  if (na == n && nb == 1) {
-    const T s = b[0];
-    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(a[i], s);
-    return 0;
-  }
-  if (na == 1 && nb == n) {
-    const T s = a[0];
-    for (int64_t i = 0; i < n; i++) y[i] = OPFORGE_BINARY(s, b[i]);
+  if ((na == n || na == 1) && (nb == n || nb == 1)) {
+    const int64_t ia = na == n ? 1 : 0, ib = nb == n ? 1 : 0;
+    OpforgeParallelFor(0, n, OPFORGE_GRAIN,
+                       [&](int64_t lo, int64_t hi) { Span(a + lo * ia, ia, b + lo * ib, ib, y + lo, hi - lo); });
     return 0;
   }
 
-  // General case: walk the output row by row (the innermost dim is a plain
-  // strided loop), carrying each input's offset with an odometer over the
-  // outer dims instead of recomputing it per element.
-  std::vector<int64_t> sa(rank), sb(rank), index(rank, 0);
-  BroadcastStrides(ndims[0], shapes[0], rank, sa.data());
-  BroadcastStrides(ndims[1], shapes[1], rank, sb.data());
-  const int64_t inner = out[rank - 1];  // rank >= 1 here: a 0-d output has n == 1
-  const int64_t ia = sa[rank - 1], ib = sb[rank - 1];
-  int64_t oa = 0, ob = 0;
-  for (int64_t start = 0; start < n; start += inner) {
-    for (int64_t j = 0; j < inner; j++) y[start + j] = OPFORGE_BINARY(a[oa + j * ia], b[ob + j * ib]);
-    for (int d = rank - 2; d >= 0; d--) {
-      oa += sa[d];
-      ob += sb[d];
-      if (++index[d] < out[d]) break;
-      oa -= sa[d] * out[d];
-      ob -= sb[d] * out[d];
-      index[d] = 0;
-    }
-  }
+  // General case: rows of the coalesced output (rows of a matrix plus a row
+  // vector, or plus a column, are contiguous or broadcast runs), each input's
+  // offset carried by an odometer over the outer dims; ranges of rows in parallel.
+  std::vector<int64_t> shape(shapes[2], shapes[2] + rank);
+  std::vector<int64_t> strides[2] = {std::vector<int64_t>(rank), std::vector<int64_t>(rank)};
+  BroadcastStrides(ndims[0], shapes[0], rank, strides[0].data());
+  BroadcastStrides(ndims[1], shapes[1], rank, strides[1].data());
+  const int m = Coalesce(rank, shape.data(), 2, strides);
+  const int64_t inner = shape[m - 1], ia = strides[0][m - 1], ib = strides[1][m - 1];
+  OpforgeParallelFor(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
+    ForRows<2>(m, shape.data(), strides, r0, r1, [&](const int64_t *off, int64_t start) {
+      Span(a + off[0], ia, b + off[1], ib, y + start, inner);
+    });
+  });
   return 0;
 }
 """

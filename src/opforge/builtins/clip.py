@@ -60,6 +60,7 @@ def clip_grad(saved, dy, *, min, max):  # noqa: A002
 
 CLIP = r"""
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 extern "C" int Clip(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra_ptr) {
@@ -69,10 +70,12 @@ extern "C" int Clip(int nparam, void **params, int *ndims, int64_t **shapes, con
   const OPFORGE_T low = extra->Attr<float>("min"), high = extra->Attr<float>("max");
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) {
-    const OPFORGE_T v = x[i] < low ? low : x[i];  // comparisons with NaN are false: NaN passes through
-    y[i] = v > high ? high : v;
-  }
+  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
+    for (int64_t i = lo; i < hi; i++) {
+      const OPFORGE_T v = x[i] < low ? low : x[i];  // comparisons with NaN are false: NaN passes through
+      y[i] = v > high ? high : v;
+    }
+  });
   return 0;
 }
 """

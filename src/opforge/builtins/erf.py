@@ -1,8 +1,15 @@
 """erf: y = the Gauss error function of x, elementwise (floating-point).
 
-std::erf in the kernel; the NumPy reference has no erf of its own, so it
-applies math.erf element by element (exact to double rounding).  The
-gradient is dy * 2 / sqrt(pi) * e ** -(x * x).
+The CPU kernel is vecmath.h's erf: |x| * S(x^2) below 0.875, 1 - erfc(|x|)
+above, erfc from e^-(x^2) (x^2 split exactly) times a fitted polynomial,
+with x's sign; compiled per float dtype and instruction set and split across
+opforge's thread pool, as exp's.  The NumPy reference has no erf of its
+own, so it applies math.erf element by element (exact to double rounding).
+The gradient is dy * 2 / sqrt(pi) * e ** -(x * x).
+
+Accuracy (max error over a dense sweep of the whole range, against a float64
+reference for float32 and math.erf / mpmath for float64; every ISA variant):
+float32 <= 3 ulp, float64 <= 4 ulp (from math.erf, itself within 1 ulp).
 """
 import math
 
@@ -10,8 +17,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import floating_point
+from opforge.builtins.exp import vecmath_kernels
 
 erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Gauss error function, elementwise (floating-point inputs).")
@@ -33,6 +40,4 @@ def erf_grad(saved, dy):
     return dy * ops.mul(ops.exp(ops.neg(x * x)), np.asarray(2 / math.sqrt(math.pi), x.dtype))
 
 
-# abs.py's unary source with std::erf (float and double overloads).
-erf.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
-           name="Erf", cflags=["-DOPFORGE_UNARY(x)=std::erf(x)"])
+vecmath_kernels(erf, "Erf", "VecErf")

@@ -5,6 +5,20 @@
 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))).  One kernel
 reads the attribute; the gradient is written with opforge ops (erf, exp,
 tanh), so it differentiates again.
+
+The CPU kernel uses vecmath.h (compiled per float dtype and instruction set,
+split across opforge's thread pool, as exp's): "none" is x Phi(x) with Phi
+from erf above 0 and from erfc below (no cancellation in the negative tail),
+"tanh" is the same formula written x sigmoid(2 sqrt(2 / pi) (x + 0.044715
+x^3)), which does not cancel either.
+
+Accuracy (max error over a dense sweep of the whole range, against float64
+for float32 and mpmath for float64; every ISA variant): "none" float32 <= 8
+ulp, float64 <= 6 ulp; "tanh" <= 32 ulp for x >= -4 (float32 and float64):
+the rounding of the tanh argument u (a few ulp) is amplified about |u|
+times where the result is small, as in any evaluation of the formula at the
+input's precision, so over the whole range float32 <= 256 ulp and float64
+<= 2048 ulp (in the far negative tail).
 """
 import math
 
@@ -12,8 +26,9 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import floating_point
 from opforge.builtins.erf import erf_reference
+from opforge.builtins.exp import VECMATH, VECMATH_ISAS
 
 APPROXIMATIONS = ("none", "tanh")
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -67,34 +82,33 @@ def gelu_grad(saved, dy, *, approximate):
 
 
 GELU = r"""
-#include <cmath>
-#include <string>
+#include <cstring>
 
 #include "custom_aot_extra.h"
-
-typedef OPFORGE_T T;
+#include "opforge_parallel.h"
+#include "vecmath.h"
 
 extern "C" int Gelu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra_ptr) {
   AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-  const T *x = static_cast<const T *>(params[0]);
-  T *y = static_cast<T *>(params[1]);
-  const std::string approximate = extra->Attr<std::string>("approximate");
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  if (approximate == "tanh") {
-    const T k = T(0.7978845608028654), c = T(0.044715);  // sqrt(2 / pi)
-    for (int64_t i = 0; i < n; i++) {
-      const T v = x[i];
-      y[i] = T(0.5) * v * (T(1) + std::tanh(k * (v + c * v * v * v)));
-    }
-  } else if (approximate == "none") {
-    const T r = T(0.7071067811865476);  // 1 / sqrt(2)
-    for (int64_t i = 0; i < n; i++) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * r));
-  } else {
-    return 1;  // the op's check rejects this first
+  try {
+    const std::string approximate = extra->Attr<std::string>("approximate");
+    if (approximate != "tanh" && approximate != "none") return 1;  // the op's check rejects this first
+    const bool tanh_form = approximate == "tanh";
+    OpforgeParallelFor(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+      if (tanh_form) vecmath::VecGeluTanh(x + lo, y + lo, hi - lo);
+      else vecmath::VecGelu(x + lo, y + lo, hi - lo);
+    });
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+    return 2;
   }
   return 0;
 }
 """
-gelu.kernel(function="Gelu", code=every_dtype(GELU, "Gelu", FLOATS), dtypes=[(d,) for d in FLOATS])
+for _isa in VECMATH_ISAS:
+    gelu.kernel(function="Gelu", code=GELU, dtypes={"x": ["float32", "float64"]}, isa=_isa, **VECMATH)
+del _isa

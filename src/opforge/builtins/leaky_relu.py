@@ -37,6 +37,7 @@ LEAKY_RELU_CC = r"""
 #include <cstdint>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 #if defined(__SSE4_1__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -174,7 +175,8 @@ static void leaky_relu_down(const T *x, T *y, int64_t i, V va, T a) {
   }
 }
 
-static void leaky_relu_simd(const T *x, T *y, int64_t n, T a) {
+// `streaming`: whether the whole output (not this range of it) is large enough to stream.
+static void leaky_relu_simd(const T *x, T *y, int64_t n, T a, bool streaming) {
   const V va = vset1(a);
   if (reinterpret_cast<uintptr_t>(y) % sizeof(T) != 0) {  // not even element-aligned: plain unaligned stores
     leaky_relu_down<kUnaligned>(x, y, n, va, a);
@@ -188,7 +190,7 @@ static void leaky_relu_simd(const T *x, T *y, int64_t n, T a) {
     --i;
     y[i] = scalar(x[i], a);
   }
-  if (static_cast<uint64_t>(n) * sizeof(T) >= static_cast<uint64_t>(LEAKY_RELU_STREAM_BYTES)) {
+  if (streaming) {
     leaky_relu_down<kStream>(x, y, i, va, a);
     _mm_sfence();  // order the streaming stores before whatever reads y next
   } else {
@@ -211,11 +213,22 @@ extern "C" int LeakyRelu(int nparam, void **params, int *ndims, int64_t **shapes
 #endif
   if (n <= 0) return 0;
   const T a = static_cast<T>(static_cast<AotExtra *>(extra)->Attr<float>("alpha"));
+  // Blocks of 4096 elements (whole cache lines apart, so threads rarely share
+  // one), in ranges of 16 blocks and more on opforge's threads; each range
+  // runs the same top-down loop over its own part.
+  const int64_t block = 4096, blocks = (n + block - 1) / block;
 #if defined(LR_ALIGN)
-  leaky_relu_simd(x, y, n, a);
-#else
-  for (int64_t i = 0; i < n; i++) y[i] = scalar(x[i], a);
+  const bool streaming =
+      static_cast<uint64_t>(n) * sizeof(T) >= static_cast<uint64_t>(LEAKY_RELU_STREAM_BYTES);
 #endif
+  OpforgeParallelFor(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * block, hi = b1 * block < n ? b1 * block : n;
+#if defined(LR_ALIGN)
+    leaky_relu_simd(x + lo, y + lo, hi - lo, a, streaming);
+#else
+    for (int64_t i = lo; i < hi; i++) y[i] = scalar(x[i], a);
+#endif
+  });
   return 0;
 }
 """
@@ -253,6 +266,7 @@ def _(saved, ddx, *, alpha):
 leaky_relu_grad.kernel(function="LeakyReluGrad", dtypes={"dy": ["float32", "float64"], "x": ["float32", "float64"]},
                        code=r"""
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 extern "C" int LeakyReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                              void *stream, void *extra) {
@@ -262,7 +276,9 @@ extern "C" int LeakyReluGrad(int nparam, void **params, int *ndims, int64_t **sh
   const OPFORGE_T alpha = static_cast<AotExtra *>(extra)->Attr<float>("alpha");
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) dx[i] = x[i] > OPFORGE_T(0) ? dy[i] : alpha * dy[i];
+  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
+    for (int64_t i = lo; i < hi; i++) dx[i] = x[i] > OPFORGE_T(0) ? dy[i] : alpha * dy[i];
+  });
   return 0;
 }
 """)

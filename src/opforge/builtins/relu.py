@@ -29,6 +29,7 @@ def relu_grad(saved, dy):
 # which in nchw16c includes the channel padding.
 RELU = r"""
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra) {
@@ -41,8 +42,11 @@ extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, con
 #else
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
 #endif
-  // NaN (x != x) passes through, as in the reference (np.maximum)
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] > OPFORGE_T(0) || x[i] != x[i] ? x[i] : OPFORGE_T(0);
+  // NaN (x != x) passes through, as in the reference (np.maximum).  Ranges
+  // of 64K elements and more run on opforge's threads.
+  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) y[i] = x[i] > OPFORGE_T(0) || x[i] != x[i] ? x[i] : OPFORGE_T(0);
+  });
   return 0;
 }
 """
@@ -70,6 +74,7 @@ def _(saved, ddx):
 relu_grad_op.kernel(function="ReluGrad", dtypes={"dy": ["float32", "float64"], "y": ["float32", "float64"]},
                     code=r"""
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 extern "C" int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                         void *stream, void *extra) {
@@ -78,7 +83,12 @@ extern "C" int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes,
   OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[2]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) dx[i] = y[i] > OPFORGE_T(0) ? dy[i] : OPFORGE_T(0);
+  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) {
+      const OPFORGE_T g = dy[i];  // loaded either way: a blend, not a branch
+      dx[i] = y[i] > OPFORGE_T(0) ? g : OPFORGE_T(0);
+    }
+  });
   return 0;
 }
 """)

@@ -1,13 +1,21 @@
 """tanh: y = tanh(x), elementwise.
 
-A unary float op: same shape and dtype out as in, one C++ source compiled
-per float dtype (std::tanh has an overload for each).
+A unary float op: same shape and dtype out as in.  The CPU kernel is
+vecmath.h's tanh, -expm1(-2|x|) / (expm1(-2|x|) + 2) with x's sign (no
+cancellation near 0, exactly +-1 where it saturates), compiled per float
+dtype and instruction set and split across opforge's thread pool, as exp's.
+
+Accuracy (max error over a dense sweep of the whole range, against a float64
+reference for float32 and a long double one for float64; every ISA variant):
+float32 <= 3 ulp, float64 <= 3 ulp; -0.0, +-inf (+-1), NaN and subnormals as
+NumPy.
 """
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
+from opforge.builtins.exp import vecmath_kernels
 
 tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Hyperbolic tangent, elementwise (floating-point inputs).")
@@ -33,19 +41,5 @@ def tanh_grad(saved, dy):
     return dy * (np.ones((), y.dtype) - y * y)
 
 
-tanh.kernel(function="Tanh", dtypes={"x": ["float32", "float64"]}, code=r"""
-#include <cmath>
-
-#include "custom_aot_extra.h"
-
-extern "C" int Tanh(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                    void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::tanh(x[i]);  // the float overload for float: no round trip via double
-  return 0;
-}
-""")
+vecmath_kernels(tanh, "Tanh", "VecTanh")
 tanh.kernel(source=gpu_source("elementwise.cu", "TanhGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

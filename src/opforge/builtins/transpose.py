@@ -81,21 +81,28 @@ def transpose_grad(saved, dy, *, perm):
 
 
 TRANSPOSE = r"""
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "custom_aot_extra.h"
 #include "elements.h"
+#include "opforge_parallel.h"
 
-// y's last dim against x's contiguous dim `along`, in TILE x TILE blocks, for
-// each index of the other dims (an odometer).  dim / stride: y's merged dims
-// and x's byte strides along them.
+static const int64_t kGrainBytes = 1 << 18;  // bytes moved by a parallel range at least
+
+// y's last dim against x's contiguous dim `along`, in square tiles, for each
+// index of the other dims; ranges of tile rows in parallel.  Each tile is
+// staged through a small buffer: x's side is read as whole contiguous
+// pieces and y's written so, which keeps a power-of-two row stride (every
+// row in one cache set) from evicting lines before they are used up.
+// dim / stride: y's merged dims and x's byte strides along them.
 template <typename E>
 static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const std::vector<int64_t> &stride,
                   int along) {
   const int m = static_cast<int>(dim.size());
-  const int64_t size = sizeof(E), TILE = 32;
+  const int64_t size = sizeof(E), TILE = size >= 8 ? 32 : 64;
   std::vector<int64_t> ystride(m);
   for (int d = m - 1; d >= 0; d--) ystride[d] = d == m - 1 ? size : ystride[d + 1] * dim[d + 1];
   std::vector<int> others;
@@ -107,29 +114,32 @@ static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const
     }
   const int64_t rows = dim[along], cols = dim[m - 1];
   const int64_t x_col = stride[m - 1] / size, y_row = ystride[along] / size;
-  std::vector<int64_t> index(others.size(), 0);
-  int64_t xoff = 0, yoff = 0;
-  for (int64_t o = 0; o < outer; o++) {
-    const E *from = reinterpret_cast<const E *>(x + xoff);
-    E *to = reinterpret_cast<E *>(y + yoff);
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-      const int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+  const int64_t tiles = (rows + TILE - 1) / TILE;
+  const int64_t grain = std::max<int64_t>(1, kGrainBytes / (TILE * cols * size));
+  OpforgeParallelFor(0, outer * tiles, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<E> buffer(TILE * TILE);
+    E *buf = buffer.data();
+    for (int64_t t = t0; t < t1; t++) {
+      int64_t o = t / tiles, xoff = 0, yoff = 0;
+      for (int k = static_cast<int>(others.size()) - 1; k >= 0; k--) {
+        const int d = others[k];
+        xoff += o % dim[d] * stride[d];
+        yoff += o % dim[d] * ystride[d];
+        o /= dim[d];
+      }
+      const E *from = reinterpret_cast<const E *>(x + xoff);
+      E *to = reinterpret_cast<E *>(y + yoff);
+      const int64_t r0 = t % tiles * TILE, r1 = std::min(r0 + TILE, rows), h = r1 - r0;
       for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
-        const int64_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
-        for (int64_t r = r0; r < r1; r++)
-          for (int64_t c = c0; c < c1; c++) std::memcpy(to + r * y_row + c, from + r + c * x_col, sizeof(E));
+        const int64_t c1 = std::min(c0 + TILE, cols), w = c1 - c0;
+        for (int64_t c = 0; c < w; c++) std::memcpy(buf + c * TILE, from + r0 + (c0 + c) * x_col, h * size);
+        for (int64_t r = 0; r < h; r++) {
+          E *out = to + (r0 + r) * y_row + c0;
+          for (int64_t c = 0; c < w; c++) out[c] = buf[c * TILE + r];
+        }
       }
     }
-    for (int k = static_cast<int>(others.size()) - 1; k >= 0; k--) {
-      const int d = others[k];
-      xoff += stride[d];
-      yoff += ystride[d];
-      if (++index[k] < dim[d]) break;
-      xoff -= stride[d] * dim[d];
-      yoff -= ystride[d] * dim[d];
-      index[k] = 0;
-    }
-  }
+  });
 }
 
 // y[i] = x at the matching index, every dim walked as an odometer.  Dims that
@@ -173,7 +183,7 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   const char *x = static_cast<const char *>(params[0]);
   char *y = static_cast<char *>(params[1]);
   if (dim.empty() || (dim.size() == 1 && stride[0] == size)) {
-    std::memcpy(y, x, n * size);
+    OpforgeParallelFor(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
     return 0;
   }
   const int m = static_cast<int>(dim.size());
@@ -190,7 +200,9 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
       }
     }
   }
-  // A contiguous innermost run is copied whole; otherwise elements one by one.
+  // A contiguous innermost run is copied whole; otherwise elements one by
+  // one.  Ranges of y's rows run in parallel, each starting its odometer
+  // from its first row.
   int64_t run = 1;
   if (stride.back() == size) {
     run = dim.back();
@@ -199,22 +211,31 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   }
   const int r = static_cast<int>(dim.size());
   const int64_t inner = dim[r - 1], inner_stride = stride[r - 1], run_bytes = run * size;
-  std::vector<int64_t> index(r, 0);
-  int64_t offset = 0;
-  for (int64_t done = 0; done < n; done += inner * run) {
-    const char *from = x + offset;
-    if (run > 1) {
-      for (int64_t j = 0; j < inner; j++, y += run_bytes) std::memcpy(y, from + j * inner_stride, run_bytes);
-    } else {
-      for (int64_t j = 0; j < inner; j++, y += size) std::memcpy(y, from + j * inner_stride, size);
+  const int64_t row_bytes = inner * run_bytes, nrows = n * size / row_bytes;
+  OpforgeParallelFor(0, nrows, std::max<int64_t>(1, kGrainBytes / row_bytes), [&](int64_t q0, int64_t q1) {
+    std::vector<int64_t> index(r, 0);
+    int64_t offset = 0;
+    for (int64_t q = q0, d = r - 2; d >= 0; d--) {
+      index[d] = q % dim[d];
+      offset += index[d] * stride[d];
+      q /= dim[d];
     }
-    for (int d = r - 2; d >= 0; d--) {
-      offset += stride[d];
-      if (++index[d] < dim[d]) break;
-      offset -= stride[d] * dim[d];
-      index[d] = 0;
+    char *to = y + q0 * row_bytes;
+    for (int64_t q = q0; q < q1; q++) {
+      const char *from = x + offset;
+      if (run > 1) {
+        for (int64_t j = 0; j < inner; j++, to += run_bytes) std::memcpy(to, from + j * inner_stride, run_bytes);
+      } else {
+        for (int64_t j = 0; j < inner; j++, to += size) std::memcpy(to, from + j * inner_stride, size);
+      }
+      for (int d = r - 2; d >= 0; d--) {
+        offset += stride[d];
+        if (++index[d] < dim[d]) break;
+        offset -= stride[d] * dim[d];
+        index[d] = 0;
+      }
     }
-  }
+  });
   return 0;
 }
 """

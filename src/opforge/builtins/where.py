@@ -1,7 +1,7 @@
 """where: out = x where condition else y, with NumPy broadcasting of all three.
 
 The kernel walks the output with add.py's broadcasting helpers, carrying one
-offset per input.
+offset per input, in ranges of rows on opforge's threads.
 """
 import numpy as np
 
@@ -45,6 +45,27 @@ def where_grad(saved, dout):
 
 
 WHERE = BROADCAST_HELPERS + r"""
+// n elements of out, each input read with its own element step (1:
+// contiguous, 0: broadcast).  Both values are loaded before the choice, so
+// the all-contiguous loop is a branch-free blend the compiler vectorizes.
+static void Choose(const bool *c, int64_t ic, const T *x, int64_t ix, const T *y, int64_t iy, T *out, int64_t n) {
+  if (ic == 1 && ix == 1 && iy == 1) {
+    for (int64_t i = 0; i < n; i++) {
+      const T a = x[i], b = y[i];
+      out[i] = c[i] ? a : b;
+    }
+  } else if (ic == 0) {  // one condition for the whole run: a copy of one side
+    const T *from = c[0] ? x : y;
+    const int64_t step = c[0] ? ix : iy;
+    for (int64_t i = 0; i < n; i++) out[i] = from[i * step];
+  } else {
+    for (int64_t i = 0; i < n; i++) {
+      const T a = x[i * ix], b = y[i * iy];
+      out[i] = c[i * ic] ? a : b;
+    }
+  }
+}
+
 extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                      void *stream, void *extra) {
   const bool *c = static_cast<const bool *>(params[0]);
@@ -52,35 +73,23 @@ extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, co
   const T *y = static_cast<const T *>(params[2]);
   T *out = static_cast<T *>(params[3]);
   const int rank = ndims[3];
-  const int64_t *shape = shapes[3];
-  const int64_t n = Count(rank, shape);
+  const int64_t n = Count(rank, shapes[3]);
   if (n == 0) return 0;
-  if (rank == 0) {
-    out[0] = c[0] ? x[0] : y[0];
-    return 0;
-  }
-  // One odometer over the output's outer dims, carrying each input's offset
-  // (stride 0 along the dims it is broadcast over).
-  std::vector<int64_t> sc(rank), sx(rank), sy(rank), index(rank, 0);
-  BroadcastStrides(ndims[0], shapes[0], rank, sc.data());
-  BroadcastStrides(ndims[1], shapes[1], rank, sx.data());
-  BroadcastStrides(ndims[2], shapes[2], rank, sy.data());
-  const int64_t inner = shape[rank - 1];
-  const int64_t ic = sc[rank - 1], ix = sx[rank - 1], iy = sy[rank - 1];
-  int64_t oc = 0, ox = 0, oy = 0;
-  for (int64_t start = 0; start < n; start += inner) {
-    for (int64_t j = 0; j < inner; j++) out[start + j] = c[oc + j * ic] ? x[ox + j * ix] : y[oy + j * iy];
-    for (int d = rank - 2; d >= 0; d--) {
-      oc += sc[d];
-      ox += sx[d];
-      oy += sy[d];
-      if (++index[d] < shape[d]) break;
-      oc -= sc[d] * shape[d];
-      ox -= sx[d] * shape[d];
-      oy -= sy[d] * shape[d];
-      index[d] = 0;
-    }
-  }
+  // Rows of the coalesced output, one offset per input carried by an
+  // odometer (stride 0 along the dims it is broadcast over); ranges of rows in parallel.
+  std::vector<int64_t> shape(shapes[3], shapes[3] + rank);
+  std::vector<int64_t> strides[3] = {std::vector<int64_t>(rank + 1), std::vector<int64_t>(rank + 1),
+                                     std::vector<int64_t>(rank + 1)};
+  for (int k = 0; k < 3; k++) BroadcastStrides(ndims[k], shapes[k], rank, strides[k].data());
+  shape.push_back(1);  // room for a 0-d output's one element
+  const int m = Coalesce(rank, shape.data(), 3, strides);
+  const int64_t inner = shape[m - 1];
+  OpforgeParallelFor(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
+    ForRows<3>(m, shape.data(), strides, r0, r1, [&](const int64_t *off, int64_t start) {
+      Choose(c + off[0], strides[0][m - 1], x + off[1], strides[1][m - 1], y + off[2], strides[2][m - 1],
+             out + start, inner);
+    });
+  });
   return 0;
 }
 """

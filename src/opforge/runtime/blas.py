@@ -11,13 +11,17 @@ installed: each carries ``requires=blas.reject_reason`` (see
 ``Kernel.requires``), which loads OpenBLAS on first use.  Without it those
 ops run their NumPy reference, which is BLAS-backed too.
 
-OpenBLAS runs single-threaded, as opforge's other kernels do, unless
-``OPFORGE_BLAS_THREADS`` says otherwise when it loads (a number of threads;
-0: OpenBLAS's own default, one per core) or ``set_num_threads(n)`` later.
-Several threads pay for large products on an idle machine; on one whose
-cores are busy, each product waits for its threads to be scheduled (about a
-scheduler tick, 4 ms, per call was measured with 2 cores shared), which
-costs small products far more than they gain.
+OpenBLAS runs on as many threads as opforge's pool (``opforge.set_num_threads``,
+``OPFORGE_NUM_THREADS``): one knob for both, so the two never add up to more
+threads than the pool was given.  They never run at once: a linear kernel
+holds the calling thread while OpenBLAS works, and the pool's workers sleep.
+``OPFORGE_BLAS_THREADS`` gives OpenBLAS a count of its own when it loads (0:
+OpenBLAS's default, one per core), and ``set_num_threads(n)`` here changes
+OpenBLAS alone, until the next ``opforge.set_num_threads``.  On a machine
+whose cores are busy, one thread (``opforge.set_num_threads(1)``) suits small
+products best: each multi-threaded product waits for its threads to be
+scheduled (about a scheduler tick, 4 ms, per call was measured with 2 cores
+shared).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["available", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
+__all__ = ["available", "follow_pool", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
 
 _lock = threading.Lock()
 _handle = None
@@ -64,7 +68,11 @@ def load():
                     _error = f"OpenBLAS at {path} does not load: {error}"
                 else:
                     threads = os.environ.get("OPFORGE_BLAS_THREADS", "").strip()
-                    threads = int(threads) if threads.isdigit() else 1
+                    if threads.isdigit():
+                        threads = int(threads)
+                    else:
+                        from .parallel import get_num_threads
+                        threads = get_num_threads()
                     if threads > 0:
                         handle.scipy_openblas_set_num_threads(threads)
                     _handle = handle
@@ -78,6 +86,13 @@ def set_num_threads(n: int) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise OpforgeError(f"set_num_threads takes a positive int, got {n!r}")
     if load() is not None:
+        _handle.scipy_openblas_set_num_threads(n)
+
+
+def follow_pool(n: int) -> None:
+    """opforge.set_num_threads's share: OpenBLAS takes the pool's new size now
+    if it is loaded (else it reads the size when it loads)."""
+    if _handle is not None:
         _handle.scipy_openblas_set_num_threads(n)
 
 

@@ -5,7 +5,9 @@ The pool's functions live in the ``_native`` extension.  Importing this module
 loads that extension again into the global symbol scope (it exports nothing
 else: its other symbols are hidden), so a kernel library loaded afterwards
 finds them without linking anything.  Its size is ``OPFORGE_NUM_THREADS`` when
-set, else the cores this process may run on; ``set_num_threads`` changes it.
+set, else the cores this process may run on; ``set_num_threads`` changes it,
+and the threads of OpenBLAS behind matmul, gemm and conv with it (see
+``runtime.blas``): one count for every thread opforge starts.
 """
 from __future__ import annotations
 
@@ -41,8 +43,12 @@ def _checked(threads, what) -> int:
 
 def set_num_threads(threads: int) -> None:
     """Use ``threads`` threads (the calling one included) in kernels that run in
-    parallel; 1 runs them serially.  A kernel already running keeps its pool."""
+    parallel, OpenBLAS's included; 1 runs them serially.  A kernel already
+    running keeps its pool."""
+    from . import blas  # (imports nothing heavy: OpenBLAS loads at its first use)
+
     _pool.opforge_set_num_threads(_checked(threads, "opforge.set_num_threads"))
+    blas.follow_pool(threads)
 
 
 def get_num_threads() -> int:

@@ -1,0 +1,393 @@
+/*
+ * vecmath.h: exp, expm1, tanh, sigmoid, erf, erfc and the normal CDF in float
+ * and double, for the built-in elementwise kernels.
+ *
+ * Each function is a plain inline scalar function without branches or libm
+ * calls: range reduction and polynomials, with selects where a branch would
+ * be.  A loop over an array of them (VecExp, VecTanh, ... below) is therefore
+ * vectorized by g++ -O3 at whatever width the kernel variant is compiled for
+ * (-mavx2 -mfma, -mavx512f; SSE2 without flags).
+ *
+ * Rules the code keeps, so that every variant gives the same answer on the
+ * scalar tail as in the vector body, whatever the array is split into:
+ *  - kernels are compiled with -ffp-contract=off; fused multiply-adds are
+ *    explicit (Fma: one rounding where the ISA has FMA, two where not);
+ *  - no -ffast-math: the rounding and the NaN behaviour written here is what
+ *    runs.
+ *
+ * Special values follow NumPy: NaN in gives NaN out, exp(-inf) = 0,
+ * exp(inf) = inf, overflow gives inf and underflow gradually reaches 0
+ * through the subnormals, tanh/erf keep the sign of -0.0, and subnormal
+ * inputs are computed, not flushed.  Accuracy, measured against float64 (for
+ * float) and long double / mpmath (for double) references, is stated in each
+ * op's doc string and in docs/benchmarks.md, and tests/test_kernel_accuracy.py
+ * asserts it.
+ *
+ * The polynomial coefficients of erf were fitted for opforge (Chebyshev fits
+ * at 50 digits, rounded to the element type); the others are Taylor series.
+ */
+#ifndef OPFORGE_BUILTINS_VECMATH_H_
+#define OPFORGE_BUILTINS_VECMATH_H_
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace vecmath {
+
+// ---------------------------------------------------------------------------
+// Per-type constants and bit access.
+
+template <typename T>
+struct Traits;
+
+template <>
+struct Traits<float> {
+  typedef int32_t Int;
+  static constexpr int kMantissa = 23;
+  static constexpr Int kBias = 127;
+  static constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
+  static constexpr float kExpHi = 89.0f;        // exp(89) > FLT_MAX: inf
+  static constexpr float kExpLo = -104.0f;      // exp(-104) < half the smallest subnormal: 0
+  static constexpr float kExpM1Lo = -40.0f;     // expm1 below this is -1 in float
+  static constexpr float kLn2Hi = 0.693359375f;  // few bits: n * kLn2Hi is exact for every n used
+  static constexpr float kLn2Lo = -2.12194440e-4f;
+  static constexpr float kSplit = 4097.0f;      // 2^12 + 1, Dekker's split
+  static constexpr float kErfcClamp = 12.0f;    // erfc(12) underflows to 0 in float
+  static constexpr float kPhiClamp = 20.0f;     // Phi(-20) underflows to 0 in float
+};
+
+template <>
+struct Traits<double> {
+  typedef int64_t Int;
+  static constexpr int kMantissa = 52;
+  static constexpr Int kBias = 1023;
+  static constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr double kExpHi = 710.0;
+  static constexpr double kExpLo = -746.0;
+  static constexpr double kExpM1Lo = -80.0;
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01;  // low 32 bits zero
+  static constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr double kSplit = 134217729.0;  // 2^27 + 1
+  static constexpr double kErfcClamp = 28.0;
+  static constexpr double kPhiClamp = 40.0;
+};
+
+template <typename T>
+inline typename Traits<T>::Int Bits(T v) {
+  typename Traits<T>::Int i;
+  std::memcpy(&i, &v, sizeof v);
+  return i;
+}
+
+template <typename T>
+inline T FromBits(typename Traits<T>::Int i) {
+  T v;
+  std::memcpy(&v, &i, sizeof v);
+  return v;
+}
+
+inline float Fma(float a, float b, float c) {
+#ifdef __FMA__
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+inline double Fma(double a, double b, double c) {
+#ifdef __FMA__
+  return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+template <typename T>
+inline T Abs(T v) {
+  typedef typename Traits<T>::Int Int;
+  const Int sign = Int(1) << (sizeof(T) * 8 - 1);
+  return FromBits<T>(Bits(v) & ~sign);
+}
+
+// |magnitude| with the sign bit of `sign` (NaN and -0.0 included).
+template <typename T>
+inline T CopySign(T magnitude, T sign) {
+  typedef typename Traits<T>::Int Int;
+  const Int bit = Int(1) << (sizeof(T) * 8 - 1);
+  return FromBits<T>((Bits(magnitude) & ~bit) | (Bits(sign) & bit));
+}
+
+// Clamps that let NaN through (comparisons with NaN are false).
+template <typename T>
+inline T AtLeast(T v, T lo) { return v < lo ? lo : v; }
+template <typename T>
+inline T AtMost(T v, T hi) { return v > hi ? hi : v; }
+
+// 2^n for n in the normal exponent range.
+template <typename T>
+inline T Pow2(typename Traits<T>::Int n) {
+  typedef typename Traits<T>::Int Int;
+  typedef typename std::make_unsigned<Int>::type Unsigned;  // (a NaN's garbage n shifts without UB)
+  return FromBits<T>(Int(Unsigned(n + Traits<T>::kBias) << Traits<T>::kMantissa));
+}
+
+// c0 z^k + c1 z^(k-1) + ... + ck by Horner's rule, written out at compile
+// time (a loop over a coefficient table may stay a loop and block vectorization).
+template <typename T>
+inline T Horner(T, T c) { return c; }
+template <typename T, typename... Rest>
+inline T Horner(T z, T c0, T c1, Rest... rest) { return Horner(z, Fma(c0, z, c1), T(rest)...); }
+
+// hi + lo = v * v exactly (hi the rounded square).
+template <typename T>
+inline void Square(T v, T &hi, T &lo) {
+  hi = v * v;
+#ifdef __FMA__
+  lo = Fma(v, v, -hi);
+#else
+  const T c = Traits<T>::kSplit * v;
+  const T vh = c - (c - v), vl = v - vh;
+  lo = ((vh * vh - hi) + T(2) * vh * vl) + vl * vl;
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// exp and expm1: x = n ln2 + r, |r| <= ln2 / 2 (a little more without FMA),
+// e^r - 1 by its Taylor series (degree 7 for float, 13 for double: the
+// truncation is far below half an ulp), e^x = 2^n (1 + (e^r - 1)).
+
+inline float ExpM1Reduced(float r) {
+  float p = 1.0f / 5040;
+  p = Fma(p, r, 1.0f / 720);
+  p = Fma(p, r, 1.0f / 120);
+  p = Fma(p, r, 1.0f / 24);
+  p = Fma(p, r, 1.0f / 6);
+  p = Fma(p, r, 0.5f);
+  return Fma(p, r * r, r);
+}
+
+inline double ExpM1Reduced(double r) {
+  double p = 1.0 / 6227020800.0;
+  p = Fma(p, r, 1.0 / 479001600.0);
+  p = Fma(p, r, 1.0 / 39916800.0);
+  p = Fma(p, r, 1.0 / 3628800.0);
+  p = Fma(p, r, 1.0 / 362880.0);
+  p = Fma(p, r, 1.0 / 40320.0);
+  p = Fma(p, r, 1.0 / 5040.0);
+  p = Fma(p, r, 1.0 / 720.0);
+  p = Fma(p, r, 1.0 / 120.0);
+  p = Fma(p, r, 1.0 / 24.0);
+  p = Fma(p, r, 1.0 / 6.0);
+  p = Fma(p, r, 0.5);
+  return Fma(p, r * r, r);
+}
+
+// n (as a float and as an integer) and r for x already clamped.
+template <typename T>
+inline T Reduce(T x, typename Traits<T>::Int &n) {
+  typedef Traits<T> K;
+  const T t = Fma(x, T(1.4426950408889634), K::kShift);  // x / ln2 rounded, in t's low bits
+  n = Bits(t) - Bits(K::kShift);
+  const T nf = t - K::kShift;
+  const T r = Fma(nf, -K::kLn2Hi, x);
+  return Fma(nf, -K::kLn2Lo, r);
+}
+
+// e^x as 2^n (1 + q), for x clamped to where e^x is neither 0 nor inf.
+template <typename T>
+struct ExpParts {
+  T q;
+  typename Traits<T>::Int n;
+  explicit ExpParts(T x) {
+    typedef Traits<T> K;
+    q = ExpM1Reduced(Reduce(AtMost(AtLeast(x, K::kExpLo), K::kExpHi), n));
+  }
+  // m e^x, with m of moderate size: m (1 + q) is rounded while still normal,
+  // then scaled by 2^n in two factors (each normal even where 2^n is not), so
+  // a subnormal result is rounded once, in the last multiplication.
+  T Times(T m) const {
+    const typename Traits<T>::Int half = n >> 1;
+    return Fma(m, q, m) * Pow2<T>(half) * Pow2<T>(n - half);
+  }
+};
+
+template <typename T>
+inline T ExpTimes(T x, T m) { return ExpParts<T>(x).Times(m); }
+
+template <typename T>
+inline T Exp(T x) { return ExpTimes(x, T(1)); }
+
+// e^x - 1 for x in [kExpM1Lo, 0] (what tanh needs): exact where n = 0, and
+// s q + (s - 1) keeps the relative error small where n != 0.
+template <typename T>
+inline T ExpM1Negative(T x) {
+  typedef Traits<T> K;
+  typename K::Int n;
+  const T q = ExpM1Reduced(Reduce(AtLeast(x, K::kExpM1Lo), n));
+  const T s = Pow2<T>(n);
+  return Fma(s, q, s - T(1));
+}
+
+// tanh|x| = -u / (u + 2) with u = expm1(-2|x|) in (-1, 0]: no cancellation
+// near 0, exactly 1 once u rounds to -1; the sign is x's.
+template <typename T>
+inline T Tanh(T x) {
+  const T u = ExpM1Negative(T(-2) * Abs(x));
+  return CopySign(-u / (u + T(2)), x);
+}
+
+// 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below: e = e^-|x| never
+// overflows, and the negative side reaches the subnormals accurately.
+template <typename T>
+inline T Sigmoid(T x) {
+  const T e = Exp(-Abs(x));
+  return (x >= T(0) ? T(1) : e) / (T(1) + e);
+}
+
+// ---------------------------------------------------------------------------
+// erf and erfc.  Below kErfSplit: erf(a) = a S(a^2).  Above: erfc(a) =
+// e^(-a^2) G(u) / (1 + 2a) with u = (a - 4.75) / (a + 3) in [-1, 1) and G
+// smooth (it tends to 2 / sqrt(pi)); e^(-a^2) is taken from the exact square
+// hi + lo = a^2 as e^-hi (1 - lo), so large arguments lose nothing there.
+
+constexpr double kErfSplit = 0.875;
+
+inline float ErfSmall(float z) {  // erf(a) / a as a polynomial in z = a^2
+  float p = 8.690369e-05f;
+  p = Fma(p, z, -8.2145707e-04f);
+  p = Fma(p, z, 5.2070487e-03f);
+  p = Fma(p, z, -2.6861707e-02f);
+  p = Fma(p, z, 1.1283735e-01f);
+  p = Fma(p, z, -3.7612635e-01f);
+  return Fma(p, z, 1.1283792e+00f);
+}
+
+inline double ErfSmall(double z) {
+  return Horner(z, 6.627786135071423e-11,
+                -1.1712641683192752e-09,
+                1.4735405934568758e-08,
+                -1.636001974888772e-07,
+                1.646179331465805e-06,
+                -1.4925638169259221e-05,
+                1.2055332664402735e-04,
+                -8.548327017905889e-04,
+                5.2239776253799495e-03,
+                -2.6866170645127092e-02,
+                1.1283791670955111e-01,
+                -3.7612638903183754e-01,
+                1.1283791670955126e+00);
+}
+
+inline float ErfcScaled(float u) {  // G(u)
+  return Horner(u, 3.4940833e-06f,
+                7.900594e-06f,
+                -6.831599e-05f,
+                4.236321e-05f,
+                7.4479054e-04f,
+                -3.8468158e-03f,
+                1.1060056e-02f,
+                -2.1205494e-02f,
+                2.39223e-02f,
+                6.441631e-03f,
+                -1.0990117e-01f,
+                1.2211784e+00f);
+}
+
+inline double ErfcScaled(double u) {
+  return Horner(u, 4.740573851251863e-12,
+                3.332583701589025e-11,
+                -4.230031397568143e-11,
+                -4.3138129235978847e-10,
+                1.8875981143907688e-10,
+                3.6030775382456568e-09,
+                -7.499570657065928e-10,
+                -2.7902842998610288e-08,
+                9.076117450892447e-09,
+                2.2515220988897153e-07,
+                -2.013261777852928e-07,
+                -1.8535041305405466e-06,
+                4.051755343518576e-06,
+                1.2396388471433305e-05,
+                -6.892721862867964e-05,
+                3.7660769382260405e-05,
+                7.451036546935653e-04,
+                -3.8444597564917453e-03,
+                1.1059982996511841e-02,
+                -2.1206036718961443e-02,
+                2.3922306221676643e-02,
+                6.441677111170497e-03,
+                -1.0990116791669315e-01,
+                1.2211784257075968e+00);
+}
+
+// erfc(a) = e^-(hi + lo) ratio for a >= 0, hi + lo = a^2 (a clamped where
+// erfc is 0 anyway): ratio = G(u) (1 - lo) / (1 + 2a).
+template <typename T>
+inline T ErfcRatio(T a, T lo) {
+  return ErfcScaled((a - T(4.75)) / (a + T(3))) * (T(1) - lo) / Fma(T(2), a, T(1));
+}
+template <typename T>
+inline T Erf(T x) {
+  const T a = Abs(x);
+  const T small = a * ErfSmall(a * a);
+  const T c = AtMost(a, Traits<T>::kErfcClamp);
+  T hi, lo;
+  Square(c, hi, lo);
+  const T large = T(1) - ExpTimes(-hi, ErfcRatio(c, lo));
+  return CopySign(a < T(kErfSplit) ? small : large, x);
+}
+
+// m Phi(x), Phi the standard normal CDF erfc(-x / sqrt 2) / 2, without
+// cancellation on either side; t^2 = x^2 / 2 comes from x's exact square,
+// and m enters before the final scaling (see ExpTimes).
+template <typename T>
+inline T NormalCdfTimes(T x, T m) {
+  const T a = AtMost(Abs(x), Traits<T>::kPhiClamp);
+  const T t = a * T(0.70710678118654752440);
+  const T erf_t = t * ErfSmall(t * t);
+  T hi, lo;
+  Square(a, hi, lo);
+  const ExpParts<T> e(T(-0.5) * hi);
+  const T ratio = ErfcRatio(t, T(0.5) * lo);
+  const bool small = t < T(kErfSplit);
+  const T upper = T(0.5) * m * (T(1) + (small ? erf_t : T(1) - e.Times(ratio)));
+  T lower = small ? T(0.5) * m * (T(1) - erf_t) : e.Times(T(0.5) * m * ratio);
+  lower = Abs(x) >= Traits<T>::kPhiClamp ? m * T(0) : lower;  // Phi is 0 there; the clamped e^-t^2 is not
+  return x >= T(0) ? upper : lower;  // NaN: both sides are NaN
+}
+
+template <typename T>
+inline T NormalCdf(T x) { return NormalCdfTimes(x, T(1)); }
+
+// gelu(x) = x Phi(x).
+template <typename T>
+inline T Gelu(T x) { return NormalCdfTimes(x, x); }
+
+// The tanh form, 0.5 x (1 + tanh(k (x + c x^3))), written as
+// x sigmoid(2 k (x + c x^3)): 1 + tanh cancels for negative x, sigmoid does not.
+template <typename T>
+inline T GeluTanh(T x) {
+  const T k2 = T(2 * 0.79788456080286535588), c = T(0.044715);
+  return x * Sigmoid(k2 * x * Fma(c, x * x, T(1)));
+}
+
+// ---------------------------------------------------------------------------
+// Array forms: y[i] = f(x[i]), i < n (x and y may be the same array).
+
+#define VECMATH_ARRAY(Name, Fn)                                  \
+  template <typename T>                                          \
+  inline void Name(const T *x, T *y, int64_t n) {                \
+    for (int64_t i = 0; i < n; i++) y[i] = Fn(x[i]);             \
+  }
+VECMATH_ARRAY(VecExp, Exp)
+VECMATH_ARRAY(VecTanh, Tanh)
+VECMATH_ARRAY(VecSigmoid, Sigmoid)
+VECMATH_ARRAY(VecErf, Erf)
+VECMATH_ARRAY(VecGelu, Gelu)
+VECMATH_ARRAY(VecGeluTanh, GeluTanh)
+#undef VECMATH_ARRAY
+
+}  // namespace vecmath
+
+#endif  // OPFORGE_BUILTINS_VECMATH_H_

@@ -1,0 +1,197 @@
+"""The memory-bound built-in kernels on opforge's thread pool: every one agrees with NumPy at 1 and 2
+threads on sizes past its grain (odd sizes, broadcasts, inner, outer and middle axes), reductions give
+the same bits on any number of threads, and float32 sums keep NumPy's pairwise accuracy."""
+import numpy as np
+import pytest
+
+import opforge
+from opforge import TensorSpec
+from opforge.operator import PyKernel
+from opforge.runtime.dispatch import select_kernel
+
+ops = opforge.ops
+N = 3 * 65536 + 7  # past every grain, not a multiple of any vector width or block
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = opforge.get_num_threads()
+    opforge.set_num_threads(request.param)
+    yield request.param
+    opforge.set_num_threads(before)
+
+
+def data(shape, dtype, seed=0, low=-4, high=4):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(low, high, shape).astype(dtype)
+    return rng.integers(low, high + 1, shape).astype(dtype)
+
+
+def assert_native(name, *arrays, **attrs):
+    """The op's native kernel takes these inputs (else a NumPy fallback would pass any test)."""
+    specs = [TensorSpec(a.shape, str(a.dtype)) for a in arrays]
+    kernel = select_kernel(opforge.lookup(name), specs)
+    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
+
+
+UNARY = {  # op: (call, NumPy, dtypes, input range)
+    "abs": (ops.abs, np.abs, ["float32", "float64", "int32", "int64"], (-4, 4)),
+    "sqrt": (ops.sqrt, np.sqrt, ["float32", "float64"], (0, 9)),
+    "log": (ops.log, np.log, ["float32", "float64"], (0.01, 9)),
+    "neg": (ops.neg, np.negative, ["float32", "int32", "int64"], (-4, 4)),
+    "relu": (ops.relu, lambda x: np.maximum(x, 0), ["float32", "float64", "int32"], (-4, 4)),
+    "clip": (lambda x: ops.clip(x, min=-1.5, max=2.0), lambda x: np.clip(x, -1.5, 2.0), ["float32", "float64"], (-4, 4)),
+    "leaky_relu": (lambda x: ops.leaky_relu(x, alpha=0.25), lambda x: np.where(x > 0, x, x * 0.25),
+                   ["float32", "float64"], (-4, 4)),
+}
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_kernels_agree_with_numpy(name, threads):
+    call, numpy_fn, dtypes, (low, high) = UNARY[name]
+    for dtype in dtypes:
+        x = data((3, N), dtype, low=low, high=high)
+        assert_native(name, x)
+        got = call(x)
+        want = numpy_fn(x).astype(dtype)
+        if name == "log":  # libm against NumPy's vectorized log: two roundings apart at most
+            np.testing.assert_allclose(got, want, rtol=4e-7 if dtype == "float32" else 1e-15)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {dtype}")
+
+
+def test_leaky_relu_streams_large_outputs_on_every_thread(threads):
+    x = data(10 * (1 << 20) // 4 + 4099, "float32", seed=1)  # past the streaming size, odd length
+    np.testing.assert_array_equal(ops.leaky_relu(x, alpha=0.5), np.where(x > 0, x, x * np.float32(0.5)))
+    np.testing.assert_array_equal(ops.leaky_relu(x[1:], alpha=0.5)[-5:], np.where(x > 0, x, x * np.float32(0.5))[-5:])
+
+
+def test_gradient_kernels_agree_with_numpy(threads):
+    dy, x = data(N, "float32", seed=2), data(N, "float32", seed=3)
+    np.testing.assert_array_equal(ops.relu_grad(dy, x), np.where(x > 0, dy, 0))
+    np.testing.assert_array_equal(ops.leaky_relu_grad(dy, x, alpha=0.5), np.where(x > 0, dy, np.float32(0.5) * dy))
+
+
+# (shape of a, shape of b): same shapes, scalars on either side, a row, a column, a middle dim, a
+# broadcast of both, a short innermost dim.
+BROADCASTS = [((5, N // 5), (5, N // 5)), ((N,), ()), ((), (N,)), ((771, 257), (257,)), ((771, 257), (771, 1)),
+              ((7, 1, 30011), (1, 5, 1)), ((3, 101, 677), (101, 1)), ((1, 401, 1), (333, 1, 3)), ((70001, 3), (3,))]
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "greater": np.greater, "equal": np.equal,
+    "less_equal": np.less_equal,
+}
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_kernels_agree_with_numpy_on_every_broadcast(name, threads):
+    dtypes = ["float32", "float64"] if name in ("div", "pow") else ["float32", "int32", "int64"]
+    for dtype in dtypes:
+        for k, (sa, sb) in enumerate(BROADCASTS):
+            a = data(sa, dtype, seed=k, low=0.5 if name == "pow" else -4)
+            b = data(sb, dtype, seed=k + 20, low=1 if name in ("div", "pow") else -4, high=3 if name == "pow" else 4)
+            assert_native(name, a, b)
+            got = getattr(ops, name)(a, b)
+            want = BINARY[name](a, b)
+            want = want if want.dtype == bool else want.astype(dtype)
+            assert got.shape == want.shape and got.dtype == want.dtype, (sa, sb)
+            if name == "pow":  # libm's powf against NumPy's: a rounding apart at most
+                np.testing.assert_allclose(got, want, rtol=3e-7 if dtype == "float32" else 1e-15)
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} {dtype} {sa} {sb}")
+
+
+def test_nan_propagates_through_maximum_and_minimum_fast_paths(threads):
+    a = data(N, "float32", seed=4)
+    a[::1001] = np.nan
+    for b in (data(N, "float32", seed=5), np.float32(0.5), data((1,), "float32")):
+        np.testing.assert_array_equal(ops.maximum(a, b), np.maximum(a, b))
+        np.testing.assert_array_equal(ops.minimum(b, a), np.minimum(b, a))
+
+
+@pytest.mark.parametrize("shapes", [((N,), (N,), (N,)), ((771, 257), (257,), (771, 1)), ((771, 1), (771, 257), ()),
+                                    ((7, 1, 30011), (1, 5, 1), (5, 30011)), ((), (N,), (N,))])
+def test_where_agrees_with_numpy(shapes, threads):
+    sc, sx, sy = shapes
+    condition = data(sc, "float32", seed=6) > 0
+    for dtype in ("float32", "int64", "bool"):
+        x, y = data(sx, "float32", seed=7).astype(dtype), data(sy, "float32", seed=8).astype(dtype)
+        assert_native("where", condition, x, y)
+        np.testing.assert_array_equal(ops.where(condition, x, y), np.where(condition, x, y))
+
+
+# (shape, axes): all, inner, outer, middle, inner and outer, every other, long rows with few outputs,
+# many rows of a few columns, size-1 dims.
+REDUCTIONS = [((N,), []), ((513, 1029), [1]), ((513, 1029), [0]), ((33, 101, 61), [1]), ((33, 101, 61), [0, 2]),
+              ((9, 8, 7, 6, 5), [1, 3]), ((3, 70001), [1]), ((3, 70001), [0]), ((70001, 3), [0]), ((100003, 40), [0]),
+              ((4, 1, 50001), [0, 1]), ((2, 3, 4), [0, 1, 2])]
+
+
+@pytest.mark.parametrize("shape,axes", REDUCTIONS)
+def test_reductions_agree_with_numpy(shape, axes, threads):
+    axis = tuple(axes) if axes else None
+    for keep_dims in (False, True):
+        for dtype in ("float32", "float64", "int32", "int64"):
+            x = data(shape, dtype, seed=len(shape))
+            assert_native("reduce_sum", x)
+            got = ops.reduce_sum(x, axes=axes, keep_dims=keep_dims)
+            if dtype.startswith("int"):
+                np.testing.assert_array_equal(got, np.sum(x, axis=axis, keepdims=keep_dims).astype(dtype))
+                continue
+            exact = np.sum(x.astype(np.float64), axis=axis, keepdims=keep_dims)
+            assert got.shape == exact.shape and got.dtype == x.dtype
+            tolerance = 1e-5 if dtype == "float32" else 1e-13  # relative to the sum of magnitudes
+            scale = np.sum(np.abs(x.astype(np.float64)), axis=axis, keepdims=keep_dims)
+            assert np.all(np.abs(got - exact) <= tolerance * scale), (shape, axes, dtype)
+            mean = ops.mean(x, axes=axes, keep_dims=keep_dims)
+            count = x.size // max(exact.size, 1)
+            assert np.all(np.abs(mean - exact / count) <= tolerance * scale / count + 1e-7), (shape, axes, dtype)
+
+
+def test_int32_sums_wrap_as_numpys_do(threads):
+    x = np.full((3, 70001), 2**30, np.int32)
+    np.testing.assert_array_equal(ops.reduce_sum(x, axes=[1]), np.sum(x, axis=1).astype(np.int32))
+    np.testing.assert_array_equal(ops.reduce_sum(x, axes=[0]), np.sum(x, axis=0).astype(np.int32))
+
+
+@pytest.mark.parametrize("shape,axes", REDUCTIONS)
+def test_reductions_give_the_same_bits_on_any_number_of_threads(shape, axes):
+    x = data(shape, "float32", seed=9)
+    before = opforge.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3):
+            opforge.set_num_threads(count)
+            results.append((ops.reduce_sum(x, axes=axes), ops.mean(x, axes=axes)))
+    finally:
+        opforge.set_num_threads(before)
+    for total, mean in results[1:]:
+        assert total.tobytes() == results[0][0].tobytes() and mean.tobytes() == results[0][1].tobytes()
+
+
+def test_float32_sums_are_as_accurate_as_numpys(threads):
+    ones = np.ones(1 << 24, np.float32)
+    assert ops.reduce_sum(ones) == np.float32(1 << 24)  # a serial float32 sum stops at 2**24 ... exactly here
+    assert ops.reduce_sum(np.ones(1 << 24 | 1001, np.float32)) == np.float32((1 << 24) + 1000)  # ... and stays there
+    x = np.random.default_rng(10).random(1 << 24, dtype=np.float32)
+    exact = np.sum(x, dtype=np.float64)
+    error = abs(float(ops.reduce_sum(x)) - exact)
+    numpy_error = abs(float(np.sum(x)) - exact)
+    serial_error = abs(float(np.cumsum(x)[-1]) - exact)  # one float32 accumulator, element after element
+    assert error <= 4 * numpy_error + 2e-7 * exact and error * 100 < serial_error
+    columns = x.reshape(1 << 12, 1 << 12)  # down the rows too (NumPy adds those one row after another)
+    exact_columns = np.sum(columns, axis=0, dtype=np.float64)
+    assert np.max(np.abs(ops.reduce_sum(columns, axes=[0]) - exact_columns) / exact_columns) < 1e-6
+
+
+TRANSPOSES = [((1001, 777), []), ((3, 301, 517), []), ((5, 6, 7, 301), [3, 1, 0, 2]), ((5, 6, 7, 301), [0, 2, 1, 3]),
+              ((64, 1, 3001), [2, 1, 0]), ((301, 301, 3), [1, 0, 2]), ((70001, 3), []), ((N,), [0])]
+
+
+@pytest.mark.parametrize("shape,perm", TRANSPOSES)
+def test_transpose_agrees_with_numpy(shape, perm, threads):
+    order = perm or [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+    for dtype in ("float32", "float64", "int8", "float16"):
+        x = data(shape, "float32", seed=11).astype(dtype)
+        np.testing.assert_array_equal(ops.transpose(x, perm=perm), np.transpose(x, order), err_msg=f"{shape} {dtype}")
