@@ -1,0 +1,51 @@
+"""Smoke runs of the benchmarks: they start, measure and print their summary lines.
+
+Only the output's form is checked, never a timing.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_benchmark(script, *args, timeout=600):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], env=dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def test_kernels_quick_prints_rows_and_summary_lines():
+    pytest.importorskip("torch")
+    out = run_benchmark("kernels.py", "--quick", "--ops", "add,exp,matmul", "--threads", "1,all")
+    lines = out.strip().splitlines()
+
+    # A row per op in every thread count's table, with opforge's time and the dispatched kernel.
+    headers = [line for line in lines if line.startswith("== ")]
+    assert headers and headers[0].startswith("== 1 thread:")
+    for op in ("add", "exp", "matmul"):
+        rows = [line for line in lines if re.match(rf"{op}\s+[0-9.]+ (us|ms)\s", line)]
+        assert len(rows) == len(headers), (op, out)
+    assert not re.search(r"^\S+ +error: ", out, re.M), out  # an op that failed
+    assert "result differs from opforge's (no ratio taken)" not in out, out  # a peer computing something else
+    assert re.search(r"GFLOP/s opforge [0-9.]+ / numpy [0-9.]+", out), out
+
+    matmul = re.fullmatch(r"matmul1024_vs_numpy_gflops: ([0-9.]+) \((\d+) threads?: .*\)", lines[-2])
+    assert matmul, lines[-2]
+    assert float(matmul.group(1)) > 0
+    worst = re.fullmatch(r"worst_kernel_vs_best_peer: ([0-9.]+) \((\w+), (\d+) threads?\)", lines[-1])
+    assert worst, lines[-1]
+    assert float(worst.group(1)) > 0
+    assert worst.group(2) in ("add", "exp", "matmul")
+
+
+def test_kernels_rejects_an_op_without_a_case():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "kernels.py"), "--quick", "--ops", "no_such_op"],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "no case for no_such_op" in done.stderr
