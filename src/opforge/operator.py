@@ -8,6 +8,7 @@ schemas, built-ins -- produces an ``Op``, and every call goes through
 """
 from __future__ import annotations
 
+import string
 import threading
 import weakref
 from dataclasses import dataclass, replace
@@ -183,6 +184,7 @@ class Op(OpBase):
         self.grad_rule = None
         self.grad_saves = ()
         self.sbp_declaration = None  # see Op.sbp
+        self.expression = None  # see Op.fuse_as
         self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
         self.plan_caches = []  # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
         with Op._instances_lock:
@@ -349,6 +351,25 @@ class Op(OpBase):
         """
         self.sbp_declaration = checked_declaration(self, declaration)
         return declaration
+
+    def fuse_as(self, expression: str):
+        """Declare the op as one C++ expression of its inputs' element values and
+        its attributes, e.g. ``"{x} > 0 ? {x} : {alpha} * {x}"``, so a graph can
+        fuse a chain of such ops into one generated kernel (``graph.fusion``).
+        The expression is evaluated in the element type ``T`` of a float
+        signature whose inputs have the output's shape or one element."""
+        if "elementwise" not in self.traits or len(self.outputs) != 1 or self.variadic:
+            raise SchemaError(f"op '{self.name}': fuse_as needs the elementwise trait and one output")
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(expression) if name is not None}
+        except ValueError as error:
+            raise SchemaError(f"op '{self.name}': fuse_as expression {expression!r}: {error}") from None
+        known = {i.name for i in self.inputs} | set(self.attrs)
+        if not fields <= known:
+            raise SchemaError(f"op '{self.name}': fuse_as expression names {sorted(fields - known)}; "
+                              f"expected input or attribute names: {sorted(known)}")
+        self.expression = expression
+        return self
 
     def sbp_signatures(self, specs, attrs=None):
         """The op's valid SBP signatures for these input specs and attribute values (``opforge.sbp.signatures``)."""

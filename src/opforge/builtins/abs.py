@@ -13,6 +13,7 @@ from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_sourc
 abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],  # noqa: A001 - the op's name
                  doc="Absolute value, elementwise.")
 abs.def_infer(infer.same_as(0))
+abs.fuse_as("std::abs({x})")
 
 
 @abs.reference

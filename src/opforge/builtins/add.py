@@ -14,6 +14,7 @@ from opforge.sbp import partial_sum
 add = opforge.op("add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise sum with NumPy broadcasting; y has the dtype of a.")
 add.def_infer(infer.broadcast())
+add.fuse_as("{a} + {b}")
 
 
 @add.sbp

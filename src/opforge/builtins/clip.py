@@ -20,6 +20,7 @@ clip = opforge.op("clip(Tensor x, *, float min=-1e999, float max=1e999) -> Tenso
                   traits=["no_side_effect", "elementwise"],
                   doc="Elementwise clamp to [min, max] (infinite by default); min > max gives max everywhere.")
 clip.def_infer(infer.same_as(0))
+clip.fuse_as("vecmath::AtMost(vecmath::AtLeast({x}, {min}), {max})")
 
 
 @clip.check

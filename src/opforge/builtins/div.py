@@ -14,6 +14,7 @@ from opforge.sbp import broadcast, partial_sum
 div = opforge.op("div(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise true division with NumPy broadcasting (floating-point); y has the dtype of a.")
 div.def_infer(infer.broadcast())
+div.fuse_as("{a} / {b}")
 div.check(floating_point("div", "a"))
 
 

@@ -23,6 +23,7 @@ from opforge.builtins.exp import vecmath_kernels
 erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Gauss error function, elementwise (floating-point inputs).")
 erf.def_infer(infer.same_as(0))
+erf.fuse_as("vecmath::Erf({x})")
 erf.check(floating_point("erf", "x"))
 
 _ERF = np.frompyfunc(math.erf, 1, 1)

@@ -21,6 +21,7 @@ from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Exponential, elementwise (floating-point inputs).")
 exp.def_infer(infer.same_as(0))
+exp.fuse_as("vecmath::Exp({x})")
 
 
 @exp.check

@@ -14,6 +14,7 @@ hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta
                           traits=["no_side_effect", "elementwise"],
                           doc="max(0, min(1, alpha * x + beta)), elementwise (floating-point inputs).")
 hard_sigmoid.def_infer(infer.same_as(0))
+hard_sigmoid.fuse_as("vecmath::AtMost(vecmath::AtLeast(T(float({alpha})) * {x} + T(float({beta})), T(0)), T(1))")
 hard_sigmoid.check(floating_point("hard_sigmoid", "x"))
 
 

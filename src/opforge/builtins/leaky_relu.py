@@ -24,6 +24,7 @@ leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y",
                         traits=["no_side_effect", "elementwise"],
                         doc="Leaky rectified linear unit, elementwise: x where x > 0, else alpha * x.")
 leaky_relu.def_infer(infer.same_as(0))
+leaky_relu.fuse_as("{x} > T(0) ? {x} : T(float({alpha})) * {x}")  # as one C++ expression, for fused graph kernels
 
 
 @leaky_relu.reference(fallback=True)

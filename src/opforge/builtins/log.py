@@ -12,6 +12,7 @@ from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_po
 log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Natural logarithm, elementwise (floating-point inputs).")
 log.def_infer(infer.same_as(0))
+log.fuse_as("std::log({x})")
 log.check(floating_point("log", "x"))
 
 

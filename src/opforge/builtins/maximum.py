@@ -13,6 +13,7 @@ from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_sourc
 maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
 maximum.def_infer(infer.broadcast())
+maximum.fuse_as("{a} != {a} || {a} > {b} ? {a} : {b}")
 
 
 @maximum.reference

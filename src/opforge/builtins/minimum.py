@@ -14,6 +14,7 @@ from opforge.builtins.maximum import split_by
 minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Elementwise minimum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
 minimum.def_infer(infer.broadcast())
+minimum.fuse_as("{a} != {a} || {a} < {b} ? {a} : {b}")
 
 
 @minimum.reference

@@ -13,6 +13,7 @@ from opforge.sbp import broadcast, partial_sum
 mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise product with NumPy broadcasting; y has the dtype of a.")
 mul.def_infer(infer.broadcast())
+mul.fuse_as("{a} * {b}")
 
 
 @mul.sbp

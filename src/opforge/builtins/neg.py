@@ -8,6 +8,7 @@ from opforge.sbp import partial_sum
 
 neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], doc="Elementwise negation.")
 neg.def_infer(infer.same_as(0))
+neg.fuse_as("-{x}")
 neg.sbp([{"x": partial_sum, "y": partial_sum}])  # beside the elementwise splits: -(x1 + x2) = -x1 + -x2
 
 

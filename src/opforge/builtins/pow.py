@@ -14,6 +14,7 @@ pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y",  # noqa: A001 - the op's
                  traits=["no_side_effect", "elementwise"],
                  doc="Elementwise power with NumPy broadcasting (floating-point); y has the dtype of a.")
 pow.def_infer(infer.broadcast())
+pow.fuse_as("std::pow({a}, {b})")
 pow.check(floating_point("pow", "a"))
 
 

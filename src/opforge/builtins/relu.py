@@ -13,6 +13,7 @@ from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Rectified linear unit, elementwise.")
 relu.def_infer(infer.same_as(0))
+relu.fuse_as("{x} > T(0) || {x} != {x} ? {x} : T(0)")
 
 
 @relu.reference(fallback=True)

@@ -22,6 +22,7 @@ from opforge.builtins.exp import vecmath_kernels
 sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Logistic sigmoid 1 / (1 + exp(-x)), elementwise (floating-point inputs).")
 sigmoid.def_infer(infer.same_as(0))
+sigmoid.fuse_as("vecmath::Sigmoid({x})")
 sigmoid.check(floating_point("sigmoid", "x"))
 
 

@@ -12,6 +12,7 @@ from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_po
 sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Square root, elementwise (floating-point inputs).")
 sqrt.def_infer(infer.same_as(0))
+sqrt.fuse_as("std::sqrt({x})")
 sqrt.check(floating_point("sqrt", "x"))
 
 

@@ -13,6 +13,7 @@ from opforge.sbp import partial_sum
 sub = opforge.op("sub(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise difference with NumPy broadcasting; y has the dtype of a.")
 sub.def_infer(infer.broadcast())
+sub.fuse_as("{a} - {b}")
 
 
 @sub.sbp

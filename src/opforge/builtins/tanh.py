@@ -20,6 +20,7 @@ from opforge.builtins.exp import vecmath_kernels
 tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Hyperbolic tangent, elementwise (floating-point inputs).")
 tanh.def_infer(infer.same_as(0))
+tanh.fuse_as("vecmath::Tanh({x})")
 
 
 @tanh.check

@@ -36,6 +36,7 @@ from ..runtime.cuda_graph import copy_async, zero_async
 from ..runtime.checks import checks_enabled
 from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
+from .fusion import fuse_steps
 from .passes import infer_shapes, plan_memory
 
 MAX_PLANS = 16
@@ -131,7 +132,8 @@ def plan_nodes(graph, input_specs, kernel_for):
 class Plan:
     def __init__(self, graph, arrays):
         self.graph = graph
-        self.specs, self.steps = plan_nodes(graph, [TensorSpec.of(a) for a in arrays], self._kernel_for)
+        self.specs, steps = plan_nodes(graph, [TensorSpec.of(a) for a in arrays], self._kernel_for)
+        self.steps, self.fused = fuse_steps(graph, steps)
         self.program = self._compile() if all(self._native(step) for step in self.steps) else None
 
     @staticmethod
@@ -211,7 +213,7 @@ class Plan:
         self.arena_bytes = workspace_at + workspace_bytes
         self.report = {"planned_bytes": self.arena_bytes, "intermediate_bytes": arena,
                        "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
-                       "workspace_bytes": workspace_bytes, "nodes": len(prepared)}
+                       "workspace_bytes": workspace_bytes, "nodes": len(prepared), "fused": list(self.fused)}
         self.largest_workspace = largest
         self.arena = None  # allocated by the first run (checked mode never needs it)
         self.results = None  # where each graph output comes from, found by the first run

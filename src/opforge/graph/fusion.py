@@ -1,0 +1,188 @@
+"""Fusing chains of elementwise ops in a planned graph into one generated kernel.
+
+An op that declares itself as a C++ expression (``Op.fuse_as``) can run
+inside a loop opforge writes: ``y = tanh(a * x + b)`` then reads ``x`` once
+and writes ``y`` once, where three kernels would pass over memory three times.
+``fuse_steps`` takes a graph plan's steps (node, kernel, input specs, output
+specs), finds runs of consecutive steps that may fuse, and replaces each run
+of two or more by one step of a private op whose kernel it generates and
+compiles (content-addressed in the build cache: a graph shape compiles once
+per machine, not once per process).
+
+A step may fuse when its op has an expression, its kernel is a native CPU one
+on plain (ndarray) tensors, its attributes are numbers, and its output has the
+run's shape and float dtype, each input having that dtype and either that
+shape or one element.  A run continues while the next step reads a value the
+run made.  Values made inside a run that anything after it reads (a later
+node, a graph output) become outputs of the fused kernel, so nothing else in
+the plan changes.  ``OPFORGE_FUSE=0`` turns fusion off.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from ..bounded_cache import BoundedCache
+from ..runtime import cpu
+from ..runtime.aot import AotKernel
+from .ir import Node
+
+_C_TYPES = {"float32": "float", "float64": "double"}
+_BUILTINS = str(Path(__file__).resolve().parent.parent / "builtins")  # vecmath.h
+_MIN_STEPS = 2
+_fused_ops = BoundedCache(256)  # generated source -> (op, kernel)
+
+
+def fusion_enabled() -> bool:
+    return os.environ.get("OPFORGE_FUSE", "1").strip() != "0"
+
+
+def _number_literal(value, ctype):
+    if isinstance(value, bool):
+        return f"{ctype}({int(value)})"
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    if math.isinf(value):
+        return f"{ctype}({'-' if value < 0 else ''}INFINITY)"
+    return f"{ctype}({float(value)!r})"
+
+
+def _fusable(step, shape, dtype):
+    node, kernel, in_specs, out_specs = step
+    op = node.op
+    if op.expression is None or not isinstance(kernel, AotKernel) or kernel.device != "cpu":
+        return False
+    if len(out_specs) != 1 or out_specs[0].layout != "ndarray" or any(s is None for s in in_specs):
+        return False
+    out = out_specs[0]
+    if out.dtype not in _C_TYPES or (shape is not None and (out.shape != shape or out.dtype != dtype)):
+        return False
+    if any(s.dtype != out.dtype or s.layout != "ndarray" or (s.shape != out.shape and math.prod(s.shape) != 1)
+           for s in in_specs):
+        return False
+    values = {name: attr.default for name, attr in op.attrs.items()} | node.attrs
+    return all(_number_literal(v, "T") is not None for v in values.values())
+
+
+def fuse_steps(graph, steps):
+    """``steps`` with every fusable run replaced by one step; and the names of the fused ops."""
+    if not fusion_enabled():
+        return steps, []
+    readers = {}  # value id -> index of the last step that reads it (len(steps) for graph outputs)
+    for index, (node, *_) in enumerate(steps):
+        for value in node.inputs:
+            if value is not None:
+                readers[value.id] = index
+    for value in graph.outputs:
+        readers[value.id] = len(steps)
+
+    result, fused_names, index = [], [], 0
+    while index < len(steps):
+        run = [steps[index]]
+        if _fusable(steps[index], None, None):
+            shape, dtype = steps[index][3][0].shape, steps[index][3][0].dtype
+            made = {steps[index][0].outputs[0].id}
+            following = index + 1
+            while following < len(steps) and _fusable(steps[following], shape, dtype) and any(
+                    v.id in made for v in steps[following][0].inputs):
+                run.append(steps[following])
+                made.add(steps[following][0].outputs[0].id)
+                following += 1
+        if len(run) < _MIN_STEPS:
+            result.append(steps[index])
+            index += 1
+            continue
+        end = index + len(run)
+        step = _fused_step(run, [readers.get(node.outputs[0].id, -1) >= end for node, *_ in run])
+        result.append(step)
+        fused_names.append(step[0].op.name)
+        index = end
+    return result, fused_names
+
+
+def _fused_step(run, escapes):
+    """One step for a run of fusable steps; ``escapes[k]``: step k's output is read after the run."""
+    escapes[-1] = True  # the run's last value is what it was made for
+    inputs, input_specs, names = [], [], {}  # outside values the run reads, in first-use order
+    for node, _, in_specs, _ in run:
+        for value, spec in zip(node.inputs, in_specs):
+            if value.id not in names and not any(value is n.outputs[0] for n, *_ in run):
+                names[value.id] = f"in{len(inputs)}"
+                inputs.append(value)
+                input_specs.append(spec)
+    out_spec = run[0][3][0]
+    ctype = _C_TYPES[out_spec.dtype]
+    loads, body, stores = [], [], []
+    scalars = []
+    for k, (value, spec) in enumerate(zip(inputs, input_specs)):
+        pointer = f"static_cast<const T *>(params[{k}])"
+        if spec.shape != out_spec.shape:  # one element, read once
+            scalars.append(f"  const T {names[value.id]}_value = {pointer}[0];")
+            names[value.id] = f"{names[value.id]}_value"
+        else:
+            scalars.append(f"  const T *{names[value.id]} = {pointer};")
+            loads.append(f"      const T {names[value.id]}_i = {names[value.id]}[i];")
+            names[value.id] = f"{names[value.id]}_i"
+    outputs = []
+    for k, ((node, _, _, _), escape) in enumerate(zip(run, escapes)):
+        values = {name: attr.default for name, attr in node.op.attrs.items()} | node.attrs
+        fields = {name: _number_literal(value, "T") for name, value in values.items()}
+        fields.update({i.name: names[v.id] for i, v in zip(node.op.inputs, node.inputs)})
+        local = f"v{k}"
+        body.append(f"      const T {local} = static_cast<T>({node.op.expression.format(**fields)});")
+        names[node.outputs[0].id] = local
+        if escape:
+            param = len(inputs) + len(outputs)
+            scalars.append(f"  T *out{len(outputs)} = static_cast<T *>(params[{param}]);")
+            stores.append(f"      out{len(outputs)}[i] = {local};")
+            outputs.append(node.outputs[0])
+    label = "_".join(node.op.name.split("::")[-1] for node, *_ in run)
+    source = _SOURCE.format(ctype=ctype, setup="\n".join(scalars), body="\n".join(loads + body + stores),
+                            n_out=len(inputs))
+    isa = cpu.best_isa()  # under the cap
+    op, kernel = _fused_ops.get_or_create((source, isa),
+                                          lambda: _fused_op(label, len(inputs), len(outputs), source, isa))
+    node = Node(op, inputs, {}, [out_spec] * len(outputs), name="fused_" + label)
+    node.outputs = outputs  # the run's own values: the plan's buffers stay where they were
+    return node, kernel, list(input_specs), [out_spec] * len(outputs)
+
+
+def _fused_op(label, n_inputs, n_outputs, source, isa):
+    from ..operator import Op
+
+    ins = [f"in{k}" for k in range(n_inputs)]
+    outs = [f"out{k}" for k in range(n_outputs)]
+    op = Op(f"fused::{label}", ins, outs, traits=["no_side_effect"])
+    # vecmath.h and its flags: the built-ins' expressions call its functions, and
+    # compiled alike they round as the built-ins' own kernels do.
+    op.kernel(code=source, function="Fused", isa=None if isa == "generic" else isa, name=f"Fused<{label}>",
+              include_dirs=[_BUILTINS], cflags=["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno"])
+    return op, op.kernels[0]
+
+
+_SOURCE = r"""// Generated by opforge.graph.fusion: one pass over the elements for a chain of ops.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "custom_aot_extra.h"
+#include "opforge_parallel.h"
+#include "vecmath.h"
+
+typedef {ctype} T;
+
+extern "C" int Fused(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                     void *stream, void *extra) {{
+  int64_t n = 1;
+  for (int d = 0; d < ndims[{n_out}]; d++) n *= shapes[{n_out}][d];
+{setup}
+  OpforgeParallelFor(0, n, 1 << 15, [&](int64_t begin, int64_t end) {{
+    for (int64_t i = begin; i < end; i++) {{
+{body}
+    }}
+  }});
+  return 0;
+}}
+"""
+
