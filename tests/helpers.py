@@ -91,24 +91,47 @@ def fake_cuda_runtime(monkeypatch):
     put back when ``monkeypatch`` undoes its changes.
     """
     import ctypes
+    import gc
     import pathlib
 
     from opforge.runtime import cuda
 
+    gc.collect()  # device buffers earlier tests left in reference cycles are freed before the counts start
     library = opforge.build(pathlib.Path(__file__).parent / "kernels" / "fake_cudart.c")
     fake = ctypes.CDLL(str(library.path))
     fake.fake_cuda_calls.argtypes, fake.fake_cuda_calls.restype = [ctypes.c_char_p], ctypes.c_long
     fake.fake_cuda_last_stream.restype = ctypes.c_void_p
     for name in ("fake_cuda_live_device_blocks", "fake_cuda_live_host_blocks", "fake_cuda_bad_frees"):
         getattr(fake, name).restype = ctypes.c_long
-    fake.fake_cuda_release_threshold.restype = ctypes.c_uint64
+    fake.fake_cuda_release_threshold.restype = fake.fake_cuda_pool_threshold.restype = ctypes.c_uint64
+    fake.fake_cuda_pool_threshold.argtypes = fake.fake_cuda_pool_of.argtypes = [ctypes.c_void_p]
+    fake.fake_cuda_pool_of.restype = fake.fake_cuda_default_pool.restype = ctypes.c_void_p
+    fake.fake_cuda_log_size.restype = fake.fake_cuda_dead_stream_uses.restype = ctypes.c_long
+    fake.fake_cuda_log_entry.argtypes = [ctypes.c_long, ctypes.POINTER(ctypes.c_char_p),
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                                         ctypes.POINTER(ctypes.c_int)]
     fake.fake_cuda_reset()
     monkeypatch.setenv("OPFORGE_CUDART", str(library.path))
     # Fresh state for the fake; undo() puts back whatever was loaded before (the real runtime, or nothing).
     monkeypatch.setattr(cuda, "_runtime", None)
-    monkeypatch.setattr(cuda, "_pools_ready", set())
-    monkeypatch.setattr(cuda, "_pinned_free", {})
+    for name in ("_pools", "_pinned_free", "_constants"):
+        monkeypatch.setattr(cuda, name, {})
+    monkeypatch.setattr(cuda, "_pinned_pending", [])
     return fake
+
+
+def fake_cuda_log(fake, start=0):
+    """The fake CUDA runtime's stream-ordered calls since its reset (from ``start``), as
+    (name, stream, object, device) tuples: what each call acted on (see fake_cudart.c)."""
+    import ctypes
+
+    entries = []
+    name, stream, target, device = ctypes.c_char_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+    for i in range(start, fake.fake_cuda_log_size()):
+        assert fake.fake_cuda_log_entry(i, ctypes.byref(name), ctypes.byref(stream), ctypes.byref(target),
+                                        ctypes.byref(device)), "the fake's log keeps 4096 calls"
+        entries.append((name.value.decode(), stream.value or 0, target.value or 0, device.value))
+    return entries
 
 
 def random_weights(model, seed=0):

@@ -7,6 +7,8 @@ stream kernels get, launch-error handling), not CUDA itself.  The tests at the
 end run on a real GPU and skip without one.
 """
 import ctypes
+import gc
+import pickle
 import shutil
 import sys
 import threading
@@ -17,9 +19,9 @@ import pytest
 
 import opforge
 from opforge.compat.mindspore.ops import CustomRegOp
-from opforge.runtime import cuda
+from opforge.runtime import cuda, cuda_graph
 
-from helpers import fake_cuda_runtime
+from helpers import fake_cuda_log, fake_cuda_runtime
 
 # A "GPU" kernel for the fake runtime: a host function, given the fake's host-backed pointers.
 FAKE_KERNELS = r"""
@@ -104,11 +106,13 @@ def test_allocate_takes_pool_memory_on_the_stream_and_frees_it_there(fake):
     assert all(b.pointer and b.device_id == 0 and b.stream == 42 for b in buffers)
     assert len({b.pointer for b in buffers}) == 5
     assert fake.fake_cuda_last_stream() == 42
-    assert calls(fake, "cudaMallocAsync") == 5
+    assert calls(fake, "cudaMallocFromPoolAsync") == 5
     assert fake.fake_cuda_live_device_blocks() == 5
-    # The pool keeps freed memory (release threshold raised), once per device.
-    assert calls(fake, "cudaMemPoolSetAttribute") == 1
-    assert fake.fake_cuda_release_threshold(0) == 2**64 - 1
+    # opforge's own pool, made once per device, keeps freed memory (its release threshold is raised).
+    pool = cuda.memory_pool(0)
+    assert calls(fake, "cudaMemPoolCreate") == calls(fake, "cudaMemPoolSetAttribute") == 1
+    assert all(fake.fake_cuda_pool_of(b.pointer) == pool for b in buffers)
+    assert fake.fake_cuda_pool_threshold(pool) == 2**64 - 1
     buffers[0].release()
     buffers[0].release()  # a second release does nothing
     del buffers[1:]  # the last reference frees too
@@ -124,8 +128,9 @@ def test_allocate_on_another_device_switches_and_switches_back(fake):
     assert buffer.device_id == 1
     assert cuda.current_device() == 0
     assert calls(fake, "cudaSetDevice") == 2  # to device 1 and back
-    assert fake.fake_cuda_release_threshold(1) == 2**64 - 1
-    assert fake.fake_cuda_release_threshold(0) == 0  # device 0's pool was never used
+    assert fake.fake_cuda_pool_threshold(cuda.memory_pool(1)) == 2**64 - 1
+    assert fake.fake_cuda_pool_of(buffer.pointer) == cuda.memory_pool(1)
+    assert calls(fake, "cudaMemPoolCreate") == 1  # device 0's pool was never used
     with cuda.on_device(1):
         assert cuda.current_device() == 1
         before = calls(fake, "cudaSetDevice")
@@ -136,6 +141,26 @@ def test_allocate_on_another_device_switches_and_switches_back(fake):
     with pytest.raises(opforge.CudaError, match="device 5.*invalid device ordinal") as caught:
         cuda.allocate(64, 0, device_id=5)
     assert caught.value.sticky is False and "sticky" not in str(caught.value)
+
+
+def test_the_default_pools_are_left_as_they_are(fake):
+    fake.fake_cuda_set_device_count(2)
+    buffers = [cuda.allocate(64, 0, device_id=d) for d in (0, 1)]
+    for device, buffer in enumerate(buffers):
+        # Other libraries allocate from the default pools: opforge sets nothing there.
+        assert fake.fake_cuda_release_threshold(device) == 0
+        assert fake.fake_cuda_pool_of(buffer.pointer) not in (None, fake.fake_cuda_default_pool(device))
+    assert calls(fake, "cudaMallocAsync") == calls(fake, "cudaDeviceGetDefaultMemPool") == 0
+
+
+def test_a_buffer_on_another_device_is_freed_on_that_device_s_default_stream(fake):
+    fake.fake_cuda_set_device_count(2)
+    buffer = cuda.allocate(64, 0, device_id=1)  # the legacy default stream names the current device's
+    pointer, start = buffer.pointer, fake.fake_cuda_log_size()
+    assert cuda.current_device() == 0
+    del buffer
+    assert fake_cuda_log(fake, start) == [("cudaFreeAsync", 0, pointer, 1)]
+    assert cuda.current_device() == 0
 
 
 def test_memset_fills_a_buffer_on_its_stream(fake):
@@ -164,6 +189,45 @@ def test_stream_accepts_handles_and_stream_objects():
             assert cuda.current_stream("torch", 0) == handle
             assert opforge.cuda.current_stream() == handle
     assert opforge.cuda.current_stream() == 0
+
+
+class OwnedStream:
+    """A stream object that destroys its CUDA stream when collected, as a CuPy stream does."""
+
+    def __init__(self, lib):
+        handle = ctypes.c_void_p()
+        assert lib.cudaStreamCreate(ctypes.byref(handle)) == 0
+        self.lib, self.handle = lib, handle.value
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def __del__(self):
+        self.lib.cudaStreamDestroy(ctypes.c_void_p(self.handle))
+
+
+def test_a_stream_object_lives_as_long_as_memory_made_on_it(fake):
+    with opforge.cuda.stream(OwnedStream(fake)) as given:
+        buffer = cuda.allocate(64, opforge.cuda.current_stream())
+        handle = given.handle
+    del given  # the caller is done with its stream; the buffer is not
+    gc.collect()
+    assert buffer.stream == handle and isinstance(buffer.stream.owner, OwnedStream)
+    assert calls(fake, "cudaStreamDestroy") == 0
+    del buffer  # freed on its stream, which is then let go
+    gc.collect()
+    assert calls(fake, "cudaFreeAsync") == calls(fake, "cudaStreamDestroy") == 1
+    assert fake.fake_cuda_dead_stream_uses() == 0
+
+
+def test_framework_streams_come_with_their_owners(monkeypatch):
+    current = types.SimpleNamespace(cuda_stream=0x700)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(current_stream=lambda device: current)))
+    handle = cuda.current_stream("torch", 0)
+    assert handle == 0x700 and handle.owner is current
+    assert pickle.loads(pickle.dumps(handle)) == 0x700
+    assert cuda.stream_handle(5) == 5 and type(cuda.stream_handle(5)) is int  # an int has nothing to keep
 
 
 def test_streams_nest_and_are_per_thread():
@@ -254,33 +318,39 @@ def test_capture_records_a_stream_and_replays_it_as_one_launch(fake):
     buffer = cuda.allocate(16, 0x99)
     recorded = []
 
-    def record():
+    def record(stream):
         assert fake.fake_cuda_capturing() == 1
-        recorded.append(True)
-        cuda.memset(buffer, 1, 0x99)
+        recorded.append(stream)
+        cuda.memset(buffer, 1, stream)
 
-    graph = cuda.capture(0x99, record)
-    assert recorded == [True] and fake.fake_cuda_capturing() == 0
+    graph = cuda_graph.capture(record, 0)
+    assert len(recorded) == 1 and recorded[0] not in (0, 0x99)  # opforge's own capture stream
+    assert fake.fake_cuda_capturing() == 0
     assert calls(fake, "cudaStreamBeginCapture") == calls(fake, "cudaStreamEndCapture") == 1
-    assert calls(fake, "cudaGraphInstantiateWithFlags") == 1
+    assert calls(fake, "cudaGraphInstantiate") == calls(fake, "cudaGraphDestroy") == 1
     for _ in range(3):
         graph.launch(0x99)
     assert calls(fake, "cudaGraphLaunch") == 3 and fake.fake_cuda_last_stream() == 0x99
     graph.close()
     graph.close()
-    assert calls(fake, "cudaGraphExecDestroy") == calls(fake, "cudaGraphDestroy") == 1
+    assert calls(fake, "cudaGraphExecDestroy") == 1
+    with pytest.raises(opforge.CudaError, match="closed"):
+        graph.launch(0x99)
 
 
 def test_a_failed_capture_is_ended_and_its_error_goes_on(fake):
-    def record():
+    def record(stream):
         raise opforge.KernelError("op 'x': the kernel refused")
 
     with pytest.raises(opforge.KernelError, match="refused"):
-        cuda.capture(0x99, record)
+        cuda_graph.capture(record, 0)
     assert fake.fake_cuda_capturing() == 0
-    assert calls(fake, "cudaGraphDestroy") == 1 and calls(fake, "cudaGraphInstantiateWithFlags") == 0
-    with pytest.raises(opforge.CudaError, match="legacy default stream"):
-        cuda.capture(0, lambda: None)
+    assert calls(fake, "cudaGraphDestroy") == 1 and calls(fake, "cudaGraphInstantiate") == 0
+
+
+def test_cuda_graphs_have_one_home():
+    assert not hasattr(cuda, "CapturedGraph") and not hasattr(cuda, "capture")
+    assert cuda_graph.order_after is cuda.order_after
 
 
 # -- host arrays given to a GPU kernel: the slow path ---------------------------
@@ -297,7 +367,7 @@ def test_host_arrays_go_through_pinned_pooled_copies(fake, add_op):
         np.testing.assert_array_equal(y, a + b * k)
         assert s.tolist() == [0x1234]
     assert calls(fake, "cudaHostAlloc") == pinned  # staging buffers are reused
-    assert calls(fake, "cudaMallocAsync") == 4 * 4  # inputs and outputs from the pool, every call
+    assert calls(fake, "cudaMallocFromPoolAsync") == 4 * 4  # inputs and outputs from the pool, every call
     assert calls(fake, "cudaFreeAsync") == 4 * 4
     assert calls(fake, "cudaMemcpyAsync") == 4 * 4
     assert calls(fake, "cudaStreamSynchronize") == 4  # one stream wait per call...
@@ -333,8 +403,10 @@ def test_a_kernel_that_returns_non_zero_is_a_kernel_error(fake, kernel_source):
     assert fake.fake_cuda_live_device_blocks() == 0
 
 
-def test_run_on_device_is_the_host_array_path():
-    assert cuda.run_on_device is cuda.run_host_arrays
+def test_the_host_array_path_has_one_name():
+    # runtime.device_call.run_on_device is the device-array path; the host-array one is not called so too.
+    assert not hasattr(cuda, "run_on_device")
+    assert callable(cuda.run_host_arrays)
 
 
 # -- a real GPU ---------------------------------------------------------------
@@ -412,26 +484,35 @@ def test_a_real_launch_error_is_a_cuda_error_and_not_sticky(cuda_source):
     np.testing.assert_array_equal(good(x, x), x + x)  # the context still works
 
 
-def pool_attribute(lib, attribute, device=0):
-    pool, value = ctypes.c_void_p(), ctypes.c_uint64()
-    assert lib.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), device) == 0
-    assert lib.cudaMemPoolGetAttribute(pool, attribute, ctypes.byref(value)) == 0
+def pool_attribute(lib, attribute, pool):
+    value = ctypes.c_uint64()
+    lib.cudaMemPoolGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    assert lib.cudaMemPoolGetAttribute(ctypes.c_void_p(pool), attribute, ctypes.byref(value)) == 0
     return value.value
+
+
+def default_pool(lib, device=0):
+    pool = ctypes.c_void_p()
+    assert lib.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), device) == 0
+    return pool.value
 
 
 @needs_gpu
 def test_pool_memory_is_reused_on_a_real_gpu():
     lib, stream = cuda.runtime(), 0
+    threshold = pool_attribute(lib, 4, default_pool(lib))  # the default pool's, whoever set it
     cuda.allocate(1 << 20, stream).release()
     opforge.cuda.synchronize(stream)
-    assert pool_attribute(lib, 4) == 2**64 - 1  # cudaMemPoolAttrReleaseThreshold: keep freed memory
-    reserved = pool_attribute(lib, 5)  # cudaMemPoolAttrReservedMemCurrent
+    pool = cuda.memory_pool(0)
+    assert pool_attribute(lib, 4, pool) == 2**64 - 1  # cudaMemPoolAttrReleaseThreshold: keep freed memory
+    assert pool_attribute(lib, 4, default_pool(lib)) == threshold  # the default pool is not opforge's to change
+    reserved = pool_attribute(lib, 5, pool)  # cudaMemPoolAttrReservedMemCurrent
     for _ in range(100):
         buffer = cuda.allocate(1 << 20, stream)
         cuda.memset(buffer, 1, stream)
         del buffer  # freed on the stream, reused by the next allocation
     opforge.cuda.synchronize(stream)
-    assert pool_attribute(lib, 5) == reserved
+    assert pool_attribute(lib, 5, pool) == reserved
     buffer = cuda.allocate(1 << 20, stream)
     cuda.memset(buffer, 1, stream)
     host = np.zeros(1 << 20, np.uint8)
@@ -449,7 +530,8 @@ def test_a_captured_graph_replays_on_a_real_gpu():
     try:
         buffer = cuda.allocate(4096, stream)
         cuda.memset(buffer, 0, stream)
-        graph = cuda.capture(stream, lambda: cuda.memset(buffer, 3, stream))
+        opforge.cuda.synchronize(stream)  # the capture stream is opforge's own: the zeros must be there first
+        graph = cuda_graph.capture(lambda s: cuda.memset(buffer, 3, s), 0)
         host = np.zeros(4096, np.uint8)
         assert lib.cudaMemcpyAsync(host.ctypes.data, buffer.pointer, host.nbytes, 2, stream) == 0
         opforge.cuda.synchronize(stream)

@@ -7,18 +7,21 @@ not CUDA.  The arrays below are a minimal DLPack library of "CUDA" arrays
 (device type 2), so the path is the one torch or CuPy arrays take.
 """
 import sys
+import types
 
 import numpy as np
 import pytest
 
 import opforge
 from opforge import _native
+from opforge.runtime import cuda
 
-from helpers import declare, fake_cuda_runtime
+from helpers import declare, fake_cuda_log, fake_cuda_runtime
 
 # "GPU" kernels for the fake runtime: host functions on the fake's host-backed pointers.
 KERNELS = r"""
 #include <stdint.h>
+#include <string.h>
 extern "C" int Scale2(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                       void *stream, void *extra) {
   const float *x = static_cast<const float *>(params[0]);
@@ -39,6 +42,17 @@ extern "C" int Seen(int nparam, void **params, int *ndims, int64_t **shapes, con
 extern "C" int Fails(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                      void *stream, void *extra) {
   return 7;
+}
+// y = a + b, where b may be 0-d; both float32 (5 otherwise).
+extern "C" int AddF32(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                      void *stream, void *extra) {
+  if (strcmp(dtypes[0], "float32") != 0 || strcmp(dtypes[1], "float32") != 0) return 5;
+  const float *a = static_cast<const float *>(params[0]), *b = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  for (int64_t i = 0; i < n; i++) y[i] = a[i] + (ndims[1] == 0 ? b[0] : b[i]);
+  return 0;
 }
 """
 
@@ -64,9 +78,12 @@ class FakeCudaArray:
         return export.__dlpack__(max_version=max_version)
 
 
-def from_dlpack(exported):
-    """This module as an array library: opforge hands outputs back through it."""
-    view = _native.DLTensorView(exported.__dlpack__(max_version=(1, 0)))
+def from_dlpack(exported, stream=None):
+    """This module as an array library: opforge hands outputs back through it.  Like
+    PyTorch, it names its current stream (opforge's here) as the consumer's."""
+    if stream is None:
+        stream = int(opforge.cuda.current_stream()) or 1  # DLPack's name for the legacy default stream
+    view = _native.DLTensorView(exported.__dlpack__(stream=stream, max_version=(1, 0)))
     assert view.device == (2, 0)
     count = int(np.prod(view.shape))
     buffer = (np.ctypeslib.as_ctypes_type(np.dtype(view.dtype)) * count).from_address(view.data)
@@ -119,7 +136,7 @@ def test_device_arrays_reach_the_gpu_kernel_and_come_back_as_their_kind(fake, sc
     assert isinstance(y, FakeCudaArray) and y.shape == (2, 3)
     np.testing.assert_array_equal(y.array, 2 * x.array)
     # The output is pool memory on the call's stream; nothing per call touches cudaMalloc or synchronizes.
-    assert fake.fake_cuda_calls(b"cudaMallocAsync") == 1
+    assert fake.fake_cuda_calls(b"cudaMallocFromPoolAsync") == 1
     for call in (b"cudaMalloc", b"cudaFree", b"cudaDeviceSynchronize", b"cudaStreamSynchronize", b"cudaMemcpy",
                  b"cudaMemcpyAsync"):
         assert fake.fake_cuda_calls(call) == 0, call
@@ -177,8 +194,8 @@ def test_host_and_device_arrays_in_one_call_are_a_device_error(fake, fresh, sour
     op.kernel(source=f"{source}:Scale2", device="gpu")
     with pytest.raises(opforge.DeviceError, match=r"'a' is test_device_call on cuda:0, 'b' is numpy on cpu"):
         op(FakeCudaArray(np.ones(2, np.float32)), np.ones(2, np.float32))
-    with pytest.raises(opforge.DeviceError, match=r"input 'b' is float .*pass every input as an array on cuda:0"):
-        op(FakeCudaArray(np.ones(2, np.float32)), 1.0)
+    with pytest.raises(opforge.DeviceError, match=r"input 'b' is list .*pass every input as an array on cuda:0"):
+        op(FakeCudaArray(np.ones(2, np.float32)), [1.0, 2.0])
 
 
 def test_a_launch_error_is_a_cuda_error_naming_op_and_kernel(fake, scale):
@@ -225,3 +242,161 @@ def test_cuda_array_interface_arrays_are_taken_without_a_copy(fake, seen, scale)
     assert y.array.tolist()[0] == x.array.ctypes.data
     y = scale(x)  # (y.array is the pool's memory: y keeps it alive)
     np.testing.assert_array_equal(y.array, 2 * x.array)
+
+
+# -- DLPack stream semantics, memory lifetime, typed errors, scalars ---------------------
+def event_log(fake, start=0):
+    """The fake's log of event and free calls; events are named e0, e1, ... by the record
+    that made them (an address may be reused once an event is destroyed)."""
+    names, entries, recorded = {}, [], 0
+    for name, stream, target, _ in fake_cuda_log(fake, start):
+        if name == "cudaEventRecord":
+            names[target], recorded = f"e{recorded}", recorded + 1
+        if name in ("cudaEventRecord", "cudaStreamWaitEvent"):
+            entries.append((name, stream, names.get(target, "?")))
+        elif name == "cudaFreeAsync":
+            entries.append((name, stream))
+    return entries
+
+
+def test_an_export_orders_the_consumer_s_stream_after_the_producer_s(fake):
+    buffer = cuda.allocate(16, 0x5000)
+    export = buffer.export((4,), "float32")
+    assert (export.dtype, export.shape, export.device) == ("float32", (4,), (2, 0))
+    for same in (0x5000, -1):  # the producer's own stream, or "no synchronization"
+        _native.DLTensorView(export.__dlpack__(stream=same))
+    assert event_log(fake) == []
+    _native.DLTensorView(export.__dlpack__(stream=0x6000))
+    assert event_log(fake) == [("cudaEventRecord", 0x5000, "e0"), ("cudaStreamWaitEvent", 0x6000, "e0")]
+    start = fake.fake_cuda_log_size()
+    _native.DLTensorView(export.__dlpack__())  # no stream: the legacy default stream (1)
+    assert event_log(fake, start) == [("cudaEventRecord", 0x5000, "e0"), ("cudaStreamWaitEvent", 1, "e0")]
+    start = fake.fake_cuda_log_size()
+    _native.DLTensorView(export.__dlpack__(stream=0))  # disallowed by DLPack; CUDA's handle 0 is the legacy one
+    assert event_log(fake, start) == [("cudaEventRecord", 0x5000, "e0"), ("cudaStreamWaitEvent", 1, "e0")]
+    for refused in (-2, 1.5, "s", True):
+        with pytest.raises(BufferError, match="stream must be an int CUDA stream handle"):
+            export.__dlpack__(stream=refused)
+
+
+def test_memory_a_consumer_took_is_freed_after_the_consumer_s_stream(fake):
+    buffer = cuda.allocate(16, 0x5000)
+    export = buffer.export((4,), "float32")
+    for consumer in (0x6000, 0x6000, 2):
+        _native.DLTensorView(export.__dlpack__(stream=consumer))
+    start = fake.fake_cuda_log_size()
+    del buffer, export
+    # Each consumer stream's work so far comes before the free on the producing stream.
+    assert event_log(fake, start) == [
+        ("cudaEventRecord", 0x6000, "e0"), ("cudaStreamWaitEvent", 0x5000, "e0"),
+        ("cudaEventRecord", 2, "e1"), ("cudaStreamWaitEvent", 0x5000, "e1"), ("cudaFreeAsync", 0x5000)]
+    assert fake.fake_cuda_live_device_blocks() == 0
+
+
+def consumer_library(name, from_dlpack):
+    """An array type whose library (found through __array_namespace__) is ``from_dlpack``'s."""
+    library = types.SimpleNamespace(__name__=name, from_dlpack=from_dlpack)
+    return type(name, (FakeCudaArray,), {"__array_namespace__": lambda self: library})
+
+
+def test_an_op_s_outputs_follow_a_consumer_on_another_stream(fake, scale):
+    OtherStream = consumer_library("otherstream", lambda exported: from_dlpack(exported, stream=0x7000))
+    with opforge.cuda.stream(0x5000):
+        y = scale(OtherStream(np.ones(4, np.float32)))
+    np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+    assert event_log(fake) == [("cudaEventRecord", 0x5000, "e0"), ("cudaStreamWaitEvent", 0x7000, "e0")]
+    start = fake.fake_cuda_log_size()
+    del y
+    assert event_log(fake, start) == [("cudaEventRecord", 0x7000, "e0"), ("cudaStreamWaitEvent", 0x5000, "e0"),
+                                      ("cudaFreeAsync", 0x5000)]
+
+
+def test_an_input_its_library_will_not_share_is_a_device_error(fake, scale):
+    class Refusing(FakeCudaArray):
+        def __dlpack__(self, **kwargs):
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+
+    with pytest.raises(opforge.DeviceError, match=r"op 'tdev::scale': input 'x' \(Refusing\) cannot be shared "
+                                                  r"through DLPack: .*detach") as caught:
+        scale(Refusing(np.ones(2, np.float32)))
+    assert isinstance(caught.value, TypeError)
+
+
+def test_an_output_its_library_will_not_take_is_a_device_error(fake, scale):
+    def refuse(exported):
+        exported.__dlpack__(stream=-7)  # not a stream: the export says so
+
+    Refuses = consumer_library("refuses", refuse)
+    with pytest.raises(opforge.DeviceError, match=r"op 'tdev::scale': output 'y' cannot be handed to refuses "
+                                                  r"through DLPack: .*stream must be an int CUDA stream"):
+        scale(Refuses(np.ones(2, np.float32)))
+
+
+def test_a_64_bit_output_a_library_narrows_is_a_dtype_error_on_the_gpu_too(fake, seen):
+    def narrowing(exported):  # what JAX without 64-bit types does
+        return FakeCudaArray(from_dlpack(exported).array.astype(np.int32))
+
+    Narrowing = consumer_library("jax", narrowing)
+    with pytest.raises(opforge.DTypeError, match=r"op 'tdev::seen': output 'y' is int64, but jax made it int32 "
+                                                 r"\(64-bit types are off in JAX"):
+        seen(Narrowing(np.ones(4, np.float32)))
+
+
+@pytest.fixture
+def add32(fresh, source):
+    op = declare(fresh, "tdev::add32(Tensor a, Tensor b) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=f"{source}:AddF32", device="gpu")
+    return op
+
+
+def test_python_scalars_join_device_arrays_as_on_the_cpu(fake, add32):
+    x = FakeCudaArray(np.arange(4, dtype=np.float32))
+    for k in range(3):
+        y = add32(x, 2)  # an int, taken as float32 like x (as NumPy and opforge's CPU path do)
+        np.testing.assert_array_equal(y.array, x.array + 2)
+    assert fake.fake_cuda_calls(b"cudaMemcpyAsync") == 1  # the value went to the device once
+    y = add32(x, np.float32(0.5))  # (y owns the memory y.array reads)
+    np.testing.assert_array_equal(y.array, x.array + 0.5)
+    y = add32(x, True)
+    np.testing.assert_array_equal(y.array, x.array + 1)
+    assert fake.fake_cuda_calls(b"cudaMemcpyAsync") == 3
+    for stalls in (b"cudaStreamSynchronize", b"cudaDeviceSynchronize", b"cudaMemcpy"):
+        assert fake.fake_cuda_calls(stalls) == 0, stalls
+    with pytest.raises(opforge.KernelError, match="AddF32"):  # a NumPy scalar keeps its dtype: float64 here
+        add32(x, np.float64(1))
+    with pytest.raises(opforge.DeviceError, match=r"input 'b' is list .*or a Python or NumPy scalar"):
+        add32(x, [1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(opforge.DTypeError, match=r"input 'b': the scalar np.str_\('one'\) cannot be passed to a "
+                                                 r"GPU kernel as a 0-d <U3 array: .*not supported by the kernel ABI"):
+        add32(x, np.str_("one"))
+
+
+def test_a_scalar_uploaded_on_one_stream_is_waited_for_on_another(fake, add32):
+    x = FakeCudaArray(np.zeros(2, np.float32))
+    fake.fake_cuda_set_events_pending(1)  # the upload has not finished yet
+    with opforge.cuda.stream(0x5000):
+        add32(x, 7.0)
+    with opforge.cuda.stream(0x6000):
+        start = fake.fake_cuda_log_size()
+        y = add32(x, 7.0)
+    assert [e[:2] for e in event_log(fake, start)] == [("cudaStreamWaitEvent", 0x6000)]
+    fake.fake_cuda_set_events_pending(0)  # done: nothing to wait for from now on
+    start = fake.fake_cuda_log_size()
+    with opforge.cuda.stream(0x6000):
+        z = add32(x, 7.0)
+    assert event_log(fake, start) == []
+    np.testing.assert_array_equal(y.array, [7, 7])
+    np.testing.assert_array_equal(z.array, [7, 7])
+
+
+def test_scalars_past_the_cache_are_uploaded_per_call_and_freed_after_it(fake, add32, monkeypatch):
+    monkeypatch.setattr(cuda, "_CONSTANTS_MAX", 0)
+    x = FakeCudaArray(np.zeros(2, np.float32))
+    live = fake.fake_cuda_live_device_blocks()
+    with opforge.cuda.stream(0x5000):
+        y = add32(x, 3.0)
+    np.testing.assert_array_equal(y.array, [3, 3])
+    assert fake.fake_cuda_live_device_blocks() == live + 1  # the output alone
+    frees = [e for e in fake_cuda_log(fake) if e[0] == "cudaFreeAsync"]
+    assert [e[1] for e in frees] == [0x5000]  # the scalar's copy, after the kernel on its stream

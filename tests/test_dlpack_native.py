@@ -159,6 +159,40 @@ def test_export_checks_its_arguments():
         DLPackExport(-1, (4,), "float32", 1, 0, arr)
 
 
+def test_export_tells_its_dtype_shape_and_device():
+    arr = np.zeros((2, 3), dtype=np.int64)
+    export = fake_cuda(arr, device_id=1)
+    assert (export.dtype, export.shape, export.device) == ("int64", (2, 3), (2, 1))
+    assert export_of(np.zeros((), np.float16)).shape == ()
+    bfloat = DLPackExport(arr.ctypes.data, (4,), "bfloat16", 2, 0, arr)
+    assert bfloat.dtype == "bfloat16"
+
+
+def test_export_sync_gets_the_consumer_s_stream_before_a_capsule_is_made():
+    arr = np.arange(4, dtype=np.float32)
+    asked = []
+    export = DLPackExport(arr.ctypes.data, (4,), "float32", 2, 0, arr, sync=asked.append)
+    DLTensorView(export.__dlpack__(stream=0x77, max_version=(1, 0)))
+    DLTensorView(export.__dlpack__())
+    assert asked == [0x77, None]
+    owner = weakref.ref(arr)
+
+    def refuse(stream):
+        raise BufferError(f"no stream {stream}")
+
+    refusing = DLPackExport(arr.ctypes.data, (4,), "float32", 2, 0, arr, sync=refuse)
+    with pytest.raises(BufferError, match="no stream 5"):
+        refusing.__dlpack__(stream=5)
+    with pytest.raises(BufferError, match="cannot copy"):  # the arguments are checked first
+        export.__dlpack__(stream=9, copy=True)
+    assert asked == [0x77, None]
+    with pytest.raises(TypeError, match="sync must be callable"):
+        DLPackExport(arr.ctypes.data, (4,), "float32", 2, 0, arr, sync=3)
+    del arr, export, refusing
+    gc.collect()
+    assert owner() is None  # no capsule was left holding the owner
+
+
 def test_export_of_scalars_and_empty_arrays():
     scalar = np.array(2.5, dtype=np.float64)
     out = np.from_dlpack(export_of(scalar))

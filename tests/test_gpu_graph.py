@@ -18,8 +18,9 @@ import opforge
 from opforge import _native
 from opforge.runtime import cuda
 
-from helpers import declare, fake_cuda_runtime
-from test_device_call import FakeCudaArray
+from helpers import declare, fake_cuda_log, fake_cuda_runtime
+from test_device_call import FakeCudaArray, consumer_library
+from test_device_call import from_dlpack as fake_cuda_from_dlpack
 
 # "GPU" kernels for the fake runtime: host functions, counting their runs and noting their stream.
 KERNELS = r"""
@@ -136,13 +137,13 @@ def test_a_graph_on_device_arrays_is_captured_once_and_replayed(fake, chain):
         assert fake.fake_cuda_calls(b"cudaGraphLaunch") == 1
         assert fake.fake_cuda_last_stream() == STREAM  # the output copy, after the launch, on the caller's stream
 
-        mallocs = fake.fake_cuda_calls(b"cudaMallocAsync")
+        mallocs = fake.fake_cuda_calls(b"cudaMallocFromPoolAsync")
         later = [call(graph, *inputs(3 + k)) for k in range(3)]
         assert counter(library, "launches") - start == 6  # no kernel launched node by node: one graph launch
         assert fake.fake_cuda_calls(b"cudaGraphLaunch") == 4
         assert fake.fake_cuda_calls(b"cudaStreamBeginCapture") == 1
         # Per call: one fresh output buffer, one copy per input and per output; nothing else.
-        assert fake.fake_cuda_calls(b"cudaMallocAsync") - mallocs == 3
+        assert fake.fake_cuda_calls(b"cudaMallocFromPoolAsync") - mallocs == 3
         assert fake.fake_cuda_calls(b"cudaMemcpyAsync") >= 3 * 3
     for name in (b"cudaMalloc", b"cudaFree", b"cudaDeviceSynchronize", b"cudaStreamSynchronize"):
         assert fake.fake_cuda_calls(name) == 0, name
@@ -209,6 +210,22 @@ def test_a_call_on_another_stream_waits_for_the_arena_s_last_user(fake, chain):
     assert fake.fake_cuda_calls(b"cudaStreamWaitEvent") == 1
 
 
+def test_graph_outputs_order_a_consumer_s_stream_and_are_freed_after_it(fake, chain):
+    graph, _ = chain
+    OtherStream = consumer_library("otherstream", lambda exported: fake_cuda_from_dlpack(exported, stream=0x7000))
+    a, b = inputs(2)
+    start = fake.fake_cuda_log_size()
+    with opforge.cuda.stream(STREAM):
+        y = graph(OtherStream(a), OtherStream(b))
+    np.testing.assert_array_equal(y.array, 2 * (a + 1) + b)
+    log = [(name, stream) for name, stream, _, _ in fake_cuda_log(fake, start)]
+    assert [e for e in log if "Event" in e[0]] == [("cudaEventRecord", STREAM), ("cudaStreamWaitEvent", 0x7000)]
+    start = fake.fake_cuda_log_size()
+    del y  # the consumer lets go: the free waits for its stream
+    log = [(name, stream) for name, stream, _, _ in fake_cuda_log(fake, start)]
+    assert log == [("cudaEventRecord", 0x7000), ("cudaStreamWaitEvent", STREAM), ("cudaFreeAsync", STREAM)]
+
+
 def test_a_node_without_a_gpu_kernel_is_a_device_error(fake, fresh, source):
     inc = gpu_op(fresh, source, "inc_cpu", "Inc", device="cpu")
     graph = opforge.trace(lambda a: inc(a), opforge.TensorSpec([3], "float32"))
@@ -268,7 +285,7 @@ def test_cpu_arrays_still_take_the_cpu_plan(fake, fresh, source):
     inc = gpu_op(fresh, source, "inc_host", "Inc", device="cpu")
     graph = opforge.trace(lambda a: inc(a), opforge.TensorSpec([3], "float32"))
     np.testing.assert_array_equal(graph(np.ones(3, np.float32)), [2, 2, 2])
-    assert fake.fake_cuda_calls(b"cudaMallocAsync") == 0
+    assert fake.fake_cuda_calls(b"cudaMallocFromPoolAsync") == 0
 
 
 # -- a real GPU ---------------------------------------------------------------------

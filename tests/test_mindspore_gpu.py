@@ -27,7 +27,7 @@ from opforge.compat.mindspore import Tensor
 from opforge.compat.mindspore.ops import CustomRegOp, DataType
 from opforge.runtime import cuda
 
-from helpers import fake_cuda_runtime
+from helpers import fake_cuda_log, fake_cuda_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -179,7 +179,8 @@ def test_host_arrays_reach_a_gpu_kernel_as_device_copies(fake, context, kernel_s
     np.testing.assert_array_equal(y, a + b)
     given = p.tolist()
     assert a.ctypes.data not in given and b.ctypes.data not in given and y.ctypes.data not in given
-    assert calls(fake, "cudaMallocAsync") == 4 and calls(fake, "cudaMemcpyAsync") == 4  # 2 inputs in, 2 outputs out
+    assert calls(fake, "cudaMallocFromPoolAsync") == 4  # 2 inputs in, 2 outputs out
+    assert calls(fake, "cudaMemcpyAsync") == 4
     assert calls(fake, "cudaHostAlloc") == 4  # staged through pinned buffers
     assert fake.fake_cuda_live_device_blocks() == 0  # the device copies went back to the pool
     assert calls(fake, "cudaMalloc") == calls(fake, "cudaDeviceSynchronize") == 0
@@ -233,7 +234,8 @@ def test_device_arrays_reach_a_gpu_kernel_unchanged(fake, context, prebuilt):
     np.testing.assert_array_equal(y_values, np.arange(6) + 0.5)
     assert p_values.tolist() == [a_pointer, b_pointer, y_pointer]  # the inputs' own device memory, no copies
     assert calls(fake, "cudaMemcpyAsync") == calls(fake, "cudaHostAlloc") == 0
-    assert calls(fake, "cudaMallocAsync") == 2 and fake.fake_cuda_last_stream() == 0x4321  # outputs, on the stream
+    allocations = [entry for entry in fake_cuda_log(fake) if entry[0] == "cudaMallocFromPoolAsync"]
+    assert [stream for _, stream, _, _ in allocations] == [0x4321, 0x4321]  # the outputs, on the call's stream
     assert calls(fake, "cudaStreamSynchronize") == calls(fake, "cudaDeviceSynchronize") == 0
 
 

@@ -16,11 +16,23 @@
  *                                    non-sticky: the next cudaGetLastError returns code (once);
  *                                    sticky: every call from now on returns code, as after a device fault
  *   fake_cuda_set_device_count(n)    what cudaGetDeviceCount reports (default 1)
- *   fake_cuda_live_device_blocks()   device allocations not yet freed
- *   fake_cuda_live_host_blocks()     pinned host allocations not yet freed
+ *   fake_cuda_live_device_blocks()   device allocations made since the last reset and not yet freed
+ *   fake_cuda_live_host_blocks()     pinned host allocations made since the last reset and not yet freed
  *   fake_cuda_bad_frees()            frees of pointers this runtime never handed out
- *   fake_cuda_release_threshold(dev) the last cudaMemPoolAttrReleaseThreshold set on dev's pool
+ *   fake_cuda_release_threshold(dev) the last cudaMemPoolAttrReleaseThreshold set on dev's default pool
+ *   fake_cuda_pool_threshold(pool)   the same for any pool (a default one or one from cudaMemPoolCreate)
+ *   fake_cuda_pool_of(pointer)       the pool a live device block came from (its device's default pool
+ *                                    for cudaMallocAsync); null for other pointers
+ *   fake_cuda_default_pool(dev)      dev's default pool
  *   fake_cuda_capturing()            1 while a stream capture is open
+ *   fake_cuda_log_size()             stream-ordered calls logged since the last reset (at most kLogSize kept)
+ *   fake_cuda_log_entry(i, &name, &stream, &object, &device)
+ *                                    the i-th of them: the call's name, its stream, what it acted on (the
+ *                                    pointer allocated, freed, copied to or set; the event recorded or waited
+ *                                    for; the graph launched) and the device current then; 0 if i is out of range
+ *   fake_cuda_dead_stream_uses()     calls given a stream that cudaStreamDestroy had destroyed
+ *   fake_cuda_set_events_pending(on) cudaEventQuery reports cudaErrorNotReady (and leaves it as the last
+ *                                    error, the worst a runtime may do) instead of success
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -37,6 +49,7 @@ enum {
   kInvalidDevice = 101,
   kNoDevice = 100,
   kInvalidResourceHandle = 400,
+  kNotReady = 600,
   kStreamCaptureUnsupported = 900,
   kStreamCaptureInvalidated = 901,
 };
@@ -52,7 +65,8 @@ static const char *const kCallNames[] = {
     "cudaStreamEndCapture", "cudaStreamIsCapturing", "cudaGraphInstantiate", "cudaGraphInstantiateWithFlags",
     "cudaGraphLaunch",
     "cudaGraphDestroy", "cudaGraphExecDestroy", "cudaRuntimeGetVersion", "cudaDriverGetVersion",
-    "cudaMemsetAsync", "cudaPointerGetAttributes",
+    "cudaMemsetAsync", "cudaPointerGetAttributes", "cudaMemPoolCreate", "cudaMemPoolDestroy",
+    "cudaMallocFromPoolAsync", "cudaMemPoolGetAttribute",
 };
 enum { kCallCount = sizeof(kCallNames) / sizeof(kCallNames[0]) };
 
@@ -66,15 +80,53 @@ static cudaStream_t last_stream = 0;
 static int capturing = 0;
 static cudaStream_t capture_stream = 0;
 static long bad_frees = 0;
-static uint64_t release_threshold[16];
-static char pools[16]; /* one address per device stands for its default pool */
+static long dead_stream_uses = 0;
+static int events_pending = 0;
+
+/* Memory pools: one default pool per device, and those cudaMemPoolCreate made (never freed: tests make few). */
+struct pool {
+  int device;
+  uint64_t release_threshold;
+};
+static struct pool default_pools[16];
+enum { kMaxCreatedPools = 64 };
+static struct pool *created_pools[kMaxCreatedPools];
+static int created_pool_count = 0;
+
+static int is_pool(void *p) {
+  if ((struct pool *)p >= default_pools && (struct pool *)p < default_pools + 16) return 1;
+  for (int i = 0; i < created_pool_count; i++)
+    if (created_pools[i] == p) return 1;
+  return 0;
+}
+
+/* Streams cudaStreamCreate* made; a destroyed one stays listed (dead) so later uses are caught. */
+enum { kMaxStreams = 256 };
+static struct {
+  void *handle;
+  int dead;
+} streams[kMaxStreams];
+static int stream_count = 0;
+
+/* The stream-ordered calls, in order. */
+enum { kLogSize = 4096 };
+static struct {
+  int call;
+  void *stream;
+  void *object;
+  int device;
+} call_log[kLogSize];
+static long log_size = 0;
 
 /* Live allocations, a singly linked list (tests make few). */
 struct block {
   void *pointer;
   int pinned;
+  void *pool;
+  long generation; /* the reset it was made after: memory earlier tests keep for good is not counted */
   struct block *next;
 };
+static long generation = 0;
 static struct block *blocks = NULL;
 
 static int index_of(const char *name) {
@@ -93,25 +145,51 @@ static cudaError_t enter(const char *name) {
   return sticky;
 }
 
-static void note_stream(cudaStream_t stream) {
+static int stream_is_dead(cudaStream_t stream) {
+  for (int i = 0; i < stream_count; i++)
+    if (streams[i].handle == stream) return streams[i].dead;
+  return 0;
+}
+
+/* Notes the stream and logs the call; a stream that was destroyed is counted (and fails the call). */
+static int note_stream(const char *name, cudaStream_t stream, void *object) {
   pthread_mutex_lock(&lock);
   last_stream = stream;
+  int dead = stream_is_dead(stream);
+  dead_stream_uses += dead;
+  if (log_size < kLogSize) {
+    call_log[log_size].call = index_of(name);
+    call_log[log_size].stream = stream;
+    call_log[log_size].object = object;
+    call_log[log_size].device = current_device;
+  }
+  log_size++;
+  pthread_mutex_unlock(&lock);
+  return dead;
+}
+
+/* Sets what the latest logged call acted on (an allocation's pointer, known once it succeeded). */
+static void log_object(void *object) {
+  pthread_mutex_lock(&lock);
+  if (log_size > 0 && log_size <= kLogSize) call_log[log_size - 1].object = object;
   pthread_mutex_unlock(&lock);
 }
 
-/* enter() for a call that takes a stream: the stream is noted even when the call fails. */
-static cudaError_t enter_on(const char *name, cudaStream_t stream) {
+/* enter() for a call that takes a stream: the stream is noted and the call logged even when it fails. */
+static cudaError_t enter_on(const char *name, cudaStream_t stream, void *object) {
   cudaError_t e = enter(name);
-  note_stream(stream);
+  if (note_stream(name, stream, object) && !e) e = kInvalidResourceHandle;
   return e;
 }
 
-static void remember(void *pointer, int pinned) {
+static void remember(void *pointer, int pinned, void *pool) {
   struct block *b = malloc(sizeof *b);
   if (b == NULL) return;
   pthread_mutex_lock(&lock);
   b->pointer = pointer;
   b->pinned = pinned;
+  b->pool = pool;
+  b->generation = generation;
   b->next = blocks;
   blocks = b;
   pthread_mutex_unlock(&lock);
@@ -137,16 +215,16 @@ static int forget(void *pointer, int pinned) {
 static long live(int pinned) {
   long n = 0;
   pthread_mutex_lock(&lock);
-  for (struct block *b = blocks; b != NULL; b = b->next) n += b->pinned == pinned;
+  for (struct block *b = blocks; b != NULL; b = b->next) n += b->pinned == pinned && b->generation == generation;
   pthread_mutex_unlock(&lock);
   return n;
 }
 
-static cudaError_t allocate(void **out, size_t size, int pinned) {
+static cudaError_t allocate(void **out, size_t size, int pinned, void *pool) {
   if (out == NULL) return kInvalidValue;
   void *p = malloc(size ? size : 1);
   if (p == NULL) return kMemoryAllocation;
-  remember(p, pinned);
+  remember(p, pinned, pool);
   *out = p;
   return kSuccess;
 }
@@ -172,7 +250,11 @@ long fake_cuda_calls(const char *name) {
 void fake_cuda_reset(void) {
   pthread_mutex_lock(&lock);
   memset(counts, 0, sizeof counts);
-  memset(release_threshold, 0, sizeof release_threshold);
+  for (int i = 0; i < 16; i++) default_pools[i].release_threshold = 0;
+  log_size = 0;
+  generation++;
+  dead_stream_uses = 0;
+  events_pending = 0;
   pending_error = sticky_error = kSuccess;
   last_stream = 0;
   capturing = 0;
@@ -201,8 +283,36 @@ long fake_cuda_bad_frees(void) { return bad_frees; }
 int fake_cuda_capturing(void) { return capturing; }
 
 uint64_t fake_cuda_release_threshold(int device) {
-  return device >= 0 && device < 16 ? release_threshold[device] : 0;
+  return device >= 0 && device < 16 ? default_pools[device].release_threshold : 0;
 }
+
+uint64_t fake_cuda_pool_threshold(void *pool) { return is_pool(pool) ? ((struct pool *)pool)->release_threshold : 0; }
+
+void *fake_cuda_default_pool(int device) { return device >= 0 && device < 16 ? &default_pools[device] : NULL; }
+
+void *fake_cuda_pool_of(void *pointer) {
+  void *pool = NULL;
+  pthread_mutex_lock(&lock);
+  for (struct block *b = blocks; b != NULL; b = b->next)
+    if (b->pointer == pointer && !b->pinned) pool = b->pool;
+  pthread_mutex_unlock(&lock);
+  return pool;
+}
+
+long fake_cuda_log_size(void) { return log_size; }
+
+int fake_cuda_log_entry(long i, const char **name, void **stream, void **object, int *device) {
+  if (i < 0 || i >= log_size || i >= kLogSize) return 0;
+  *name = call_log[i].call >= 0 ? kCallNames[call_log[i].call] : "?";
+  *stream = call_log[i].stream;
+  *object = call_log[i].object;
+  *device = call_log[i].device;
+  return 1;
+}
+
+long fake_cuda_dead_stream_uses(void) { return dead_stream_uses; }
+
+void fake_cuda_set_events_pending(int on) { events_pending = on; }
 
 /* ---- device and errors --------------------------------------------------- */
 
@@ -295,7 +405,7 @@ cudaError_t cudaDriverGetVersion(int *version) {
 
 cudaError_t cudaMalloc(void **pointer, size_t size) {
   cudaError_t e = enter("cudaMalloc");
-  return e ? e : allocate(pointer, size, 0);
+  return e ? e : allocate(pointer, size, 0, NULL);
 }
 
 cudaError_t cudaFree(void *pointer) {
@@ -304,13 +414,15 @@ cudaError_t cudaFree(void *pointer) {
 }
 
 cudaError_t cudaMallocAsync(void **pointer, size_t size, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaMallocAsync", stream);
+  cudaError_t e = enter_on("cudaMallocAsync", stream, NULL);
   if (e) return e;
-  return allocate(pointer, size, 0);
+  e = allocate(pointer, size, 0, &default_pools[current_device]);
+  if (!e) log_object(*pointer);
+  return e;
 }
 
 cudaError_t cudaFreeAsync(void *pointer, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaFreeAsync", stream);
+  cudaError_t e = enter_on("cudaFreeAsync", stream, pointer);
   if (e) return e;
   return release(pointer, 0);
 }
@@ -320,16 +432,60 @@ cudaError_t cudaDeviceGetDefaultMemPool(void **pool, int device) {
   if (e) return e;
   if (pool == NULL) return kInvalidValue;
   if (device < 0 || device >= device_count || device >= 16) return kInvalidDevice;
-  *pool = &pools[device];
+  *pool = &default_pools[device];
   return kSuccess;
+}
+
+/* The layout of cudaMemPoolProps's first members (the rest must be zero). */
+struct pool_props {
+  int alloc_type;   /* 1: cudaMemAllocationTypePinned */
+  int handle_types; /* 0: none */
+  int location_type; /* 1: cudaMemLocationTypeDevice */
+  int location_id;
+};
+
+cudaError_t cudaMemPoolCreate(void **pool, const struct pool_props *props) {
+  cudaError_t e = enter("cudaMemPoolCreate");
+  if (e) return e;
+  if (pool == NULL || props == NULL || props->alloc_type != 1 || props->location_type != 1) return kInvalidValue;
+  if (props->location_id < 0 || props->location_id >= device_count) return kInvalidDevice;
+  if (created_pool_count == kMaxCreatedPools) return kMemoryAllocation;
+  struct pool *p = calloc(1, sizeof *p);
+  if (p == NULL) return kMemoryAllocation;
+  p->device = props->location_id;
+  created_pools[created_pool_count++] = p;
+  *pool = p;
+  return kSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(void *pool) {
+  cudaError_t e = enter("cudaMemPoolDestroy");
+  if (e) return e;
+  return is_pool(pool) ? kSuccess : kInvalidValue; /* kept: tests may still ask about it */
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **pointer, size_t size, void *pool, cudaStream_t stream) {
+  cudaError_t e = enter_on("cudaMallocFromPoolAsync", stream, NULL);
+  if (e) return e;
+  if (!is_pool(pool)) return kInvalidValue;
+  e = allocate(pointer, size, 0, pool);
+  if (!e) log_object(*pointer);
+  return e;
 }
 
 cudaError_t cudaMemPoolSetAttribute(void *pool, int attribute, void *value) {
   cudaError_t e = enter("cudaMemPoolSetAttribute");
   if (e) return e;
-  char *p = pool;
-  if (p < pools || p >= pools + 16 || value == NULL) return kInvalidValue;
-  if (attribute == 4) release_threshold[p - pools] = *(uint64_t *)value; /* cudaMemPoolAttrReleaseThreshold */
+  if (!is_pool(pool) || value == NULL) return kInvalidValue;
+  if (attribute == 4) ((struct pool *)pool)->release_threshold = *(uint64_t *)value; /* ReleaseThreshold */
+  return kSuccess;
+}
+
+cudaError_t cudaMemPoolGetAttribute(void *pool, int attribute, void *value) {
+  cudaError_t e = enter("cudaMemPoolGetAttribute");
+  if (e) return e;
+  if (!is_pool(pool) || value == NULL) return kInvalidValue;
+  *(uint64_t *)value = attribute == 4 ? ((struct pool *)pool)->release_threshold : 0;
   return kSuccess;
 }
 
@@ -342,7 +498,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind) {
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaMemcpyAsync", stream);
+  cudaError_t e = enter_on("cudaMemcpyAsync", stream, dst);
   if (e) return e;
   if (kind < 0 || kind > 4 || (count && (dst == NULL || src == NULL))) return kInvalidValue;
   if (count) memcpy(dst, src, count);
@@ -352,12 +508,12 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, 
 cudaError_t cudaHostAlloc(void **pointer, size_t size, unsigned int flags) {
   cudaError_t e = enter("cudaHostAlloc");
   (void)flags;
-  return e ? e : allocate(pointer, size, 1);
+  return e ? e : allocate(pointer, size, 1, NULL);
 }
 
 cudaError_t cudaMallocHost(void **pointer, size_t size) {
   cudaError_t e = enter("cudaMallocHost");
-  return e ? e : allocate(pointer, size, 1);
+  return e ? e : allocate(pointer, size, 1, NULL);
 }
 
 cudaError_t cudaFreeHost(void *pointer) {
@@ -366,7 +522,7 @@ cudaError_t cudaFreeHost(void *pointer) {
 }
 
 cudaError_t cudaMemsetAsync(void *pointer, int value, size_t count, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaMemsetAsync", stream);
+  cudaError_t e = enter_on("cudaMemsetAsync", stream, pointer);
   if (e) return e;
   if (count && pointer == NULL) return kInvalidValue;
   if (count) memset(pointer, value, count);
@@ -418,21 +574,47 @@ static cudaError_t free_handle(const char *name, void *handle, cudaError_t if_nu
   return kSuccess;
 }
 
+/* A stream is listed for good (a destroyed one is marked dead, not freed, so its handle is never reused). */
+static cudaError_t new_stream(cudaStream_t *stream) {
+  cudaError_t e = new_handle(stream);
+  if (e) return e;
+  pthread_mutex_lock(&lock);
+  if (stream_count < kMaxStreams) {
+    streams[stream_count].handle = *stream;
+    streams[stream_count++].dead = 0;
+  }
+  pthread_mutex_unlock(&lock);
+  return kSuccess;
+}
+
 cudaError_t cudaStreamCreate(cudaStream_t *stream) {
   cudaError_t e = enter("cudaStreamCreate");
-  return e ? e : new_handle(stream);
+  return e ? e : new_stream(stream);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
   cudaError_t e = enter("cudaStreamCreateWithFlags");
   (void)flags;
-  return e ? e : new_handle(stream);
+  return e ? e : new_stream(stream);
 }
 
-cudaError_t cudaStreamDestroy(void *stream) { return free_handle("cudaStreamDestroy", stream, kInvalidResourceHandle); }
+cudaError_t cudaStreamDestroy(void *stream) {
+  cudaError_t e = enter("cudaStreamDestroy");
+  if (e) return e;
+  if (stream == NULL) return kInvalidResourceHandle;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < stream_count; i++) {
+    if (streams[i].handle == stream) {
+      e = streams[i].dead ? kInvalidResourceHandle : kSuccess;
+      streams[i].dead = 1;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return e;
+}
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaStreamSynchronize", stream);
+  cudaError_t e = enter_on("cudaStreamSynchronize", stream, NULL);
   if (e) return e;
   return capturing ? kStreamCaptureUnsupported : kSuccess;
 }
@@ -455,7 +637,7 @@ cudaError_t cudaEventCreateWithFlags(void **event, unsigned int flags) {
 }
 
 cudaError_t cudaEventRecord(void *event, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaEventRecord", stream);
+  cudaError_t e = enter_on("cudaEventRecord", stream, event);
   if (e) return e;
   return event ? kSuccess : kInvalidResourceHandle;
 }
@@ -469,7 +651,12 @@ cudaError_t cudaEventSynchronize(void *event) {
 cudaError_t cudaEventQuery(void *event) {
   cudaError_t e = enter("cudaEventQuery");
   if (e) return e;
-  return event ? kSuccess : kInvalidResourceHandle;
+  if (event == NULL) return kInvalidResourceHandle;
+  if (!events_pending) return kSuccess;
+  pthread_mutex_lock(&lock);
+  if (pending_error == kSuccess) pending_error = kNotReady;
+  pthread_mutex_unlock(&lock);
+  return kNotReady;
 }
 
 cudaError_t cudaEventDestroy(void *event) { return free_handle("cudaEventDestroy", event, kInvalidResourceHandle); }
@@ -483,7 +670,7 @@ cudaError_t cudaEventElapsedTime(float *ms, void *start, void *end) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, void *event, unsigned int flags) {
-  cudaError_t e = enter_on("cudaStreamWaitEvent", stream);
+  cudaError_t e = enter_on("cudaStreamWaitEvent", stream, event);
   (void)flags;
   if (e) return e;
   return event ? kSuccess : kInvalidResourceHandle;
@@ -492,7 +679,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, void *event, unsigned int f
 /* ---- graphs: capture is recorded, not replayed ---------------------------- */
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode) {
-  cudaError_t e = enter_on("cudaStreamBeginCapture", stream);
+  cudaError_t e = enter_on("cudaStreamBeginCapture", stream, NULL);
   (void)mode;
   if (e) return e;
   if (stream == NULL) return kStreamCaptureUnsupported; /* the legacy stream cannot be captured */
@@ -503,7 +690,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode) {
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, void **graph) {
-  cudaError_t e = enter_on("cudaStreamEndCapture", stream);
+  cudaError_t e = enter_on("cudaStreamEndCapture", stream, NULL);
   if (e) return e;
   if (!capturing || stream != capture_stream || graph == NULL) return kStreamCaptureInvalidated;
   capturing = 0;
@@ -537,7 +724,7 @@ cudaError_t cudaGraphInstantiateWithFlags(void **exec, void *graph, unsigned lon
 }
 
 cudaError_t cudaGraphLaunch(void *exec, cudaStream_t stream) {
-  cudaError_t e = enter_on("cudaGraphLaunch", stream);
+  cudaError_t e = enter_on("cudaGraphLaunch", stream, exec);
   if (e) return e;
   return exec ? kSuccess : kInvalidValue;
 }

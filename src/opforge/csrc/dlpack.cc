@@ -262,6 +262,7 @@ struct ExportObject {
   DLDevice device;
   int readonly;
   PyObject *owner;
+  PyObject *sync;  // called with the consumer's `stream` before each capsule is made; may be null
 };
 
 PyTypeObject ExportType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -339,10 +340,11 @@ bool IntPair(PyObject *value, const char *what, long long *first, long long *sec
 }
 
 // __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None).
-// `stream` is ignored: on the host there is nothing to order, and for CUDA
-// exports opforge's Python side has already produced the memory on the
-// stream the consumer works on (the caller's current stream), so no event
-// or wait is needed between producer and consumer.
+// `stream` goes to the export's `sync` (opforge's Python side for CUDA
+// memory: the consumer's stream is made to wait for the producing one, as
+// the protocol asks), after the other arguments are found acceptable and
+// before the capsule exists, so a refusal there (BufferError) hands nothing
+// out.  Without `sync` (host memory) there is nothing to order.
 PyObject *Export_dlpack(ExportObject *self, PyObject *args, PyObject *kwds) {
   static const char *keywords[] = {"stream", "max_version", "dl_device", "copy", nullptr};
   PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
@@ -378,6 +380,11 @@ PyObject *Export_dlpack(ExportObject *self, PyObject *args, PyObject *kwds) {
                     "(pass max_version=(1, 0) or higher)");
     return nullptr;
   }
+  if (self->sync != nullptr) {
+    PyObject *done = PyObject_CallOneArg(self->sync, stream);
+    if (done == nullptr) return nullptr;
+    Py_DECREF(done);
+  }
   if (versioned) {
     auto *managed = NewManaged<DLManagedTensorVersioned>(self);
     if (managed == nullptr) return nullptr;
@@ -400,11 +407,13 @@ PyObject *Export_dlpack_device(ExportObject *self, PyObject *) {
 
 int Export_traverse(ExportObject *self, visitproc visit, void *arg) {
   Py_VISIT(self->owner);
+  Py_VISIT(self->sync);
   return 0;
 }
 
 int Export_clear(ExportObject *self) {
   Py_CLEAR(self->owner);
+  Py_CLEAR(self->sync);
   return 0;
 }
 
@@ -416,13 +425,18 @@ void Export_dealloc(ExportObject *self) {
 }
 
 PyObject *Export_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  static const char *keywords[] = {"data", "shape", "dtype", "device_type", "device_id", "owner", "readonly", nullptr};
-  PyObject *data, *shape, *owner;
+  static const char *keywords[] = {"data",  "shape",    "dtype", "device_type", "device_id",
+                                   "owner", "readonly", "sync",  nullptr};
+  PyObject *data, *shape, *owner, *sync = Py_None;
   const char *dtype_name;
   int device_type, device_id, readonly = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsiiO|p:DLPackExport", const_cast<char **>(keywords), &data, &shape,
-                                   &dtype_name, &device_type, &device_id, &owner, &readonly))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOsiiO|p$O:DLPackExport", const_cast<char **>(keywords), &data,
+                                   &shape, &dtype_name, &device_type, &device_id, &owner, &readonly, &sync))
     return nullptr;
+  if (sync != Py_None && !PyCallable_Check(sync)) {
+    PyErr_Format(PyExc_TypeError, "DLPackExport: sync must be callable or None, got %s", Py_TYPE(sync)->tp_name);
+    return nullptr;
+  }
   DLDataType dtype;
   if (!DTypeFromName(dtype_name, &dtype)) {
     PyErr_Format(PyExc_ValueError, "DLPackExport: dtype '%s' is not one of %s", dtype_name, kDTypeList);
@@ -469,14 +483,34 @@ PyObject *Export_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
   self->readonly = readonly;
   Py_INCREF(owner);
   self->owner = owner;
+  if (sync != Py_None) {
+    Py_INCREF(sync);
+    self->sync = sync;
+  }
   return reinterpret_cast<PyObject *>(self);
 }
+
+// What the export describes, so callers (a dtype check on a framework's
+// from_dlpack result, say) need not consume a capsule to learn it.
+PyObject *Export_dtype(ExportObject *self, void *) { return PyUnicode_FromString(DTypeName(self->dtype)); }
+
+PyObject *Export_shape(ExportObject *self, void *) { return IntTuple(self->shape, self->ndim); }
+
+PyObject *Export_device(ExportObject *self, void *) {
+  return Py_BuildValue("(ii)", self->device.device_type, self->device.device_id);
+}
+
+PyGetSetDef Export_getset[] = {
+    {"dtype", reinterpret_cast<getter>(Export_dtype), nullptr, "opforge dtype name", nullptr},
+    {"shape", reinterpret_cast<getter>(Export_shape), nullptr, "tuple of ints", nullptr},
+    {"device", reinterpret_cast<getter>(Export_device), nullptr, "(device_type, device_id)", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyMethodDef Export_methods[] = {
     {"__dlpack__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Export_dlpack)),
      METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None) -> capsule "
-     "('dltensor_versioned' when max_version >= (1, 0), else 'dltensor'); stream is ignored (see dlpack.cc)"},
+     "('dltensor_versioned' when max_version >= (1, 0), else 'dltensor'); stream goes to the export's sync"},
     {"__dlpack_device__", reinterpret_cast<PyCFunction>(Export_dlpack_device), METH_NOARGS,
      "__dlpack_device__() -> (device_type, device_id)"},
     {nullptr, nullptr, 0, nullptr}};
@@ -499,14 +533,17 @@ bool AddDLPackTypes(PyObject *module) {
   ExportType.tp_basicsize = sizeof(ExportObject);
   ExportType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
   ExportType.tp_doc =
-      "DLPackExport(data, shape, dtype, device_type, device_id, owner, readonly=False): a C-contiguous tensor "
-      "at `data` for any from_dlpack; each capsule keeps `owner` (what owns the memory) alive until its "
-      "consumer is done.  device_type 2 with a host pointer fakes a CUDA array for tests.";
+      "DLPackExport(data, shape, dtype, device_type, device_id, owner, readonly=False, *, sync=None): a "
+      "C-contiguous tensor at `data` for any from_dlpack; each capsule keeps `owner` (what owns the memory) "
+      "alive until its consumer is done.  `sync(stream)` is called by __dlpack__ with the consumer's stream "
+      "argument (None when not given) before a capsule is made; what it raises goes to the consumer.  "
+      "device_type 2 with a host pointer fakes a CUDA array for tests.";
   ExportType.tp_new = Export_new;
   ExportType.tp_dealloc = reinterpret_cast<destructor>(Export_dealloc);
   ExportType.tp_traverse = reinterpret_cast<traverseproc>(Export_traverse);
   ExportType.tp_clear = reinterpret_cast<inquiry>(Export_clear);
   ExportType.tp_methods = Export_methods;
+  ExportType.tp_getset = Export_getset;
 
   if (PyType_Ready(&ViewType) < 0 || PyType_Ready(&ExportType) < 0) return false;
   Py_INCREF(&ViewType);

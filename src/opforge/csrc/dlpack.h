@@ -6,8 +6,10 @@
 //   capsule and reads the tensor it describes (data pointer, shape,
 //   strides, dtype, device); the producer's deleter runs when the view dies.
 // * DLPackExport(data, shape, dtype, device_type, device_id, owner,
-//   readonly=False) -- memory opforge holds, handed to any consumer's
-//   from_dlpack; the consumer keeps `owner` alive until it calls the deleter.
+//   readonly=False, *, sync=None) -- memory opforge holds, handed to any
+//   consumer's from_dlpack; the consumer keeps `owner` alive until it calls
+//   the deleter.  `sync(stream)` gets each consumer's stream argument first
+//   (for CUDA memory: the protocol's producer/consumer stream ordering).
 #ifndef OPFORGE_NATIVE_DLPACK_H_
 #define OPFORGE_NATIVE_DLPACK_H_
 

@@ -512,4 +512,4 @@ class DevicePlan:
     def _export(self, buffer, value):
         spec = self.specs[value.id]
         shape = spec.shape if spec.layout == "ndarray" else (spec.nbytes // np.dtype(spec.dtype).itemsize,)
-        return _native.DLPackExport(buffer.pointer, tuple(shape), spec.dtype, CUDA, self.device_id, buffer)
+        return buffer.export(tuple(shape), spec.dtype)  # orders each DLPack consumer's stream after the call's

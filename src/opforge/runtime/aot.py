@@ -204,7 +204,7 @@ class AotKernel(Kernel):
                                     function=self.function_name + "Init")
             shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
             names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
-            return cuda.run_on_device(self, op, arrays, out_specs, sizes, shapes, names, extra)
+            return cuda.run_host_arrays(self, op, arrays, out_specs, sizes, shapes, names, extra)
         arrays = tuple(as_array(op, k, a) for k, a in enumerate(arrays))
         if any(s is not None and s.layout != "ndarray" for s in list(specs) + list(out_specs)):
             return self._run_blocked(op, arrays, specs, out_specs, attrs)

@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 
+from ..dtypes import to_numpy
 from ..errors import DeviceError, DTypeError
 
 #: DLPack device types opforge knows by name.
@@ -114,12 +115,18 @@ class Placement:
         if self.from_dlpack is None:
             raise DeviceError(f"op '{op.name}': the array library '{self.kind}' has no from_dlpack, so opforge "
                               "cannot hand its outputs back; pass NumPy arrays or DLPack-capable arrays")
-        wrapped = self.from_dlpack(output)
-        given = getattr(output, "dtype", None)
-        if given is not None and np.dtype(given).itemsize == 8 and _dtype_name(wrapped) not in (None, np.dtype(given).name):
+        name = getattr(op.outputs[index], "name", op.outputs[index])
+        try:
+            wrapped = self.from_dlpack(output)
+        except BufferError as error:  # the library refused opforge's export
+            raise DeviceError(f"op '{op.name}': output '{name}' cannot be handed to {self.kind} through DLPack: "
+                              f"{error}") from None
+        # NumPy arrays and opforge's DLPack exports both carry their dtype.
+        given = _numpy_dtype(getattr(output, "dtype", None))
+        if given is not None and given.itemsize == 8 and _dtype_name(wrapped) not in (None, given.name):
             # JAX without 64-bit types turns int64/float64 into 32-bit values, silently.
-            raise DTypeError(f"op '{op.name}': output '{getattr(op.outputs[index], 'name', op.outputs[index])}' is {np.dtype(given).name}, but "
-                             f"{self.kind} made it {_dtype_name(wrapped)}"
+            raise DTypeError(f"op '{op.name}': output '{name}' is {given.name}, but {self.kind} made it "
+                             f"{_dtype_name(wrapped)}"
                              + (" (64-bit types are off in JAX: jax.config.update('jax_enable_x64', True))"
                                 if self.kind == "jax" else ""))
         return wrapped
@@ -128,6 +135,19 @@ class Placement:
         if op.tuple_output:
             return tuple(self.wrap(op, k, r) for k, r in enumerate(result))
         return self.wrap(op, 0, result)
+
+
+def _numpy_dtype(dtype):
+    """A NumPy dtype, an opforge dtype name ("bfloat16" too) or None, as a NumPy dtype or None."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        try:
+            return to_numpy(dtype)
+        except DTypeError:
+            return None
 
 
 def _dtype_name(array):

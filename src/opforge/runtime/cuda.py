@@ -1,13 +1,18 @@
 """The CUDA runtime by ctypes: device memory, the caller's stream, launch checks.
 
-* ``allocate`` takes device memory stream-ordered (``cudaMallocAsync``) from
-  the device's default memory pool, whose release threshold is raised once per
-  device so freed blocks stay in the pool and are reused: a call never costs a
-  ``cudaMalloc``/``cudaFree``.  A ``DeviceBuffer`` is freed with
-  ``cudaFreeAsync`` on its stream when it is released.
+* ``allocate`` takes device memory stream-ordered (``cudaMallocFromPoolAsync``)
+  from a memory pool of opforge's own per device, made with a release
+  threshold that keeps freed blocks for reuse: a call never costs a
+  ``cudaMalloc``/``cudaFree``.  The device's default pool, which other
+  libraries share, is left as it is.  A ``DeviceBuffer`` is freed with
+  ``cudaFreeAsync`` on the stream that made it, after the streams its DLPack
+  consumers named (``DeviceBuffer.export_to``).
 * ``current_stream`` is the stream a kernel runs on: ``opforge.cuda.stream``'s
   (thread-local) if one is set, else PyTorch's or CuPy's current stream for
-  their arrays, else the legacy default stream (0).
+  their arrays, else the legacy default stream (0).  It is a ``StreamHandle``:
+  an int that keeps the stream object it came from alive, so a handle kept
+  past the call (a buffer's free, a graph plan's next call) is never one its
+  owner has destroyed.
 * ``check_launch`` reads ``cudaGetLastError`` after a launch (cheap, never a
   synchronization) and tells a sticky device error, after which the process
   must restart, from one that only failed this launch.
@@ -38,6 +43,11 @@ _H2D, _D2H = 1, 2
 _RELEASE_THRESHOLD = 4  # cudaMemPoolAttrReleaseThreshold
 _KEEP_EVERYTHING = ctypes.c_uint64(2**64 - 1)
 _PINNED_MIN = 4096  # pinned staging buffers come in powers of two from here
+_DISABLE_TIMING = 2  # cudaEventDisableTiming
+_NOT_READY = 600  # cudaErrorNotReady: queued work has not finished (not a failure)
+_DEFAULT_STREAMS = (0, 1, 2)  # the default, legacy (cudaStreamLegacy) and per-thread streams: per device
+_DLPACK_CUDA = 2  # kDLCUDA
+_CONSTANTS_MAX = 1024  # scalar values kept on each device for calls that mix scalars with device arrays
 
 # Errors after which the CUDA context is unusable: every later call fails too.
 STICKY_ERRORS = {
@@ -56,8 +66,10 @@ STICKY_ERRORS = {
 _lock = threading.Lock()
 _local = threading.local()  # .stream: the opforge.cuda.stream override; .device: on_device's device
 _runtime = None
-_pools_ready: set = set()  # devices whose default pool keeps freed memory
+_pools: dict = {}  # device -> opforge's memory pool there
 _pinned_free: dict = {}  # bucket size -> pinned host pointers ready for reuse
+_pinned_pending: list = []  # (event, size, pointer): staging buffers an asynchronous copy may still read
+_constants: dict = {}  # (device, dtype, bytes) -> [device pointer, event of its upload or None once done]
 
 
 # -- loading ------------------------------------------------------------------
@@ -79,15 +91,14 @@ _P, _I, _U, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t
 _SIGNATURES = {  # name: argument types; every call returns cudaError_t (int)
     "cudaGetDeviceCount": [ctypes.POINTER(_I)], "cudaGetDevice": [ctypes.POINTER(_I)], "cudaSetDevice": [_I],
     "cudaGetLastError": [], "cudaPeekAtLastError": [],
-    "cudaMallocAsync": [ctypes.POINTER(_P), _S, _P], "cudaFreeAsync": [_P, _P],
-    "cudaDeviceGetDefaultMemPool": [ctypes.POINTER(_P), _I], "cudaMemPoolSetAttribute": [_P, _I, _P],
+    "cudaMallocFromPoolAsync": [ctypes.POINTER(_P), _S, _P, _P], "cudaFreeAsync": [_P, _P],
+    "cudaMemPoolCreate": [ctypes.POINTER(_P), _P], "cudaMemPoolSetAttribute": [_P, _I, _P],
     "cudaMemcpyAsync": [_P, _P, _S, _I, _P], "cudaMemsetAsync": [_P, _I, _S, _P],
     "cudaHostAlloc": [ctypes.POINTER(_P), _S, _U], "cudaFreeHost": [_P],
     "cudaStreamSynchronize": [_P], "cudaDeviceSynchronize": [],
     "cudaPointerGetAttributes": [_P, _P],
-    "cudaStreamBeginCapture": [_P, _I], "cudaStreamEndCapture": [_P, ctypes.POINTER(_P)],
-    "cudaGraphInstantiateWithFlags": [ctypes.POINTER(_P), _P, ctypes.c_ulonglong], "cudaGraphLaunch": [_P, _P],
-    "cudaGraphDestroy": [_P], "cudaGraphExecDestroy": [_P],
+    "cudaEventCreateWithFlags": [ctypes.POINTER(_P), _U], "cudaEventRecord": [_P, _P],
+    "cudaStreamWaitEvent": [_P, _P, _U], "cudaEventQuery": [_P], "cudaEventDestroy": [_P],
 }
 
 
@@ -151,8 +162,10 @@ def _reset():
     global _runtime
     with _lock:
         _runtime = None
-        _pools_ready.clear()
+        _pools.clear()
         _pinned_free.clear()
+        _pinned_pending.clear()
+        _constants.clear()
     _local.__dict__.clear()
 
 
@@ -243,23 +256,40 @@ def pointer_device(pointer) -> int:
 
 
 # -- streams ------------------------------------------------------------------
+class StreamHandle(int):
+    """A ``cudaStream_t`` (an int: it goes wherever one does) that keeps ``owner``,
+    the stream object it was read from, alive.  A CuPy stream destroys its CUDA
+    stream when it is collected; opforge keeps handles past the call that got
+    them (a buffer is freed on its stream later; a graph plan orders its next
+    call after its last stream), so it keeps their owners with them."""
+
+    def __new__(cls, handle, owner=None):
+        self = super().__new__(cls, handle)
+        self.owner = owner
+        return self
+
+    def __reduce__(self):  # pickled (or copied) as the plain handle: an owner does not travel
+        return (int, (int(self),))
+
+
 def stream_handle(s) -> int:
-    """The ``cudaStream_t`` (as an int) of anything ``opforge.cuda.stream`` accepts."""
+    """The ``cudaStream_t`` of anything ``opforge.cuda.stream`` accepts: an int as it is,
+    a stream object's handle as a StreamHandle that keeps the object alive."""
     if isinstance(s, bool):
         pass
     elif isinstance(s, (int, np.integer)) and int(s) >= 0:
-        return int(s)
+        return s if isinstance(s, StreamHandle) else int(s)
     elif hasattr(s, "__cuda_stream__"):
         protocol = s.__cuda_stream__()
         if (isinstance(protocol, tuple) and len(protocol) == 2 and isinstance(protocol[1], int)
                 and not isinstance(protocol[1], bool) and protocol[1] >= 0):
-            return protocol[1]
+            return StreamHandle(protocol[1], s)
         raise DeviceError(f"opforge.cuda.stream: {type(s).__name__}.__cuda_stream__() returned {protocol!r}; the "
                           "CUDA stream protocol expects (version, handle) with an int handle")
     elif isinstance(getattr(s, "cuda_stream", None), int):  # torch.cuda.Stream
-        return s.cuda_stream
+        return StreamHandle(s.cuda_stream, s)
     elif isinstance(getattr(s, "ptr", None), int) and "cupy" in type(s).__module__:  # cupy.cuda.Stream
-        return s.ptr
+        return StreamHandle(s.ptr, s)
     raise DeviceError(f"opforge.cuda.stream: argument 's' must be a CUDA stream (an int cudaStream_t handle >= 0, an "
                       f"object with __cuda_stream__(), a torch.cuda.Stream or a CuPy stream), got {s!r}")
 
@@ -271,6 +301,8 @@ def stream(s):
     ``s`` is an int ``cudaStream_t`` (0: the legacy default stream), an object
     with ``__cuda_stream__()``, a ``torch.cuda.Stream`` or a CuPy stream;
     ``None`` sets no stream (the framework's current stream applies again).
+    A stream object is kept alive by what opforge makes on it (outputs are
+    freed on it); an int handle must stay valid until those are released.
     """
     handle = None if s is None else stream_handle(s)
     outer = getattr(_local, "stream", None)
@@ -283,20 +315,28 @@ def stream(s):
 
 def current_stream(kind=None, device_id=0) -> int:
     """The stream a call on ``kind`` arrays runs on: ``opforge.cuda.stream``'s, else
-    PyTorch's or CuPy's current stream for their arrays, else 0 (legacy default)."""
+    PyTorch's or CuPy's current stream for their arrays, else 0 (legacy default).
+    A stream read from a framework comes as a StreamHandle holding its stream object."""
     handle = getattr(_local, "stream", None)
     if handle is not None:
         return handle
     if kind == "torch":
         torch = sys.modules.get("torch")
         if torch is not None:
-            return torch.cuda.current_stream(device_id).cuda_stream
+            current = torch.cuda.current_stream(device_id)
+            return StreamHandle(current.cuda_stream, current)
     elif kind == "cupy":
         cupy = sys.modules.get("cupy")
         if cupy is not None:
             with cupy.cuda.Device(device_id):
-                return cupy.cuda.get_current_stream().ptr
+                current = cupy.cuda.get_current_stream()
+            return StreamHandle(current.ptr, current)
     return 0
+
+
+def same_stream(a, b) -> bool:
+    """Whether two handles name one stream (0 and cudaStreamLegacy, 1, are both the legacy default stream)."""
+    return (a or 1) == (b or 1)
 
 
 def synchronize(s=None):
@@ -309,22 +349,109 @@ def synchronize(s=None):
         _check(lib.cudaStreamSynchronize(stream_handle(s)), "cudaStreamSynchronize")
 
 
+def _new_event(lib):
+    event = ctypes.c_void_p()
+    _check(lib.cudaEventCreateWithFlags(ctypes.byref(event), _DISABLE_TIMING), "cudaEventCreateWithFlags")
+    return event.value
+
+
+def order_after(previous, stream):
+    """Make ``stream`` wait for the work queued so far on ``previous`` (an event; no host wait).
+    Both are streams of the current device."""
+    lib = runtime()
+    event = _new_event(lib)
+    try:
+        _check(lib.cudaEventRecord(event, previous), "cudaEventRecord")
+        _check(lib.cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
+    finally:
+        lib.cudaEventDestroy(event)  # CUDA keeps what the wait needs
+
+
+def _query(lib, event) -> int:
+    """cudaEventQuery, without leaving cudaErrorNotReady as the thread's last error
+    (the next launch check would blame a kernel for it)."""
+    code = lib.cudaEventQuery(event)
+    if code == _NOT_READY and lib.cudaPeekAtLastError() == _NOT_READY:
+        lib.cudaGetLastError()
+    return code
+
+
+def dlpack_consumer_stream(stream):
+    """The ``cudaStream_t`` a DLPack consumer named with ``__dlpack__(stream=...)`` for
+    a CUDA tensor, or None when it asked for no ordering (-1).  None (not given) and
+    1 mean the legacy default stream, 2 the per-thread default stream (both are
+    also CUDA's own handles for them).  The protocol disallows 0 as ambiguous; a
+    consumer that sends it anyway gets what CUDA's handle 0 is in opforge's
+    runtime, the legacy default stream (as PyTorch's producer does)."""
+    if stream is None:
+        return 1
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or int(stream) < -1:
+        raise BufferError(f"__dlpack__: stream must be an int CUDA stream handle, 1 (legacy default), 2 "
+                          f"(per-thread default) or -1 (no synchronization), got {stream!r}")
+    if stream == -1:
+        return None
+    return int(stream) or 1
+
+
 # -- device memory ------------------------------------------------------------
 class DeviceBuffer:
-    """Device memory from the stream-ordered pool, freed on its stream when released
-    (explicitly, or when the last reference goes)."""
+    """Device memory from opforge's stream-ordered pool, freed when released
+    (explicitly, or when the last reference goes).
 
-    __slots__ = ("pointer", "nbytes", "device_id", "stream", "_lib")
+    ``stream`` made the memory (and, for opforge's own reuse, is set to the last
+    stream that used it); ``users`` are the other streams DLPack consumers named
+    (``export_to``).  The free is queued on ``stream`` after it has waited for
+    every user: the pool never hands the memory out again while a consumer's
+    queued work may still read it.
+    """
+
+    __slots__ = ("pointer", "nbytes", "device_id", "stream", "users", "_lib")
 
     def __init__(self, pointer, nbytes, device_id, stream, lib):
         self.pointer, self.nbytes, self.device_id, self.stream, self._lib = pointer, nbytes, device_id, stream, lib
+        self.users = None
+
+    def export_to(self, stream):
+        """DLPack's stream semantics when a consumer takes this memory with
+        ``__dlpack__(stream=stream)``: its stream waits for the work queued on
+        ``self.stream`` (which produced the contents), and the eventual free
+        waits for that stream.  -1 asks for nothing."""
+        consumer = dlpack_consumer_stream(stream)
+        if consumer is None or same_stream(consumer, self.stream):
+            return
+        with on_device(self.device_id):
+            order_after(self.stream, consumer)
+        users = self.users if self.users is not None else []
+        if not any(same_stream(consumer, u) for u in users):
+            users.append(consumer)
+        self.users = users
+
+    def export(self, shape, dtype):
+        """This memory as a C-contiguous DLPack tensor of ``shape`` and ``dtype`` (a
+        DLPackExport that keeps the buffer alive and orders its consumers' streams)."""
+        return _native.DLPackExport(self.pointer, shape, dtype, _DLPACK_CUDA, self.device_id, self,
+                                    sync=self.export_to)
 
     def release(self):
         pointer, self.pointer = self.pointer, 0
-        if pointer:
-            # Ordered after the work already queued on the stream; a failure here
-            # (a sticky error) is reported by the next checked call.
-            self._lib.cudaFreeAsync(pointer, self.stream)
+        if not pointer:
+            return
+        lib, users, self.users = self._lib, self.users, None
+        # The default streams' handles name the current device's: free on the buffer's own device.
+        switch = users is not None or self.stream in _DEFAULT_STREAMS
+        previous = _make_current(lib, self.device_id) if switch else None
+        try:
+            # Failures here (a sticky error) are reported by the next checked call.
+            for user in users or ():
+                event = ctypes.c_void_p()
+                if lib.cudaEventCreateWithFlags(ctypes.byref(event), _DISABLE_TIMING) == 0:
+                    lib.cudaEventRecord(event, user)
+                    lib.cudaStreamWaitEvent(self.stream, event, 0)
+                    lib.cudaEventDestroy(event)
+            lib.cudaFreeAsync(pointer, self.stream)
+        finally:
+            if previous is not None:
+                lib.cudaSetDevice(previous)
 
     __del__ = release
 
@@ -332,33 +459,59 @@ class DeviceBuffer:
         return f"DeviceBuffer(0x{self.pointer:x}, {self.nbytes} bytes, device {self.device_id}, stream {self.stream})"
 
 
-def _prepare_pool(lib, device_id):
-    """Raise the release threshold of the device's default pool once, so freed memory stays for reuse."""
+def _make_current(lib, device_id):
+    """Make ``device_id`` current; the device to go back to, or None when it already was."""
+    if getattr(_local, "device", None) == device_id:
+        return None
+    current = ctypes.c_int(0)
+    if lib.cudaGetDevice(ctypes.byref(current)) != 0 or current.value == device_id:
+        return None
+    return current.value if lib.cudaSetDevice(device_id) == 0 else None
+
+
+class _PoolProps(ctypes.Structure):  # cudaMemPoolProps (88 bytes since CUDA 11.2; unused fields zero)
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int), ("location_type", ctypes.c_int),
+                ("location_id", ctypes.c_int), ("win32_security_attributes", ctypes.c_void_p),
+                ("reserved", ctypes.c_ubyte * 64)]
+
+
+def memory_pool(device_id=0) -> int:
+    """opforge's own memory pool on ``device_id`` (a ``cudaMemPool_t``), made on first use.
+
+    Its release threshold keeps freed memory for reuse.  That attribute is set on
+    this pool only: the device's default pool (``cudaMallocAsync``'s, which
+    PyTorch, CuPy and others may use) keeps whatever its owner chose.
+    """
+    pool = _pools.get(device_id)
+    if pool is not None:
+        return pool
+    lib = runtime()
     with _lock:
-        if device_id in _pools_ready:
-            return
-        pool = ctypes.c_void_p()
-        _check(lib.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), device_id),
-               f"cudaDeviceGetDefaultMemPool(device {device_id})")
-        _check(lib.cudaMemPoolSetAttribute(pool, _RELEASE_THRESHOLD, ctypes.byref(_KEEP_EVERYTHING)),
-               "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)")
-        _pools_ready.add(device_id)
+        pool = _pools.get(device_id)
+        if pool is None:
+            props = _PoolProps(alloc_type=1, handle_types=0, location_type=1, location_id=device_id)  # pinned, device
+            handle = ctypes.c_void_p()
+            _check(lib.cudaMemPoolCreate(ctypes.byref(handle), ctypes.byref(props)),
+                   f"cudaMemPoolCreate(device {device_id})")
+            _check(lib.cudaMemPoolSetAttribute(handle, _RELEASE_THRESHOLD, ctypes.byref(_KEEP_EVERYTHING)),
+                   "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)")
+            pool = _pools[device_id] = handle.value  # never destroyed: its memory may outlive any caller
+    return pool
 
 
 def allocate(nbytes, stream, device_id=0) -> DeviceBuffer:
-    """``nbytes`` of device memory on ``device_id``, ordered on ``stream`` (cudaMallocAsync)."""
+    """``nbytes`` of device memory on ``device_id`` from opforge's pool, ordered on ``stream``."""
     lib = runtime()
-    if device_id not in _pools_ready:
-        _prepare_pool(lib, device_id)
+    pool = _pools.get(device_id) or memory_pool(device_id)
     pointer = ctypes.c_void_p()
     size = max(int(nbytes), 1)
     if getattr(_local, "device", None) == device_id:
-        code = lib.cudaMallocAsync(ctypes.byref(pointer), size, stream)
+        code = lib.cudaMallocFromPoolAsync(ctypes.byref(pointer), size, pool, stream)
     else:
         with on_device(device_id):
-            code = lib.cudaMallocAsync(ctypes.byref(pointer), size, stream)
+            code = lib.cudaMallocFromPoolAsync(ctypes.byref(pointer), size, pool, stream)
     if code != 0:
-        raise _failed(lib, code, f"cudaMallocAsync of {nbytes} bytes on device {device_id}")
+        raise _failed(lib, code, f"cudaMallocFromPoolAsync of {nbytes} bytes on device {device_id}")
     return DeviceBuffer(pointer.value, int(nbytes), device_id, stream, lib)
 
 
@@ -367,52 +520,66 @@ def memset(buffer, value, stream):
     _check(runtime().cudaMemsetAsync(buffer.pointer, value, buffer.nbytes, stream), "cudaMemsetAsync")
 
 
-# -- CUDA graphs --------------------------------------------------------------
-class CapturedGraph:
-    """Work captured from a stream, instantiated once; ``launch`` replays all of it as one launch."""
-
-    __slots__ = ("_graph", "_exec", "_lib")
-
-    def __init__(self, lib, graph, executable):
-        self._lib, self._graph, self._exec = lib, graph, executable
-
-    def launch(self, stream):
-        _check(self._lib.cudaGraphLaunch(self._exec, stream), "cudaGraphLaunch")
-
-    def close(self):
-        executable, graph, self._exec, self._graph = self._exec, self._graph, None, None
-        if executable:
-            self._lib.cudaGraphExecDestroy(executable)
-        if graph:
-            self._lib.cudaGraphDestroy(graph)
-
-    __del__ = close
-
-
-def capture(stream, record) -> CapturedGraph:
-    """Call ``record()`` with ``stream`` capturing (thread-local mode) and return what
-    it queued there as a CapturedGraph.  ``stream`` must be a created stream, not
-    the legacy default (0); nothing queued is run until ``launch``.  If
-    ``record`` raises, the capture is ended and dropped, and the error goes on."""
+def upload(array, stream, device_id=0) -> DeviceBuffer:
+    """A copy of host ``array``'s bytes in device memory, made on ``stream`` without
+    waiting: staged through a pinned buffer that is reused once an event says the
+    copy has read it.  Call inside ``on_device(device_id)``."""
     lib = runtime()
-    if not stream:
-        raise CudaError("capture: the legacy default stream (0) cannot be captured; capture on a created stream")
-    _check(lib.cudaStreamBeginCapture(stream, 1), "cudaStreamBeginCapture")  # cudaStreamCaptureModeThreadLocal
-    graph = ctypes.c_void_p()
+    array = np.ascontiguousarray(array)
+    buffer = allocate(array.nbytes, stream, device_id)
+    if not array.nbytes:
+        return buffer
+    size, staging = _take_pinned(lib, array.nbytes)
+    ctypes.memmove(staging, array.ctypes.data, array.nbytes)
+    event = None
     try:
-        record()
+        _check(lib.cudaMemcpyAsync(buffer.pointer, staging, array.nbytes, _H2D, stream),
+               "cudaMemcpyAsync to the device")
+        event = _new_event(lib)
+        _check(lib.cudaEventRecord(event, stream), "cudaEventRecord")
     except BaseException:
-        if lib.cudaStreamEndCapture(stream, ctypes.byref(graph)) == 0 and graph.value:
-            lib.cudaGraphDestroy(graph)
-        lib.cudaGetLastError()  # the failed capture's error belongs to the error already on its way
+        buffer.release()
+        if event is not None:
+            lib.cudaEventDestroy(event)
+        if lib.cudaStreamSynchronize(stream) == 0:  # the copy, if queued, is done with the staging buffer
+            _give_back_pinned([(size, staging)])
         raise
-    _check(lib.cudaStreamEndCapture(stream, ctypes.byref(graph)), "cudaStreamEndCapture")
-    executable = ctypes.c_void_p()
-    code = lib.cudaGraphInstantiateWithFlags(ctypes.byref(executable), graph, 0)
-    if code != 0:
-        lib.cudaGraphDestroy(graph)
-        raise _failed(lib, code, "cudaGraphInstantiateWithFlags")
-    return CapturedGraph(lib, graph.value, executable.value)
+    with _lock:
+        _pinned_pending.append((event, size, staging))
+    return buffer
+
+
+def constant(array, stream, device_id=0):
+    """Device memory holding the value of the 0-d host ``array``, ready for work on
+    ``stream``: ``(pointer, holder)``.  Each value is uploaded once per device and
+    kept for the process (up to ``_CONSTANTS_MAX`` values; then each call uploads
+    its own copy, which ``holder``, a DeviceBuffer, keeps until it is released
+    stream-ordered after the call).  A value uploaded on another stream is waited
+    for through its upload's event until that event has completed."""
+    lib = runtime()
+    key = (device_id, array.dtype.str, array.tobytes())
+    entry = _constants.get(key)
+    if entry is None:
+        buffer = upload(array, stream, device_id)
+        if len(_constants) >= _CONSTANTS_MAX:
+            return buffer.pointer, buffer
+        event = _new_event(lib)
+        _check(lib.cudaEventRecord(event, stream), "cudaEventRecord")
+        with _lock:
+            entry = _constants.setdefault(key, [buffer.pointer, event])
+        if entry[0] == buffer.pointer:
+            buffer.pointer = 0  # kept for the process: never freed
+        else:  # another thread cached the value meanwhile
+            lib.cudaEventDestroy(event)
+    if entry[1] is not None:
+        with _lock:  # one thread at a time may destroy the event
+            event = entry[1]
+            if event is not None and _query(lib, event) == 0:
+                entry[1] = None
+                lib.cudaEventDestroy(event)
+            elif event is not None:
+                _check(lib.cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
+    return entry[0], None
 
 
 # -- host arrays: the slow path -----------------------------------------------
@@ -420,8 +587,25 @@ def _bucket(nbytes):
     return max(_PINNED_MIN, 1 << (max(int(nbytes), 1) - 1).bit_length())
 
 
+def _reclaim_pinned(lib):
+    """Return to the pool the staging buffers whose asynchronous copies have finished."""
+    with _lock:  # held throughout: an event is queried and destroyed by one thread
+        still = []
+        for event, size, pointer in _pinned_pending:
+            code = _query(lib, event)
+            if code == _NOT_READY:
+                still.append((event, size, pointer))
+                continue
+            lib.cudaEventDestroy(event)
+            if code == 0:  # (after a failure the context is lost: the buffer is left alone)
+                _pinned_free.setdefault(size, []).append(pointer)
+        _pinned_pending[:] = still
+
+
 def _take_pinned(lib, nbytes):
     size = _bucket(nbytes)
+    if _pinned_pending:
+        _reclaim_pinned(lib)
     with _lock:
         free = _pinned_free.get(size)
         if free:
@@ -496,5 +680,3 @@ def run_host_arrays(kernel, op, arrays, out_specs, workspace_sizes, shapes, name
         if synchronized or lib.cudaStreamSynchronize(stream) == 0:
             _give_back_pinned(pinned)
 
-
-run_on_device = run_host_arrays  # the name runtime/aot.py calls

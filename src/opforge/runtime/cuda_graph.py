@@ -12,7 +12,8 @@ stream, which orders it after the caller's earlier work.
 
 ``CaptureUnsupported`` says the kernels could not be captured (the caller runs
 them eagerly instead); any other failure is the kernel's own.  The calls are
-made through ``runtime.cuda.runtime()``.
+made through ``runtime.cuda.runtime()``; this module is opforge's one place
+for CUDA graphs.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import threading
 
 from ..errors import CudaError
 from . import cuda
+from .cuda import order_after  # noqa: F401  (the graph executor orders its arena's streams with it)
 
 _P, _I, _U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
 _SIGNATURES = {
@@ -29,13 +31,10 @@ _SIGNATURES = {
     "cudaStreamIsCapturing": [_P, ctypes.POINTER(_I)],
     "cudaGraphLaunch": [_P, _P], "cudaGraphDestroy": [_P], "cudaGraphExecDestroy": [_P],
     "cudaStreamCreateWithFlags": [ctypes.POINTER(_P), _U], "cudaRuntimeGetVersion": [ctypes.POINTER(_I)],
-    "cudaEventCreateWithFlags": [ctypes.POINTER(_P), _U], "cudaEventRecord": [_P, _P],
-    "cudaStreamWaitEvent": [_P, _P, _U], "cudaEventDestroy": [_P],
 }
 _H2D, _D2D = 1, 3  # cudaMemcpyKind
 _THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
 _NON_BLOCKING = 1  # cudaStreamNonBlocking
-_DISABLE_TIMING = 2  # cudaEventDisableTiming
 _CAPTURE_INVALIDATED = 2  # cudaStreamCaptureStatusInvalidated
 #: cudaErrorStreamCapture* and cudaErrorCapturedEvent: the work cannot be captured, nothing is broken.
 CAPTURE_ERRORS = frozenset(range(900, 909))
@@ -99,7 +98,8 @@ def _capture_stream(lib, device_id):
 
 
 class CapturedGraph:
-    """An instantiated CUDA graph (``cudaGraphExec_t``); destroyed with the object."""
+    """An instantiated CUDA graph (``cudaGraphExec_t``); destroyed by ``close`` or with the object
+    (CUDA lets a graph still running finish first)."""
 
     __slots__ = ("handle", "_lib")
 
@@ -108,12 +108,16 @@ class CapturedGraph:
 
     def launch(self, stream):
         """Replay the whole graph on ``stream``: one call, ordered after the stream's earlier work."""
+        if not self.handle:
+            raise CudaError("cudaGraphLaunch: the captured graph was closed")
         _check(self._lib, self._lib.cudaGraphLaunch(self.handle, stream), "cudaGraphLaunch")
 
-    def __del__(self):
+    def close(self):
         handle, self.handle = self.handle, None
         if handle:
             self._lib.cudaGraphExecDestroy(handle)
+
+    __del__ = close
 
 
 def is_invalidated(lib, stream) -> bool:
@@ -161,18 +165,6 @@ def _end(lib, stream, quiet=False):
         return None
     _check(lib, code, "cudaStreamEndCapture")
     return graph.value
-
-
-def order_after(previous, stream):
-    """Make ``stream`` wait for the work enqueued so far on ``previous`` (no host wait)."""
-    lib = _runtime()
-    event = ctypes.c_void_p()
-    _check(lib, lib.cudaEventCreateWithFlags(ctypes.byref(event), _DISABLE_TIMING), "cudaEventCreateWithFlags")
-    try:
-        _check(lib, lib.cudaEventRecord(event, previous), "cudaEventRecord")
-        _check(lib, lib.cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
-    finally:
-        lib.cudaEventDestroy(event)  # released by CUDA once the wait is satisfied
 
 
 def copy_async(destination, source, nbytes, stream, what, *, from_host=False):

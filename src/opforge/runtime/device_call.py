@@ -4,11 +4,13 @@ The kernel runs on the caller's current stream (``runtime.cuda.current_stream``:
 ``opforge.cuda.stream``, else PyTorch's or CuPy's current stream, else the
 default stream); inputs are taken through DLPack with that stream as the
 consumer's, so the producer's pending work on them is ordered before the
-kernel.  Outputs and workspace come from the stream-ordered pool
+kernel.  Outputs and workspace come from opforge's stream-ordered pool
 (``cuda.allocate``), launch errors are read with ``cudaGetLastError`` after
 the call, and nothing synchronizes: the outputs are handed back (as the
 inputs' kind, through DLPack) while the kernel may still be running, exactly
-as a framework's own ops do.
+as a framework's own ops do.  Their exports order each consumer's stream
+after the call's (``DeviceBuffer.export_to``).  Python and NumPy scalars among
+the inputs become 0-d device arrays (``cuda.constant``), typed as on the CPU.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import numpy as np
 from .. import _native
 from ..bounded_cache import BoundedCache
 from ..dtypes import normalize as normalize_dtype
-from ..errors import DeviceError, ShapeError
+from ..dtypes import to_numpy
+from ..errors import DeviceError, DTypeError, OpforgeError, ShapeError
 from ..spec import TensorSpec
 from . import cuda
 from .arrays import CUDA, device_name, kind_of
@@ -51,14 +54,32 @@ class _InterfaceView:
             n == 1 or s == r for n, s, r in zip(self.shape, strides, row_major))
 
 
+class _ScalarView:
+    """A Python or NumPy scalar input as a 0-d array; ``data`` is set once it is on the device."""
+
+    __slots__ = ("array", "data", "shape", "dtype", "c_contiguous", "nbytes")
+
+    def __init__(self, array):
+        self.array, self.data, self.shape, self.dtype = array, None, (), normalize_dtype(array.dtype)
+        self.c_contiguous, self.nbytes = True, array.nbytes
+
+
+def _is_scalar(value):
+    return type(value) in (int, float, bool) or isinstance(value, np.generic)
+
+
 def device_view(op, index, value, stream):
     """One input on the GPU as a view: data pointer, shape, dtype name (no copy)."""
     if hasattr(value, "__dlpack__"):
         consumer = _consumer_stream(stream)
         try:
-            capsule = value.__dlpack__(stream=consumer, max_version=(1, 0))
-        except TypeError:  # a producer from before DLPack 1.0
-            capsule = value.__dlpack__(stream=consumer)
+            try:
+                capsule = value.__dlpack__(stream=consumer, max_version=(1, 0))
+            except TypeError:  # a producer from before DLPack 1.0
+                capsule = value.__dlpack__(stream=consumer)
+        except BufferError as error:  # the producer refuses (a tensor that requires grad, say)
+            raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__}) cannot be "
+                              f"shared through DLPack: {error}") from None
         try:
             view = _native.DLTensorView(capsule)
         except ValueError as error:
@@ -85,19 +106,26 @@ def run_on_device(planner, where, args):
     if device_type != CUDA:
         raise DeviceError(f"op '{op.name}': its inputs are on {device_name(where.device)}; opforge runs kernels on "
                           "the CPU and on CUDA devices")
+    scalars = []
     for index, value in enumerate(args):
-        if value is None or kind_of(value) is None:
+        if value is not None and kind_of(value) is None and _is_scalar(value):
+            scalars.append(index)
+        elif value is None or kind_of(value) is None:
             raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' is "
                               f"{'absent' if value is None else type(value).__name__} while the other inputs are "
-                              f"in GPU memory; pass every input as an array on {device_name(where.device)}")
+                              f"in GPU memory; pass every input as an array on {device_name(where.device)} (or "
+                              "a Python or NumPy scalar)")
     with cuda.on_device(device_id):
         stream = cuda.current_stream(where.kind, device_id)
-        views = [device_view(op, k, a, stream) for k, a in enumerate(args)]
+        views = [None if k in scalars else device_view(op, k, a, stream) for k, a in enumerate(args)]
+        if scalars:
+            _scalar_views(op, args, scalars, views)
         signature = tuple((v.shape, v.dtype) for v in views)
         plan = _plans(planner).get_or_create(
             signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
         if not plan.native:  # a Python GPU kernel works on the caller's own arrays
             return plan.kernel.fn(*args, **attrs)
+        held = _upload_scalars(views, scalars, stream, device_id) if scalars else ()
         outputs = [cuda.allocate(n, stream, device_id) for n in plan.out_nbytes]
         if plan.skip:
             for buffer in outputs:  # empty work: outputs are zeros of their inferred shapes
@@ -107,8 +135,35 @@ def run_on_device(planner, where, args):
             plan.run([v.data for v in views], [b.pointer for b in outputs],
                      workspace.pointer if workspace is not None else 0, stream)
             del workspace  # freed stream-ordered: after the kernel, on the same stream
-        exports = [_native.DLPackExport(b.pointer, s.shape, s.dtype, CUDA, device_id, b)
-                   for b, s in zip(outputs, plan.out_specs)]
+        del held  # scalars uploaded for this call alone: freed the same way
+        exports = [b.export(s.shape, s.dtype) for b, s in zip(outputs, plan.out_specs)]
     if where.from_dlpack is None:  # a library with no from_dlpack: the exports are DLPack arrays themselves
         return tuple(exports) if op.tuple_output else exports[0]
     return where.wrap_result(op, tuple(exports) if op.tuple_output else exports[0])
+
+
+def _scalar_views(op, args, scalars, views):
+    """Fills ``views`` at the scalars' places with 0-d arrays.  A Python scalar takes
+    the dtype of the first array input, as on the CPU (``x * 2.0`` stays float32);
+    a NumPy scalar keeps its own."""
+    like = next(v.dtype for v in views if v is not None)
+    for index in scalars:
+        value = args[index]
+        target = value.dtype if isinstance(value, np.generic) else to_numpy(like)
+        try:
+            views[index] = _ScalarView(np.asarray(value, target))
+        except (OpforgeError, TypeError, ValueError, OverflowError) as error:
+            raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}': the scalar {value!r} cannot be "
+                             f"passed to a GPU kernel as a 0-d {target} array: {error}") from None
+
+
+def _upload_scalars(views, scalars, stream, device_id):
+    """Puts the scalar views' values on the device; the buffers to release after the
+    launch (values the per-device cache of constants does not hold)."""
+    held = []
+    for index in scalars:
+        view = views[index]
+        view.data, holder = cuda.constant(view.array, stream, device_id)
+        if holder is not None:
+            held.append(holder)
+    return held
