@@ -9,6 +9,7 @@ def opforge_cache_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("opforge-cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("OPFORGE_CACHE_DIR", str(path))
+    patch.setenv("OPFORGE_QUIET", "1")  # no compile progress lines in tests' stderr (test_build_progress turns them on)
     yield path
     patch.undo()
 

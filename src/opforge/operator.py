@@ -64,6 +64,7 @@ class Kernel:
         self.isa = isa
         self.layout = layout
         self.name = name or type(self).__name__
+        self.op_name = None  # the op that holds it (set by Op.add_kernel): for messages
 
     def reject_reason(self, op: "Op", specs) -> str | None:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
@@ -195,6 +196,7 @@ class Op(OpBase):
     def add_kernel(self, kernel: Kernel) -> Kernel:
         if "cpu_only" in self.traits and kernel.device != "cpu":
             raise SchemaError(f"op '{self.name}' has trait cpu_only; it cannot take a {kernel.device} kernel")
+        kernel.op_name = kernel.op_name or self.name
         self.kernels.append(kernel)
         self._forget_plans()
         return kernel

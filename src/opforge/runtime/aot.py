@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +105,12 @@ class AotKernel(Kernel):
                 raise KernelSourceError(f"kernel '{self.name}': {self.path} does not exist "
                                         "(relative paths resolve from the working directory)")
             if _build.is_source(self.path):
+                start = time.perf_counter()
                 built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
                                      **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
+                if not built.from_cache:
+                    owner = f"op '{self.op_name}', " if self.op_name else ""
+                    _build.report_build(f"{owner}kernel {self.name}", time.perf_counter() - start)
         if built is not None:
             library = load_library(built.path, cxx11_abi=built.cxx11_abi)
         else:

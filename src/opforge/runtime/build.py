@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -81,6 +82,39 @@ __all__ = [
 ABI_VERSION = 1
 
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)', re.MULTILINE)
+
+
+# Progress on long work: a compile that takes more than BUILD_REPORT_SECONDS is
+# reported on the "opforge.build" logger.  opforge's own handler prints it to
+# stderr unless OPFORGE_QUIET=1; the record also reaches the application's
+# logging handlers; a level above INFO on the "opforge" logger drops it.
+BUILD_REPORT_SECONDS = 0.5
+log = logging.getLogger("opforge.build")
+
+
+class _StderrUnlessQuiet(logging.Handler):
+    def emit(self, record):
+        if os.environ.get("OPFORGE_QUIET", "").strip() not in ("", "0"):
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")  # the stream of the moment (pytest swaps it)
+        except Exception:  # noqa: BLE001 - logging's own convention
+            self.handleError(record)
+
+
+_opforge_log = logging.getLogger("opforge")
+if not any(isinstance(h, _StderrUnlessQuiet) for h in _opforge_log.handlers):
+    _handler = _StderrUnlessQuiet(logging.INFO)
+    _handler.setFormatter(logging.Formatter("opforge: %(message)s"))
+    _opforge_log.addHandler(_handler)
+    if _opforge_log.level == logging.NOTSET:
+        _opforge_log.setLevel(logging.INFO)
+
+
+def report_build(what: str, seconds: float) -> None:
+    """One progress line for a finished compile, when it took long enough to notice."""
+    if seconds >= BUILD_REPORT_SECONDS:
+        log.info("compiled %s in %.1f s", what, seconds)
 
 
 @dataclass(frozen=True)
