@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import opforge as opforge_package
 from opforge import cli
 
 
@@ -255,8 +256,9 @@ def test_ops_load_finds_modules_next_to_the_file(env, tmp_path):
     done = subprocess.run([sys.executable, "-m", "opforge", "ops", "--load", str(folder / "ops.yaml")],
                           env=env, cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    listed = done.stdout.split("cli_test::twice(Tensor x) -> Tensor y\n", 1)[1].splitlines()[0]
-    assert listed == "    kernel twice (cpu, reference)  helpers_next_to_yaml:twice"
+    listed = done.stdout.split("cli_test::twice(Tensor x) -> Tensor y\n", 1)[1].splitlines()[:2]
+    assert listed == [f"    defined at: {folder / 'ops.yaml'} (op #1)",
+                      "    kernel twice (cpu, reference)  helpers_next_to_yaml:twice"]
     assert "add(Tensor a, Tensor b)" in done.stdout  # the built-ins too
 
 
@@ -285,4 +287,16 @@ def test_ops_import_lists_a_modules_ops(env, tmp_path, monkeypatch, capsys):
     done = subprocess.run([sys.executable, "-m", "opforge", "ops", "--import", "my_cli_ops"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "cli_test::halve(Tensor x) -> Tensor y\n    kernel halve (cpu)  my_cli_ops:halve\n" in done.stdout
+    assert (f"cli_test::halve(Tensor x) -> Tensor y\n    defined at: {tmp_path / 'my_cli_ops.py'}:2\n"
+            "    kernel halve (cpu)  my_cli_ops:halve\n") in done.stdout
+    assert "    defined at: " + str(Path(opforge_package.__file__).parent / "builtins" / "relu.py") in done.stdout
+
+
+def test_doctor_reports_the_frameworks_and_their_bridges(env):
+    done = opforge(env, "doctor", timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = {line.split(":")[0].strip(): line for line in done.stdout.splitlines()}
+    for name in ("torch", "onnx", "jax"):  # installed by the test extra: each bridge runs a relu
+        assert lines[name].endswith("bridge works"), done.stdout
+    assert "onnxruntime" in lines and "cupy" in lines
+    assert lines["threads"].startswith("threads: ")

@@ -249,6 +249,8 @@ def run_ops(args) -> int:
     declare_ops(args)
     for op in opforge.registered_ops():
         print(getattr(op, "schema", op.name))
+        if getattr(op, "defined_at", None):
+            print(f"    defined at: {op.defined_at}")
         if op.traits:
             print(f"    traits: {', '.join(sorted(op.traits))}")
         for kernel in op.kernels:
@@ -282,7 +284,7 @@ def _sbp_line(op) -> str:
 
 
 def add_doctor(subparsers) -> None:
-    parser = subparsers.add_parser("doctor", help="report compilers, CPU features and CUDA")
+    parser = subparsers.add_parser("doctor", help="report compilers, CPU features, CUDA and the framework bridges")
     parser.set_defaults(func=run_doctor)
 
 
@@ -308,7 +310,70 @@ def run_doctor(args) -> int:
     count = cuda.device_count()
     print(f"CUDA devices: {count}" + ("" if count else " (GPU kernels will not run; CUDA sources still compile)"))
     print(f"cache: {build.cache_dir()}")
+    print(f"threads: {opforge.get_num_threads()} (OPFORGE_NUM_THREADS / opforge.set_num_threads)")
+    for line in _framework_lines():
+        print(line)
     return 0
+
+
+def _framework_lines():
+    """One line per optional framework: its version, and whether opforge's bridge to it works
+    (an op run through it on a tiny input), or why not."""
+    import importlib
+    import importlib.metadata
+
+    def version(distribution):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def bridge_torch():
+        import torch
+
+        import opforge.torch  # noqa: F401 - registers every op with torch.library
+
+        y = torch.ops.opforge.relu(torch.tensor([-1.0, 2.0]))
+        return y.tolist() == [0.0, 2.0]
+
+    def bridge_jax():
+        import jax.numpy as jnp
+
+        import opforge.jax  # noqa: F401 - opforge ops take JAX arrays as XLA FFI calls
+        from opforge import ops
+
+        return ops.relu(jnp.array([-1.0, 2.0])).tolist() == [0.0, 2.0]
+
+    def bridge_onnx():
+        import numpy as np
+        import onnx
+        from onnx import helper
+
+        import opforge.onnx
+
+        node = helper.make_node("Relu", ["x"], ["y"])
+        x_info = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+        y_info = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
+        model = helper.make_model(helper.make_graph([node], "doctor", [x_info], [y_info]))
+        return opforge.onnx.load(model)(np.array([-1.0, 2.0], np.float32)).tolist() == [0.0, 2.0]
+
+    # JAX last: a compiler started after JAX's threads exist draws a fork warning from JAX
+    checks = [("torch", "torch", bridge_torch), ("onnx", "onnx", bridge_onnx), ("onnxruntime", "onnxruntime", None),
+              ("cupy", "cupy", None), ("jax", "jax", bridge_jax)]
+    for name, distribution, check in checks:
+        found = version(distribution) or (version("cupy-cuda12x") if name == "cupy" else None)
+        if found is None:
+            yield f"{name:>11}: not installed"
+            continue
+        if check is None:
+            yield f"{name:>11}: {found}"
+            continue
+        try:
+            works = check()
+            yield f"{name:>11}: {found}, bridge {'works' if works else 'gave a wrong result'}"
+        except Exception as error:  # noqa: BLE001 - doctor reports any failure instead of dying
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            yield f"{name:>11}: {found}, bridge fails: {type(error).__name__}: {first}"
 
 
 # --------------------------------------------------------------------------

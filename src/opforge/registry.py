@@ -5,6 +5,8 @@ Names are ``namespace::name``; ops without a namespace live in the default
 """
 from __future__ import annotations
 
+import sys
+
 from .errors import SchemaError
 from .operator import Op
 from .schema import parse_schema
@@ -65,4 +67,14 @@ def op(schema: str, *, traits=(), doc=None, replace=False) -> Op:
                           f"known: {', '.join(sorted(TRAITS))}")
     new = Op(parsed.qualified_name, parsed.inputs, parsed.outputs, parsed.attrs, traits=traits, doc=doc)
     new.schema = schema
+    new.defined_at = _caller()
     return register(new, replace=replace)
+
+
+def _caller() -> str | None:
+    """``file:line`` of the code that declared an op: the first frame outside opforge's core."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(("opforge.registry", "opforge.frontends",
+                                                                               "opforge.compat")):
+        frame = frame.f_back
+    return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -116,6 +116,7 @@ def _declare(entry, path: Path, index: int, replace: bool):
     new = None
     try:
         new = declare(entry["schema"], traits=entry.get("traits", ()), doc=entry.get("doc"), replace=replace)
+        new.defined_at = f"{path} (op #{index + 1})"
         rule = entry.get("infer")
         if rule is not None:
             if rule in _INFER_RULES:
