@@ -477,3 +477,20 @@ def test_a_resnet_conv_takes_milliseconds():
     for _ in range(5):
         conv(x, w, b, pads=[1, 1, 1, 1])
     assert (time.perf_counter() - start) / 5 < 0.25  # a few ms; generous for a busy machine
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("m, n", [(1, 7), (5, 1), (1, 1)])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_one_row_or_column_products_take_gemv_and_agree(m, n, trans_a, trans_b, dtype):
+    # batch-1 fully connected layers: OpforgeGemm forwards these to gemv
+    k = 9
+    a = r(*((k, m) if trans_a else (m, k)), dtype=dtype, seed=1)
+    b = r(*((n, k) if trans_b else (k, n)), dtype=dtype, seed=2)
+    c = r(n, dtype=dtype, seed=3)
+    want = (a.T if trans_a else a) @ (b.T if trans_b else b)
+    got = gemm(a, b, c, alpha=0.5, beta=2.0, trans_a=trans_a, trans_b=trans_b)
+    np.testing.assert_allclose(got, 0.5 * want + 2.0 * c, **tolerance(dtype))
+    if not trans_a and not trans_b:
+        np.testing.assert_allclose(matmul(a, b), want, **tolerance(dtype))
+    assert select_kernel(gemm, [TensorSpec.of(a), TensorSpec.of(b), TensorSpec.of(c)]).name.startswith("Gemm<")

@@ -1,4 +1,4 @@
-"""The accuracy bound of the vecmath.h kernels (exp, tanh, sigmoid, erf, gelu, softmax), in ulps.
+"""The accuracy bound of the vecmath.h kernels (exp, log, pow, tanh, sigmoid, erf, gelu, softmax), in ulps.
 
 Each op runs on a dense sweep -- a stride through every float32 bit pattern
 (subnormals, infinities and NaNs included), random float64 bit patterns, a
@@ -20,7 +20,7 @@ from opforge.runtime.dispatch import select_kernel
 ISAS = [isa for isa in ("generic", "avx2", "avx512") if cpu_features()[isa]]
 SPECIALS = [np.inf, -np.inf, np.nan, -0.0, 0.0, 1.0, -1.0]
 # op case -> (max ulps for float32, for float64): the bounds the op doc strings state
-BOUNDS = {"exp": (1.5, 1.5), "tanh": (3, 3), "sigmoid": (3, 3), "erf": (3, 4), "gelu": (8, 6),
+BOUNDS = {"exp": (1.5, 1.5), "log": (1, 1), "tanh": (3, 3), "sigmoid": (3, 3), "erf": (3, 4), "gelu": (8, 6),
           "gelu_tanh": (256, 2048)}
 GELU_TANH_MODERATE = 32  # ulps for x >= -4, both dtypes
 K = math.sqrt(2 / math.pi)
@@ -70,6 +70,8 @@ def reference(case, x):
         wide = x.astype(np.float64 if x.dtype == np.float32 else np.longdouble)
         if case == "exp":
             return np.exp(wide)
+        if case == "log":
+            return np.log(wide)
         if case == "tanh":
             return np.tanh(wide)
         if case == "sigmoid":
@@ -186,7 +188,8 @@ def test_softmax_special_rows(dtype):
 def test_results_do_not_depend_on_the_thread_count(dtype, threads):
     rng = np.random.default_rng(11)
     x = (rng.standard_normal(300_001) * 20).astype(dtype)  # ranges for several threads, an odd tail
-    calls = [lambda: ops.exp(x), lambda: ops.tanh(x), lambda: ops.sigmoid(x), lambda: ops.erf(x),
+    calls = [lambda: ops.exp(x), lambda: ops.log(x), lambda: ops.pow(np.abs(x), x / 8),
+             lambda: ops.tanh(x), lambda: ops.sigmoid(x), lambda: ops.erf(x),
              lambda: ops.gelu(x), lambda: ops.gelu(x, approximate="tanh"),
              lambda: ops.softmax(x[None, :300_000]),                 # one long row, split by blocks
              lambda: ops.softmax(x[:300_000].reshape(600, 500)),     # rows split across threads
@@ -197,5 +200,67 @@ def test_results_do_not_depend_on_the_thread_count(dtype, threads):
     two = [call() for call in calls]
     for k, (a, b) in enumerate(zip(one, two)):
         assert np.array_equal(a, b, equal_nan=True), f"call {k} changed with the thread count"
-    long_row = one[6][0]
+    long_row = one[8][0]
     assert abs(float(long_row.astype(np.float64).sum()) - 1) < 1e-4
+
+
+POW_BOUNDS = {"float32": 1, "float64": 2}  # ulps, as pow's doc string states
+POW_SPECIALS = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -3.0, 2.5, -2.5, np.inf, -np.inf, np.nan,
+                1e-30, -1e-30, 0.3, 100.0, -7.0, 8388609.0, 16777215.0, 2.0 ** 60, -(2.0 ** 60)]
+
+
+def pow_sweep(dtype):
+    """Bases over many binades and near 1, exponents chosen so that the results run from below the
+    subnormals to beyond overflow, and negative bases with integer exponents."""
+    rng = np.random.default_rng(5)
+    n = 300_000
+    a = np.concatenate([np.exp2(rng.uniform(-30, 30, n)), 1 + rng.uniform(-1e-3, 1e-3, n // 4),
+                        rng.uniform(0, 4, n // 4)])
+    limit = 88 if dtype == "float32" else 700
+    with np.errstate(divide="ignore"):
+        b = rng.uniform(-1.05 * limit, 1.05 * limit, a.size) / np.log(a)
+    negative = -rng.uniform(0.5, 2, 40_000)
+    odd_or_even = rng.integers(-60, 60, 40_000).astype(np.float64)
+    return (np.concatenate([a, negative]).astype(dtype), np.concatenate([b, odd_or_even]).astype(dtype))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pow_ulp_bound_and_special_values(dtype, isa):
+    a, b = pow_sweep(dtype)
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64 if dtype == "float32" else np.longdouble),
+                        b.astype(np.float64 if dtype == "float32" else np.longdouble))
+    opforge.set_isa_cap(isa)
+    try:
+        chosen = select_kernel(opforge.lookup("pow"), [TensorSpec.of(a), TensorSpec.of(b)]).name
+        assert (f"[{isa}]" in chosen) == (isa != "generic"), chosen
+        err = ulp_error(ops.pow(a, b), want, dtype)
+        worst = int(np.argmax(err))
+        assert err[worst] <= POW_BOUNDS[dtype], \
+            f"pow {dtype} [{isa}]: {err[worst]:.3g} ulp at {a[worst]!r} ** {b[worst]!r}"
+        # Every pair of special values: as NumPy's power (C99), the sign of zeros included.
+        grid = np.array(POW_SPECIALS, dtype)
+        sa, sb = (np.ascontiguousarray(v.ravel()) for v in np.meshgrid(grid, grid))
+        with np.errstate(all="ignore"):
+            expected = np.power(sa, sb)
+        got = ops.pow(sa, sb)
+        special = ~np.isfinite(sa) | ~np.isfinite(sb) | (sa == 0) | (np.abs(sa) == 1) | (sb == 0)
+        np.testing.assert_array_equal(got[special], expected[special])
+        assert (np.signbit(got) == np.signbit(expected))[~np.isnan(expected)].all()
+        wide = np.float64 if dtype == "float32" else np.longdouble
+        with np.errstate(all="ignore"):
+            ordinary = ulp_error(got, np.power(sa.astype(wide), sb.astype(wide)), dtype)[~special]
+        assert ordinary.max() <= POW_BOUNDS[dtype]
+        # A scalar exponent's shortcuts agree with the general path (pow(-0.0, 0.5) = +0, pow(-inf, 0.5) = inf).
+        for s in (0.0, 1.0, 2.0, -1.0, 0.5):
+            general = ops.pow(grid, np.full(grid.shape, s, dtype))
+            short = ops.pow(grid, np.array(s, dtype))
+            edge = ~np.isfinite(grid) | (grid == 0)
+            np.testing.assert_array_equal(short[edge], general[edge])
+            assert (np.signbit(short) == np.signbit(general))[~np.isnan(general)].all()
+            with np.errstate(all="ignore"):
+                rounding = ulp_error(short, np.power(grid.astype(wide), np.full(grid.shape, s, wide)), dtype)
+            assert rounding[~edge].max() <= 0.5  # correctly rounded
+    finally:
+        opforge.set_isa_cap(None)

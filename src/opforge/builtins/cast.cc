@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 // bfloat16 (the top half of a float32), converted through float with
 // round-to-nearest-even, as ml_dtypes does.
@@ -27,7 +28,10 @@ template <typename In, typename Out>
 static void Convert(const void *x, void *y, int64_t n) {
   const In *in = static_cast<const In *>(x);
   Out *out = static_cast<Out *>(y);
-  for (int64_t i = 0; i < n; i++) out[i] = static_cast<Out>(in[i]);
+  // 64K elements and more: ranges on opforge's threads.
+  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) out[i] = static_cast<Out>(in[i]);
+  });
 }
 
 // CALL(T) for the C type T named by dtype; returns 1 for a dtype not listed.

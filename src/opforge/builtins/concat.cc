@@ -21,14 +21,28 @@ extern "C" int Concat(int nparam, void **params, int *ndims, int64_t **shapes, c
     if (d < axis) outer *= shapes[n_inputs][d];
     if (d > axis) inner *= shapes[n_inputs][d];
   }
+  int64_t total = 0;  // bytes of one row of y
+  for (int k = 0; k < n_inputs; k++) total += shapes[k][axis] * inner * size;
   char *y = static_cast<char *>(params[n_inputs]);
-  for (int64_t o = 0; o < outer; o++) {
-    for (int k = 0; k < n_inputs; k++) {
-      const int64_t row = shapes[k][axis] * inner * size;
-      if (row == 0) continue;  // an empty input (its pointer may be anything)
-      std::memcpy(y, static_cast<const char *>(params[k]) + o * row, row);
-      y += row;
-    }
+  if (outer * total == 0) return 0;
+  if (total >= 4 * OPFORGE_COPY_CHUNK) {  // few long rows: each input's part split across the threads
+    for (int64_t o = 0, at = 0; o < outer; o++)
+      for (int k = 0; k < n_inputs; k++) {
+        const int64_t row = shapes[k][axis] * inner * size;
+        if (row) ParallelCopy(y + at, static_cast<const char *>(params[k]) + o * row, row);
+        at += row;
+      }
+    return 0;
   }
+  OpforgeParallelFor(0, outer, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / total), [&](int64_t o0, int64_t o1) {
+    char *out = y + o0 * total;
+    for (int64_t o = o0; o < o1; o++)
+      for (int k = 0; k < n_inputs; k++) {
+        const int64_t row = shapes[k][axis] * inner * size;
+        if (row == 0) continue;  // an empty input (its pointer may be anything)
+        std::memcpy(out, static_cast<const char *>(params[k]) + o * row, row);
+        out += row;
+      }
+  });
   return 0;
 }

@@ -2,8 +2,8 @@
 
 ONNX ConstantOfShape.  The fill value is a one-element tensor (not a float
 attribute), so every dtype keeps its exact value -- an int64 above 2**53, a
-float64 -- and y has value's dtype.  The kernel copies the element's bytes
-(expand.py's broadcast walk), one library for every dtype.  The gradient of
+float64 -- and y has value's dtype.  The kernel fills y with the element's bytes
+(threaded; a memset when they are all zero), one library for every dtype.  The gradient of
 the value is the sum of dy.
 """
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
-from opforge.builtins.expand import BROADCAST_COPY, HERE
+from opforge.builtins.expand import HERE
 
 constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
                                # always_compute: value is never empty, but y may be (shape with a 0)
@@ -46,22 +46,21 @@ def constant_of_shape_grad(saved, dy, *, shape):
     return opforge.ops.reshape(total, shape=list(known_dims(saved.value)))
 
 
-constant_of_shape.kernel(function="ConstantOfShape", include_dirs=HERE, code=BROADCAST_COPY + r"""
+constant_of_shape.kernel(function="ConstantOfShape", include_dirs=HERE, code=r"""
 #include "custom_aot_extra.h"
+#include "elements.h"
+
+template <typename E>
+static int Run(const void *value, void *y, int64_t n) {
+  ParallelFill(static_cast<E *>(y), n, *static_cast<const E *>(value));  // all-zero bytes: memset
+  return 0;
+}
 
 extern "C" int ConstantOfShape(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *stream, void *extra) {
   if (ElementCount(ndims[0], shapes[0]) != 1) return 1;  // the op's check rejects this first
-  const int64_t size = ElementSize(dtypes[0]), n = ElementCount(ndims[1], shapes[1]);
-  const char *value = static_cast<const char *>(params[0]);
-  char *y = static_cast<char *>(params[1]);
-  bool zero = true;  // all-zero bytes (0, 0.0, false): one memset
-  for (int64_t b = 0; b < size; b++) zero = zero && value[b] == 0;
-  if (zero) {
-    std::memset(y, 0, n * size);
-    return 0;
-  }
-  BroadcastCopy(value, y, {n}, {0}, size);  // the element repeated n times
-  return 0;
+  const int64_t n = ElementCount(ndims[1], shapes[1]);
+#define CONSTANT_RUN(E) return Run<E>(params[0], params[1], n)
+  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), CONSTANT_RUN)
 }
 """)

@@ -8,9 +8,13 @@ rounded down.  ONNX's ``auto_pad`` is resolved into pads by the converter.
 
 The kernel copies each group's input windows into a workspace matrix
 (im2col: C/group * prod(kernel) rows, one column per output position) and
-multiplies it by the weights with OpenBLAS's gemm; a 1 x 1 convolution with
-stride 1 and no padding multiplies the input directly, and a depthwise one
-(a channel per group) adds the weighted windows without a product.  The workspace size
+multiplies it by the weights with OpenBLAS's gemm (im2col runs on opforge's
+pool, a range of channels each); a 1 x 1 convolution with stride 1 and no
+padding multiplies the input directly, and a depthwise one (a channel per
+group) adds the weighted windows without a product: in 2-d from a zero-padded
+copy of each plane split into stride phases, the planes on the pool.  A
+batch_norm after a conv is folded into its weights by the graph pass
+``fold_batch_norm_into_conv``.  The workspace size
 comes from the kernel's Init, which also keeps the geometry for the calls:
 up to 8 MiB, so large inputs make their columns a block of output rows at a
 time.
@@ -364,6 +368,117 @@ static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
 """
 
 CONV = CONV_COMMON + r"""
+#include "opforge_parallel.h"
+
+// Work (multiply-adds or copied elements) worth handing to another thread.
+static const int64_t kParallelWork = 1 << 15;
+
+// Depthwise 2-d convolution (one input channel per group, m_group output channels each): every output
+// plane is its bias plus, per kernel tap, the tap's weight times a strided window of the input plane.
+// The plane is first copied, zero-padded, into stride_h * stride_w phases (padded element (r, c) goes
+// to phase (r % stride_h, c % stride_w) at (r / stride_h, c / stride_w)); there each tap's window is
+// the phase's rows laid end to end, from an offset, whatever the strides.  So a tap is one multiply-add
+// along a flat run of `span` elements (the phases' extra columns are computed and dropped), done a
+// block at a time so the sums stay in registers while every tap adds to them.  Planes run on the pool.
+// A block is four of the ISA's vectors of sums (held in registers; loads may be unaligned).
+#if defined(__AVX512F__)
+#define OPFORGE_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define OPFORGE_VECTOR_BYTES 32
+#else
+#define OPFORGE_VECTOR_BYTES 16
+#endif
+typedef T Vec __attribute__((vector_size(OPFORGE_VECTOR_BYTES), aligned(sizeof(T)), may_alias));
+static const int64_t kLanes = OPFORGE_VECTOR_BYTES / sizeof(T), kDepthwiseBlock = 4 * kLanes;
+
+// dst[0, n) = src[0, n): the rows are short (7 to 112 elements), where a call to memcpy costs more
+// (the tail is written without a loop, which GCC would turn back into one).
+typedef T Vec16 __attribute__((vector_size(16), aligned(sizeof(T)), may_alias));
+static inline void CopyRow(T *__restrict__ dst, const T *__restrict__ src, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) *reinterpret_cast<Vec *>(dst + i) = *reinterpret_cast<const Vec *>(src + i);
+  for (; i + int64_t(16 / sizeof(T)) <= n; i += 16 / sizeof(T))
+    *reinterpret_cast<Vec16 *>(dst + i) = *reinterpret_cast<const Vec16 *>(src + i);
+  if (i < n) dst[i] = src[i];  // up to 3 floats (1 double) are left
+  if (i + 1 < n) dst[i + 1] = src[i + 1];
+  if (i + 2 < n) dst[i + 2] = src[i + 2];
+}
+
+static void Depthwise2D(const ConvGeometry &g, int64_t n, int64_t m, const ConvArgs &a) {
+  const int64_t ih = g.in[0], iw = g.in[1], oh = g.out[0], ow = g.out[1], kh = g.kernel[0], kw = g.kernel[1];
+  const int64_t sh = g.stride[0], sw = g.stride[1], dh = g.dilation[0], dw = g.dilation[1];
+  // the padded plane: just the rows and columns the taps reach (end pads may be left partly unread)
+  const int64_t ph = (oh - 1) * sh + (kh - 1) * dh + 1, pw = (ow - 1) * sw + (kw - 1) * dw + 1;
+  const int64_t width = (pw + sw - 1) / sw, phase_size = (ph + sh - 1) / sh * width;
+  const int64_t top = g.pad[0], left = g.pad[1], m_group = m / g.group;
+  const int64_t span = (oh - 1) * width + ow;  // output (oy, ox) is at oy * width + ox
+  const int64_t blocks = (span + kDepthwiseBlock - 1) / kDepthwiseBlock;
+  // the last blocks read past the phases: into a zeroed tail
+  const int64_t padded_size = sh * sw * phase_size + kDepthwiseBlock;
+  std::vector<int64_t> taps(size_t(kh * kw));  // where each tap's window starts
+  for (int64_t ky = 0; ky < kh; ky++)
+    for (int64_t kx = 0; kx < kw; kx++)
+      taps[ky * kw + kx] = (ky * dh % sh * sw + kx * dw % sw) * phase_size + ky * dh / sh * width + kx * dw / sw;
+  const int64_t work = ph * pw + m_group * blocks * kDepthwiseBlock * kh * kw;
+  const int64_t first = std::min(left, pw), last = std::min(pw, left + iw);  // padded columns in the image
+  const int64_t row_begin = std::min(top, ph), row_end = std::min(ph, top + ih);  // and rows
+  OpforgeParallelFor(0, n * g.group, std::max<int64_t>(1, kParallelWork / work), [&](int64_t lo, int64_t hi) {
+    std::vector<T> phases(static_cast<size_t>(padded_size)), sums(static_cast<size_t>(blocks * kDepthwiseBlock));
+    T *__restrict__ padded = phases.data();
+    T *__restrict__ acc = sums.data();
+    for (int64_t plane = lo; plane < hi; plane++) {  // plane: sample plane / group, input channel plane % group
+      const T *image = a.x + plane * ih * iw;
+      std::fill(padded, padded + padded_size, T(0));
+      for (int64_t r = row_begin, r_phase = row_begin % sh, r_row = row_begin / sh; r < row_end; r++) {
+        const T *src = image + (r - top) * iw - left;
+        T *row = padded + r_phase * sw * phase_size + r_row * width;  // padded row r: r % sh, r / sh
+        if (++r_phase == sh) r_phase = 0, r_row++;
+        if (sw == 1) {
+          CopyRow(row + first, src + first, last - first);
+          continue;
+        }
+        if (sw == 2) {  // the common stride: two phases, pairs of loads the compiler vectorizes
+          int64_t c = first;
+          if (c < last && c % 2) row[phase_size + c / 2] = src[c], c++;
+          T *__restrict__ even = row + c / 2;
+          T *__restrict__ odd = row + phase_size + c / 2;
+          const T *__restrict__ from = src + c;
+          const int64_t pairs = std::max<int64_t>(0, last - c) / 2;
+          for (int64_t k = 0; k < pairs; k++) even[k] = from[2 * k], odd[k] = from[2 * k + 1];
+          if (c + 2 * pairs < last) even[pairs] = src[last - 1];
+          continue;
+        }
+        for (int64_t q = 0; q < sw; q++) {
+          T *__restrict__ dst = row + q * phase_size;
+          const int64_t c0 = first + (q - first % sw + sw) % sw;  // the phase's first column in the image
+          for (int64_t c = c0, k = c0 / sw; c < last; c += sw, k++) dst[k] = src[c];
+        }
+      }
+      const int64_t sample = plane / g.group, group = plane - sample * g.group;
+      for (int64_t j = 0; j < m_group; j++) {
+        const int64_t channel = group * m_group + j;
+        const T *w = a.w + channel * kh * kw;
+        const T bias = a.b[channel];
+        for (int64_t i0 = 0; i0 < blocks * kDepthwiseBlock; i0 += kDepthwiseBlock) {
+          Vec s0 = Vec{} + bias, s1 = s0, s2 = s0, s3 = s0;
+          for (int64_t k = 0; k < kh * kw; k++) {
+            const Vec weight = Vec{} + w[k];
+            const Vec *src = reinterpret_cast<const Vec *>(padded + taps[k] + i0);
+            s0 += weight * src[0];
+            s1 += weight * src[1];
+            s2 += weight * src[2];
+            s3 += weight * src[3];
+          }
+          Vec *dst = reinterpret_cast<Vec *>(acc + i0);
+          dst[0] = s0, dst[1] = s1, dst[2] = s2, dst[3] = s3;
+        }
+        T *out = a.y + (sample * m + channel) * oh * ow;
+        for (int64_t oy = 0; oy < oh; oy++) CopyRow(out + oy * ow, acc + oy * width, ow);
+      }
+    }
+  });
+}
+
 // x: N x C x in..., w: M x C/group x kernel..., b: M -> y: N x M x out...
 extern "C" int ConvInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
@@ -381,23 +496,45 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
   const int64_t n = shapes[0][0], m = shapes[1][0], c_group = shapes[1][1], m_group = m / g->group;
   const int64_t inner = c_group * g->kernel_size;  // the product's inner dim
   if (!Fits(*g, m_group, inner)) return 3;
-  a.FillBias(n, m, g->out_size);
-  for (int64_t s = 0; s < n; s++) {
-    for (int64_t grp = 0; grp < g->group; grp++) {
-      const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
-      T *out = a.y + (s * m + grp * m_group) * g->out_size;
-      if (c_group == 1 && m_group == 1) {
-        DepthwiseAdd(*g, image, a.w + grp * inner, out);
-        continue;
-      }
-      ForEachBlock(*g, [&](int64_t first, int64_t count) {
-        // y[s, grp][:, block] += w[grp] (m_group x inner) @ the block's columns (inner x count * last_out)
-        const int64_t column0 = first * g->last_out, width = count * g->last_out;
-        OpforgeGemm(false, false, m_group, width, inner, T(1), a.w + grp * m_group * inner, inner,
-                    g->direct ? image + column0 : Im2Col(*g, c_group, first, count, image, a.columns),
-                    g->direct ? g->out_size : width, T(1), out + column0, g->out_size);
-      });
+  try {
+    if (c_group == 1 && m_group <= 4 && g->rank == 2) {  // (more outputs per channel: gemm does better)
+      Depthwise2D(*g, n, m, a);
+      return 0;
     }
+    a.FillBias(n, m, g->out_size);
+    if (c_group == 1 && m_group == 1) {  // depthwise in 1 or 3+ spatial dims: the generic taps
+      OpforgeParallelFor(0, n * g->group, std::max<int64_t>(1, kParallelWork / (g->out_size * g->kernel_size)),
+                         [&](int64_t lo, int64_t hi) {
+                           for (int64_t p = lo; p < hi; p++)
+                             DepthwiseAdd(*g, a.x + p * g->in_size, a.w + p % g->group * inner,
+                                          a.y + p * g->out_size);
+                         });
+      return 0;
+    }
+    for (int64_t s = 0; s < n; s++) {
+      for (int64_t grp = 0; grp < g->group; grp++) {
+        const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
+        T *out = a.y + (s * m + grp * m_group) * g->out_size;
+        ForEachBlock(*g, [&](int64_t first, int64_t count) {
+          // y[s, grp][:, block] += w[grp] (m_group x inner) @ the block's columns (inner x count * last_out)
+          const int64_t column0 = first * g->last_out, width = count * g->last_out;
+          const T *columns = image + column0;
+          if (!g->direct) {
+            // im2col on the pool, a range of channels each (their rows are consecutive); gemm runs after
+            OpforgeParallelFor(0, c_group, std::max<int64_t>(1, kParallelWork / (g->kernel_size * width)),
+                               [&](int64_t lo, int64_t hi) {
+                                 Im2Col(*g, hi - lo, first, count, image + lo * g->in_size,
+                                        a.columns + lo * g->kernel_size * width);
+                               });
+            columns = a.columns;
+          }
+          OpforgeGemm(false, false, m_group, width, inner, T(1), a.w + grp * m_group * inner, inner, columns,
+                      g->direct ? g->out_size : width, T(1), out + column0, g->out_size);
+        });
+      }
+    }
+  } catch (...) {  // (a failed allocation, the pool): nothing crosses the ABI
+    return 2;
   }
   return 0;
 }

@@ -2,7 +2,8 @@
 
 The broadcast goes both ways, as NumPy's does: y's shape is the broadcast of
 x's shape and ``shape``, so a 1 in ``shape`` keeps x's dim.  The kernel
-copies bytes (one library for every dtype); tile.py uses the same walk.  The
+moves elements as bytes (one library for every dtype) with elements.h's
+strided copy, as tile.py does.  The
 gradient sums dy over the broadcast axes.
 """
 from pathlib import Path
@@ -74,85 +75,37 @@ def expand_grad(saved, dy, *, shape):
     return dy
 
 
-# y walked in order; x is read at byte offsets with stride 0 along broadcast
-# dims.  Dims are merged where contiguous in both, and the innermost run is
-# a memcpy (x contiguous there) or a fill (x's element repeated).
-BROADCAST_COPY = r"""
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#include "elements.h"
-
-// out: y's dims; from: x's byte stride along each (0: broadcast).
-static void BroadcastCopy(const char *x, char *y, std::vector<int64_t> out, std::vector<int64_t> from,
-                          int64_t size) {
-  int64_t n = 1;
-  for (int64_t d : out) n *= d;
-  if (n == 0) return;
-  std::vector<int64_t> dim, stride;  // merged, size-1 dims dropped
-  for (size_t k = 0; k < out.size(); k++) {
-    if (out[k] == 1) continue;
-    if (!dim.empty() && stride.back() == from[k] * out[k]) {
-      dim.back() *= out[k];
-      stride.back() = from[k];
-    } else {
-      dim.push_back(out[k]);
-      stride.push_back(from[k]);
-    }
-  }
-  if (dim.empty()) {
-    std::memcpy(y, x, size);
-    return;
-  }
-  const int m = static_cast<int>(dim.size());
-  const int64_t inner = dim[m - 1], step = stride[m - 1];
-  std::vector<int64_t> index(m, 0);
-  int64_t offset = 0;
-  for (int64_t done = 0; done < n; done += inner) {
-    const char *row = x + offset;
-    if (step == size) {
-      std::memcpy(y, row, inner * size);
-    } else if (step == 0) {  // one element repeated: write it, then double
-      std::memcpy(y, row, size);
-      for (int64_t filled = 1; filled < inner;) {
-        const int64_t more = filled < inner - filled ? filled : inner - filled;
-        std::memcpy(y + filled * size, y, more * size);
-        filled += more;
-      }
-    } else {
-      for (int64_t j = 0; j < inner; j++) std::memcpy(y + j * size, row + j * step, size);
-    }
-    y += inner * size;
-    for (int d = m - 2; d >= 0; d--) {
-      offset += stride[d];
-      if (++index[d] < dim[d]) break;
-      offset -= stride[d] * dim[d];
-      index[d] = 0;
-    }
-  }
-}
-"""
 HERE = [str(Path(__file__).parent)]
 
-expand.kernel(function="Expand", include_dirs=HERE, code=BROADCAST_COPY + r"""
+# y written in order, x read at element strides, 0 along broadcast dims
+# (elements.h's StridedCopy: merged dims, rows of memcpy or fills, threaded).
+expand.kernel(function="Expand", include_dirs=HERE, code=r"""
+#include <vector>
+
 #include "custom_aot_extra.h"
+#include "elements.h"
+
+template <typename E>
+static int Run(const void *x, void *y, const std::vector<int64_t> &out, const std::vector<int64_t> &from) {
+  StridedCopy<E>(static_cast<const E *>(x), static_cast<E *>(y), out.data(), from.data(),
+                 static_cast<int>(out.size()));
+  return 0;
+}
 
 // params: x, y.  y's rank is at least x's; x's dims align to y's last ones.
 extern "C" int Expand(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                       void *stream, void *extra) {
   const int xr = ndims[0], yr = ndims[1];
   if (yr < xr) return 1;
-  const int64_t size = ElementSize(dtypes[0]);
   std::vector<int64_t> out(shapes[1], shapes[1] + yr), from(yr, 0);
-  int64_t stride = size;
+  int64_t stride = 1;
   for (int k = xr - 1; k >= 0; k--) {
     const int64_t dim = shapes[0][k], o = out[yr - xr + k];
     if (dim != o && dim != 1) return 2;  // inference disagrees
     from[yr - xr + k] = dim == 1 ? 0 : stride;
     stride *= dim;
   }
-  BroadcastCopy(static_cast<const char *>(params[0]), static_cast<char *>(params[1]), out, from, size);
-  return 0;
+#define EXPAND_RUN(E) return Run<E>(params[0], params[1], out, from)
+  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), EXPAND_RUN)
 }
 """)

@@ -3,12 +3,15 @@
 The piecewise-linear stand-in for sigmoid (ONNX HardSigmoid).  NaN stays
 NaN.  alpha and beta cross the ABI as 32-bit floats, as leaky_relu's alpha
 does.  The gradient is dy * alpha where the line is not clamped (0 < y < 1).
+The kernel is compiled per float dtype and instruction set (the clamp a
+vector min/max) and splits large arrays across opforge's thread pool.
 """
 import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import FLOATS, floating_point
+from opforge.builtins.exp import VECMATH_ISAS
 
 hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta=0.5) -> Tensor y",
                           traits=["no_side_effect", "elementwise"],
@@ -36,6 +39,7 @@ def hard_sigmoid_grad(saved, dy, *, alpha, beta):
 
 HARD_SIGMOID = r"""
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                            void *stream, void *extra_ptr) {
@@ -45,12 +49,21 @@ extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shap
   const OPFORGE_T alpha = extra->Attr<float>("alpha"), beta = extra->Attr<float>("beta");
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) {
-    const OPFORGE_T v = alpha * x[i] + beta;  // comparisons with NaN are false: NaN passes through
-    y[i] = v < OPFORGE_T(0) ? OPFORGE_T(0) : (v > OPFORGE_T(1) ? OPFORGE_T(1) : v);
+  try {
+    OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; i++) {
+        OPFORGE_T v = alpha * x[i] + beta;  // comparisons with NaN are false: NaN passes through
+        v = v < OPFORGE_T(0) ? OPFORGE_T(0) : v;  // (two plain selects: vector max and min)
+        y[i] = v > OPFORGE_T(1) ? OPFORGE_T(1) : v;
+      }
+    });
+  } catch (...) {  // (the pool's own failures): nothing crosses the ABI
+    return 2;
   }
   return 0;
 }
 """
-hard_sigmoid.kernel(function="HardSigmoid", code=every_dtype(HARD_SIGMOID, "HardSigmoid", FLOATS),
-                    dtypes=[(d,) for d in FLOATS])
+for _isa in VECMATH_ISAS:
+    hard_sigmoid.kernel(function="HardSigmoid", code=HARD_SIGMOID, dtypes={"x": FLOATS}, isa=_isa,
+                        cflags=["-ffp-contract=off"])  # (alpha * x + beta rounded twice, as the reference)
+del _isa

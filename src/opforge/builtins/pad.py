@@ -15,6 +15,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
+from opforge.builtins.expand import HERE
 from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
 
 MODES = ("constant", "reflect", "edge", "wrap")
@@ -105,6 +106,7 @@ PAD_CC = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "elements.h"
 
 namespace {
 
@@ -145,107 +147,158 @@ bool SourceMaps(AotExtra *extra, int rank, const int64_t *x, const int64_t *y,
   return true;
 }
 
-// Calls row(out_offset, in_offset or -1) for every row (all dims but the last) of y.
-template <typename Row>
-void ForEachRow(int rank, const int64_t *x, const int64_t *y, const std::vector<std::vector<int64_t>> &maps,
-                Row row) {
-  const int outer = rank - 1;
-  int64_t rows = 1;
-  for (int d = 0; d < outer; d++) rows *= y[d];
-  const int64_t width = rank ? y[rank - 1] : 1, in_width = rank ? x[rank - 1] : 1;
-  std::vector<int64_t> index(outer > 0 ? outer : 0, 0);
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t src = 0;
-    for (int d = 0; d < outer; d++) {
-      const int64_t i = maps[d][index[d]];
-      if (i < 0) {
-        src = -1;
-        break;
-      }
-      src = src * x[d] + i;
-    }
-    row(r * width, src < 0 ? -1 : src * in_width);
-    for (int d = outer - 1; d >= 0; d--) {
-      if (++index[d] < y[d]) break;
-      index[d] = 0;
-    }
+// x's offset of y's row `r` (all dims but the last), or -1 when the row is the constant.
+int64_t RowSource(int rank, const int64_t *x, const int64_t *y, const std::vector<std::vector<int64_t>> &maps,
+                  int64_t r) {
+  int64_t src = 0, stride = rank ? x[rank - 1] : 1;
+  for (int d = rank - 2; d >= 0; d--) {
+    const int64_t i = maps[d][r % y[d]];
+    r /= y[d];
+    if (i < 0) return -1;
+    src += i * stride;
+    stride *= x[d];
   }
+  return src;
 }
 
-template <typename T>
-int PadT(int rank, const int64_t *xs, const int64_t *ys, const T *x, T *y, T value,
-         const std::vector<std::vector<int64_t>> &maps) {
+// Other modes (edge, reflect, wrap): rows in parallel, each row's longest
+// run of consecutive sources one memcpy, the rest element by element.
+template <typename E>
+int PadMapped(int rank, const int64_t *xs, const int64_t *ys, const E *x, E *y, E value,
+              const std::vector<std::vector<int64_t>> &maps) {
   if (rank == 0) {
     y[0] = x[0];
     return 0;
   }
   const std::vector<int64_t> &last = maps[rank - 1];
   const int64_t width = ys[rank - 1];
-  ForEachRow(rank, xs, ys, maps, [&](int64_t out, int64_t in) {
-    if (in < 0) {
-      for (int64_t j = 0; j < width; j++) y[out + j] = value;
-      return;
+  int64_t run0 = 0, run1 = 0;  // the longest run of last with last[j + 1] == last[j] + 1
+  for (int64_t j = 0; j < width;) {
+    int64_t k = j + 1;
+    while (last[j] >= 0 && k < width && last[k] == last[k - 1] + 1) k++;
+    if (last[j] >= 0 && k - j > run1 - run0) run0 = j, run1 = k;
+    j = k;
+  }
+  int64_t rows = 1;
+  for (int d = 0; d < rank - 1; d++) rows *= ys[d];
+  OpforgeParallelFor(0, rows, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (sizeof(E) * std::max<int64_t>(width, 1))),
+                     [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      E *out = y + r * width;
+      const int64_t in = RowSource(rank, xs, ys, maps, r);
+      if (in < 0) {
+        FillRun(out, width, value);
+        continue;
+      }
+      const E *row = x + in;
+      for (int64_t j = 0; j < run0; j++) out[j] = last[j] < 0 ? value : row[last[j]];
+      if (run1 > run0) std::memcpy(out + run0, row + last[run0], (run1 - run0) * sizeof(E));
+      for (int64_t j = run1; j < width; j++) out[j] = last[j] < 0 ? value : row[last[j]];
     }
-    for (int64_t j = 0; j < width; j++) y[out + j] = last[j] < 0 ? value : x[in + last[j]];
   });
   return 0;
 }
 
+// The gradient of the other modes: dy added back onto its sources (serial: sources repeat).
 template <typename T>
-int PadGradT(int rank, const int64_t *xs, const int64_t *ys, const T *dy, T *dx,
-             const std::vector<std::vector<int64_t>> &maps) {
-  int64_t n = 1;
-  for (int d = 0; d < rank; d++) n *= xs[d];
-  std::memset(dx, 0, sizeof(T) * n);
+int PadGradMapped(int rank, const int64_t *xs, const int64_t *ys, const T *dy, T *dx,
+                  const std::vector<std::vector<int64_t>> &maps) {
+  ParallelFill(dx, ElementCount(rank, xs), T(0));
   if (rank == 0) {
     dx[0] = dy[0];
     return 0;
   }
   const std::vector<int64_t> &last = maps[rank - 1];
   const int64_t width = ys[rank - 1];
-  ForEachRow(rank, xs, ys, maps, [&](int64_t out, int64_t in) {
-    if (in < 0) return;
+  const int64_t rows = ElementCount(rank - 1, ys);
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t in = RowSource(rank, xs, ys, maps, r);
+    if (in < 0) continue;
     for (int64_t j = 0; j < width; j++)
-      if (last[j] >= 0) dx[in + last[j]] += dy[out + j];
-  });
+      if (last[j] >= 0) dx[in + last[j]] += dy[r * width + j];
+  }
+  return 0;
+}
+
+bool Constant(AotExtra *extra, int rank, std::vector<int64_t> *begins) {
+  if (extra->Attr<std::string>("mode") != "constant") return false;
+  const std::vector<int64_t> pads = extra->Attr<std::vector<int64_t>>("pads");
+  if (static_cast<int>(pads.size()) != 2 * rank) return false;
+  begins->assign(pads.begin(), pads.begin() + rank);
+  return true;
+}
+
+// The value's bits, as ShiftCopy moves them.
+template <typename T>
+int PadConstant(void **params, int64_t **shapes, int rank, const std::vector<int64_t> &begins, T value) {
+  typedef typename ElementBits<sizeof(T)>::type E;
+  E fill;
+  std::memcpy(&fill, &value, sizeof(T));
+  ShiftCopy<E>(static_cast<const E *>(params[0]), shapes[0], static_cast<E *>(params[1]), shapes[1],
+               begins.data(), rank, fill);
   return 0;
 }
 
 }  // namespace
 
-// params: x, y.
+// params: x, y.  Constant mode is a shifted copy: y[o] = x[o - begin], the value elsewhere.
 extern "C" int Pad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                    void *extra_ptr) {
   AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-  std::vector<std::vector<int64_t>> maps;
-  if (!SourceMaps(extra, ndims[0], shapes[0], shapes[1], &maps)) return 1;
+  const int rank = ndims[0];
   const float value = extra->Attr<float>("value");
+  std::vector<int64_t> begins;
+  if (Constant(extra, rank, &begins)) {
+#define PAD_CASE(T, name) \
+    if (!std::strcmp(dtypes[0], name)) return PadConstant<T>(params, shapes, rank, begins, static_cast<T>(value));
+    PAD_CASE(float, "float32") PAD_CASE(double, "float64") PAD_CASE(int32_t, "int32")
+    PAD_CASE(int64_t, "int64") PAD_CASE(int8_t, "int8") PAD_CASE(uint8_t, "uint8")
+#undef PAD_CASE
+    return 2;
+  }
+  std::vector<std::vector<int64_t>> maps;
+  if (!SourceMaps(extra, rank, shapes[0], shapes[1], &maps)) return 1;
 #define PAD_CASE(T, name)                                                                                \
   if (!std::strcmp(dtypes[0], name))                                                                    \
-    return PadT<T>(ndims[0], shapes[0], shapes[1], static_cast<const T *>(params[0]),                   \
-                   static_cast<T *>(params[1]), static_cast<T>(value), maps);
+    return PadMapped<T>(rank, shapes[0], shapes[1], static_cast<const T *>(params[0]),                   \
+                        static_cast<T *>(params[1]), static_cast<T>(value), maps);
   PAD_CASE(float, "float32") PAD_CASE(double, "float64") PAD_CASE(int32_t, "int32")
   PAD_CASE(int64_t, "int64") PAD_CASE(int8_t, "int8") PAD_CASE(uint8_t, "uint8")
 #undef PAD_CASE
   return 2;
 }
 
-// params: dy, x, dx (x lends its shape).
+// params: dy, x, dx (x lends its shape).  Constant mode: each x element is
+// copied at most once, so dx is dy shifted back, zeros where x was cropped.
 extern "C" int PadGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        void *stream, void *extra_ptr) {
   AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+  const int rank = ndims[1];
+  const int64_t size = ElementSize(dtypes[0]);
+  if (size != 4 && size != 8) return 2;
+  std::vector<int64_t> begins;
+  if (Constant(extra, rank, &begins)) {
+    for (int64_t &b : begins) b = -b;
+    if (size == 4)
+      ShiftCopy<uint32_t>(static_cast<const uint32_t *>(params[0]), shapes[0], static_cast<uint32_t *>(params[2]),
+                          shapes[1], begins.data(), rank, 0u);
+    else
+      ShiftCopy<uint64_t>(static_cast<const uint64_t *>(params[0]), shapes[0], static_cast<uint64_t *>(params[2]),
+                          shapes[1], begins.data(), rank, uint64_t(0));
+    return 0;
+  }
   std::vector<std::vector<int64_t>> maps;
-  if (!SourceMaps(extra, ndims[1], shapes[1], shapes[0], &maps)) return 1;
+  if (!SourceMaps(extra, rank, shapes[1], shapes[0], &maps)) return 1;
   if (!std::strcmp(dtypes[0], "float32"))
-    return PadGradT<float>(ndims[1], shapes[1], shapes[0], static_cast<const float *>(params[0]),
-                           static_cast<float *>(params[2]), maps);
+    return PadGradMapped<float>(rank, shapes[1], shapes[0], static_cast<const float *>(params[0]),
+                                static_cast<float *>(params[2]), maps);
   if (!std::strcmp(dtypes[0], "float64"))
-    return PadGradT<double>(ndims[1], shapes[1], shapes[0], static_cast<const double *>(params[0]),
-                            static_cast<double *>(params[2]), maps);
+    return PadGradMapped<double>(rank, shapes[1], shapes[0], static_cast<const double *>(params[0]),
+                                 static_cast<double *>(params[2]), maps);
   return 2;
 }
 """
-pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC)
+pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC, include_dirs=HERE)
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -265,4 +318,4 @@ def pad_grad_reference(dy, x, *, pads, mode, value):
     return dx
 
 
-pad_grad.kernel(function="PadGrad", dtypes=GRADIENT_DTYPES, code=PAD_CC)
+pad_grad.kernel(function="PadGrad", dtypes=GRADIENT_DTYPES, code=PAD_CC, include_dirs=HERE)

@@ -4,8 +4,9 @@
 // Every spatial rank runs through one 3-D loop: 1-D and 2-D inputs get
 // leading spatial dims of size 1 (kernel 1, stride 1, no padding).  For each
 // output position along an axis the taps that land inside x are worked out
-// once (first, last), so the inner loops have no bounds tests.  The op's
-// check has validated the attributes and inference the output shape.
+// once (first, last), so the inner loops have no bounds tests.  The (sample,
+// channel) planes run on opforge's pool.  The op's check has validated the
+// attributes and inference the output shape.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -13,8 +14,12 @@
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 namespace {
+
+// Planes (N * C of them) are independent: they run on opforge's pool, in ranges of about this much work.
+const int64_t kParallelWork = 1 << 15;
 
 struct Axis {
   int64_t in = 1, out = 1, k = 1, s = 1, d = 1, pb = 0, pe = 0;
@@ -27,6 +32,15 @@ struct Geometry {
   int64_t in_size() const { return axis[0].in * axis[1].in * axis[2].in; }
   int64_t out_size() const { return axis[0].out * axis[1].out * axis[2].out; }
 };
+
+// Calls body(lo, hi) for ranges of planes on the pool, each worth a thread (per plane: its input and
+// output, times the kernel's taps for `window` work).
+template <typename Body>
+void ForPlanes(const Geometry &g, bool window, Body body) {
+  const int64_t taps = window ? g.axis[0].k * g.axis[1].k * g.axis[2].k : 1;
+  const int64_t work = g.in_size() + g.out_size() * taps;
+  OpforgeParallelFor(0, g.planes, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work)), body);
+}
 
 // The geometry of x (params[0] shape) pooled into y (shape `out`); false on bad attributes.
 bool ReadGeometry(AotExtra *extra, int rank, const int64_t *x, const int64_t *out, Geometry *g) {
@@ -144,30 +158,32 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
   const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
   const T lowest = Lowest<T>();
-  std::vector<T> line(C.in);
-  for (int64_t plane = 0; plane < g.planes; plane++) {
-    T *yp = y + plane * out;
-    ByRows(g, x + plane * in,
-           [&](const T *row, bool first) {
-             if (first) {
-               std::copy(row, row + C.in, line.begin());
-               return;
-             }
-             for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
-           },
-           [&](int64_t, int64_t, bool empty) {
-             for (int64_t k = 0; k < C.out; k++) {
-               const int64_t c0 = k * C.s - C.pb;
-               T best = lowest;
-               if (!empty)
-                 for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) {
-                   const T v = line[c0 + tc * C.d];
-                   best = v > best ? v : best;
-                 }
-               *yp++ = best;
-             }
-           });
-  }
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    std::vector<T> line(C.in);
+    for (int64_t plane = lo; plane < hi; plane++) {
+      T *yp = y + plane * out;
+      ByRows(g, x + plane * in,
+             [&](const T *row, bool first) {
+               if (first) {
+                 std::copy(row, row + C.in, line.begin());
+                 return;
+               }
+               for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
+             },
+             [&](int64_t, int64_t, bool empty) {
+               for (int64_t k = 0; k < C.out; k++) {
+                 const int64_t c0 = k * C.s - C.pb;
+                 T best = lowest;
+                 if (!empty)
+                   for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) {
+                     const T v = line[c0 + tc * C.d];
+                     best = v > best ? v : best;
+                   }
+                 *yp++ = best;
+               }
+             });
+    }
+  });
   return 0;
 }
 
@@ -176,37 +192,41 @@ template <typename T>
 int MaxPoolIndicesT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t H = g.axis[1].in, W = g.axis[2].in, D = g.axis[0].in;
-  for (int64_t plane = 0; plane < g.planes; plane++) {
-    const T *xp = x + plane * in;
-    T *yp = y + plane * out;
-    ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-      T best;
-      const int64_t at = ArgMax(g, xp, i, j, k, &best);
-      yp[o] = best;
-      int64_t index = at;
-      if (at >= 0 && column_major) {  // the spatial position counted first dim fastest
-        const int64_t w = at % W, h = at / W % H, d = at / (W * H);
-        index = (w * H + h) * D + d;
-      }
-      indices[plane * out + o] = at < 0 ? -1 : plane * in + index;
-    });
-  }
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    for (int64_t plane = lo; plane < hi; plane++) {
+      const T *xp = x + plane * in;
+      T *yp = y + plane * out;
+      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
+        T best;
+        const int64_t at = ArgMax(g, xp, i, j, k, &best);
+        yp[o] = best;
+        int64_t index = at;
+        if (at >= 0 && column_major) {  // the spatial position counted first dim fastest
+          const int64_t w = at % W, h = at / W % H, d = at / (W * H);
+          index = (w * H + h) * D + d;
+        }
+        indices[plane * out + o] = at < 0 ? -1 : plane * in + index;
+      });
+    }
+  });
   return 0;
 }
 
 template <typename T>
 int MaxPoolGradT(const Geometry &g, const T *dy, const T *x, T *dx) {
   const int64_t in = g.in_size(), out = g.out_size();
-  std::memset(dx, 0, sizeof(T) * g.planes * in);
-  for (int64_t plane = 0; plane < g.planes; plane++) {
-    const T *xp = x + plane * in, *dyp = dy + plane * out;
-    T *dxp = dx + plane * in;
-    ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-      T best;
-      const int64_t at = ArgMax(g, xp, i, j, k, &best);
-      if (at >= 0) dxp[at] += dyp[o];
-    });
-  }
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    std::memset(dx + lo * in, 0, sizeof(T) * (hi - lo) * in);
+    for (int64_t plane = lo; plane < hi; plane++) {
+      const T *xp = x + plane * in, *dyp = dy + plane * out;
+      T *dxp = dx + plane * in;
+      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
+        T best;
+        const int64_t at = ArgMax(g, xp, i, j, k, &best);
+        if (at >= 0) dxp[at] += dyp[o];
+      });
+    }
+  });
   return 0;
 }
 
@@ -221,42 +241,46 @@ template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
   const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
-  std::vector<double> line(C.in);  // the window's rows summed
-  for (int64_t plane = 0; plane < g.planes; plane++) {
-    T *yp = y + plane * out;
-    ByRows(g, x + plane * in,
-           [&](const T *row, bool first) {
-             if (first) std::fill(line.begin(), line.end(), 0.0);
-             for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
-           },
-           [&](int64_t i, int64_t j, bool empty) {
-             for (int64_t k = 0; k < C.out; k++) {
-               const int64_t c0 = k * C.s - C.pb;
-               double sum = 0;
-               if (!empty)
-                 for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) sum += line[c0 + tc * C.d];
-               const int64_t n = Count(g, i, j, k, include_pad);
-               *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
-             }
-           });
-  }
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    std::vector<double> line(C.in);  // the window's rows summed
+    for (int64_t plane = lo; plane < hi; plane++) {
+      T *yp = y + plane * out;
+      ByRows(g, x + plane * in,
+             [&](const T *row, bool first) {
+               if (first) std::fill(line.begin(), line.end(), 0.0);
+               for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
+             },
+             [&](int64_t i, int64_t j, bool empty) {
+               for (int64_t k = 0; k < C.out; k++) {
+                 const int64_t c0 = k * C.s - C.pb;
+                 double sum = 0;
+                 if (!empty)
+                   for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) sum += line[c0 + tc * C.d];
+                 const int64_t n = Count(g, i, j, k, include_pad);
+                 *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
+               }
+             });
+    }
+  });
   return 0;
 }
 
 template <typename T>
 int AveragePoolGradT(const Geometry &g, const T *dy, T *dx, bool include_pad) {
   const int64_t in = g.in_size(), out = g.out_size();
-  std::memset(dx, 0, sizeof(T) * g.planes * in);
-  for (int64_t plane = 0; plane < g.planes; plane++) {
-    const T *dyp = dy + plane * out;
-    T *dxp = dx + plane * in;
-    ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-      const int64_t n = Count(g, i, j, k, include_pad);
-      if (n == 0) return;
-      const T share = dyp[o] / static_cast<T>(n);
-      ForEachTap(g, i, j, k, [&](int64_t p) { dxp[p] += share; });
-    });
-  }
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    std::memset(dx + lo * in, 0, sizeof(T) * (hi - lo) * in);
+    for (int64_t plane = lo; plane < hi; plane++) {
+      const T *dyp = dy + plane * out;
+      T *dxp = dx + plane * in;
+      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
+        const int64_t n = Count(g, i, j, k, include_pad);
+        if (n == 0) return;
+        const T share = dyp[o] / static_cast<T>(n);
+        ForEachTap(g, i, j, k, [&](int64_t p) { dxp[p] += share; });
+      });
+    }
+  });
   return 0;
 }
 
@@ -268,73 +292,88 @@ int AveragePoolGradT(const Geometry &g, const T *dy, T *dx, bool include_pad) {
 // params: x, y.  (max_pool)
 extern "C" int MaxPool(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        void *stream, void *extra) {
-  Geometry g;
-  if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[0], shapes[0], shapes[1], &g)) return 1;
+  try {
+    Geometry g;
+    if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[0], shapes[0], shapes[1], &g)) return 1;
 #define X(T, name) \
-  if (!std::strcmp(dtypes[0], name)) \
-    return MaxOnly<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]));
-  POOL_TYPES(X)
+    if (!std::strcmp(dtypes[0], name)) \
+      return MaxOnly<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]));
+    POOL_TYPES(X)
 #undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
   return 2;
 }
 
 // params: x, y, indices (int64).  (max_pool_with_indices)
 extern "C" int MaxPoolIndices(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                               void *stream, void *extra_ptr) {
-  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-  Geometry g;
-  if (!ReadGeometry(extra, ndims[0], shapes[0], shapes[1], &g)) return 1;
-  const bool column_major = extra->Attr<int64_t>("storage_order") == 1;
-  int64_t *indices = static_cast<int64_t *>(params[2]);
+  try {
+    AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+    Geometry g;
+    if (!ReadGeometry(extra, ndims[0], shapes[0], shapes[1], &g)) return 1;
+    const bool column_major = extra->Attr<int64_t>("storage_order") == 1;
+    int64_t *indices = static_cast<int64_t *>(params[2]);
 #define X(T, name) \
-  if (!std::strcmp(dtypes[0], name)) \
-    return MaxPoolIndicesT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), indices, \
-                              column_major);
-  POOL_TYPES(X)
+    if (!std::strcmp(dtypes[0], name)) \
+      return MaxPoolIndicesT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), indices, \
+                                column_major);
+    POOL_TYPES(X)
 #undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
   return 2;
 }
 
 // params: dy, x, dx.  (max_pool_grad)
 extern "C" int MaxPoolGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                            void *stream, void *extra) {
-  Geometry g;
-  if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[1], shapes[1], shapes[0], &g)) return 1;
+  try {
+    Geometry g;
+    if (!ReadGeometry(static_cast<AotExtra *>(extra), ndims[1], shapes[1], shapes[0], &g)) return 1;
 #define X(T, name) \
-  if (!std::strcmp(dtypes[0], name)) \
-    return MaxPoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<const T *>(params[1]), \
-                           static_cast<T *>(params[2]));
-  FLOAT_TYPES(X)
+    if (!std::strcmp(dtypes[0], name)) \
+      return MaxPoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<const T *>(params[1]), \
+                             static_cast<T *>(params[2]));
+    FLOAT_TYPES(X)
 #undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
   return 2;
 }
 
 // params: x, y.  (average_pool)
 extern "C" int AveragePool(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                            void *stream, void *extra_ptr) {
-  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-  Geometry g;
-  if (!ReadGeometry(extra, ndims[0], shapes[0], shapes[1], &g)) return 1;
-  const bool include_pad = extra->Attr<bool>("count_include_pad");
+  try {
+    AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+    Geometry g;
+    if (!ReadGeometry(extra, ndims[0], shapes[0], shapes[1], &g)) return 1;
+    const bool include_pad = extra->Attr<bool>("count_include_pad");
 #define X(T, name) \
-  if (!std::strcmp(dtypes[0], name)) \
-    return AveragePoolT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), include_pad);
-  FLOAT_TYPES(X)
+    if (!std::strcmp(dtypes[0], name)) \
+      return AveragePoolT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[1]), include_pad);
+    FLOAT_TYPES(X)
 #undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
   return 2;
 }
 
 // params: dy, x, dx (x lends its shape).  (average_pool_grad)
 extern "C" int AveragePoolGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void *stream, void *extra_ptr) {
-  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-  Geometry g;
-  if (!ReadGeometry(extra, ndims[1], shapes[1], shapes[0], &g)) return 1;
-  const bool include_pad = extra->Attr<bool>("count_include_pad");
+  try {
+    AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+    Geometry g;
+    if (!ReadGeometry(extra, ndims[1], shapes[1], shapes[0], &g)) return 1;
+    const bool include_pad = extra->Attr<bool>("count_include_pad");
 #define X(T, name) \
-  if (!std::strcmp(dtypes[0], name)) \
-    return AveragePoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[2]), include_pad);
-  FLOAT_TYPES(X)
+    if (!std::strcmp(dtypes[0], name)) \
+      return AveragePoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<T *>(params[2]), include_pad);
+    FLOAT_TYPES(X)
 #undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
   return 2;
 }

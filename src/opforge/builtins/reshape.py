@@ -1,8 +1,10 @@
 """reshape: the same elements in a new shape (one dim may be -1, inferred).
 
-Row-major data needs no movement, so the kernel is a copy; its gradient
-reshapes back.
+Row-major data needs no movement, so the kernel is squeeze.cc's (threaded)
+copy; its gradient reshapes back.
 """
+from pathlib import Path
+
 import numpy as np
 
 import opforge
@@ -45,24 +47,4 @@ def _(saved, dy, *, shape):
     return opforge.ops.reshape(dy, shape=list(saved.x.spec.shape))
 
 
-reshape.kernel(function="Reshape", code=r"""
-#include <cstring>
-
-#include "custom_aot_extra.h"
-
-static size_t ItemSize(const char *dtype) {
-  if (!std::strcmp(dtype, "float64") || !std::strcmp(dtype, "int64") || !std::strcmp(dtype, "uint64")) return 8;
-  if (!std::strcmp(dtype, "float32") || !std::strcmp(dtype, "int32") || !std::strcmp(dtype, "uint32")) return 4;
-  if (!std::strcmp(dtype, "float16") || !std::strcmp(dtype, "int16") || !std::strcmp(dtype, "uint16") ||
-      !std::strcmp(dtype, "bfloat16")) return 2;
-  return 1;
-}
-
-extern "C" int Reshape(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                       void *stream, void *extra) {
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  std::memcpy(params[1], params[0], static_cast<size_t>(n) * ItemSize(dtypes[0]));
-  return 0;
-}
-""")
+reshape.kernel(source=str(Path(__file__).with_name("squeeze.cc")), function="Copy", name="Reshape")

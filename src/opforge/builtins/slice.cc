@@ -1,5 +1,7 @@
-// slice (gather) and slice_grad (scatter into zeros): one walk over the
-// sliced elements, for every dtype (elements are moved, never looked at).
+// slice (gather) and slice_grad (scatter into zeros), for every dtype
+// (elements are moved, never looked at).  Unit steps copy a box of rows
+// (elements.h's ShiftCopy); other steps read x at strides (StridedCopy), and
+// their gradient walks the sliced elements.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -63,15 +65,35 @@ static int Run(bool scatter, void **params, int *ndims, int64_t **shapes, AotExt
   const int64_t *sliced = scatter ? shapes[0] : shapes[1];
   std::vector<int64_t> first, step;
   if (!Bounds(extra, rank, x_shape, &first, &step)) return 1;
+  const bool unit = std::all_of(step.begin(), step.end(), [](int64_t s) { return s == 1; });
+  if (unit) {  // a box of x: rows of memcpy (slice), or of memcpy between zero fills (slice_grad)
+    std::vector<int64_t> shift(first);
+    if (scatter) {
+      ShiftCopy<E>(static_cast<const E *>(params[0]), sliced, static_cast<E *>(params[2]), x_shape, shift.data(),
+                   rank, E(0));
+    } else {
+      for (int64_t &s : shift) s = -s;
+      ShiftCopy<E>(static_cast<const E *>(params[0]), x_shape, static_cast<E *>(params[1]), sliced, shift.data(),
+                   rank, E(0));
+    }
+    return 0;
+  }
   if (scatter) {
     const E *dy = static_cast<const E *>(params[0]);
     E *dx = static_cast<E *>(params[2]);
-    std::fill(dx, dx + ElementCount(rank, x_shape), E(0));
+    ParallelFill(dx, ElementCount(rank, x_shape), E(0));
     Walk(rank, x_shape, sliced, first, step, [&](int64_t i, int64_t at) { dx[at] = dy[i]; });
-  } else {
-    const E *x = static_cast<const E *>(params[0]);
-    E *y = static_cast<E *>(params[1]);
-    Walk(rank, x_shape, sliced, first, step, [&](int64_t i, int64_t at) { y[i] = x[at]; });
+  } else {  // x read at its strides times the steps, from the first element taken
+    std::vector<int64_t> from(rank);
+    int64_t stride = 1, offset = 0;
+    for (int d = rank - 1; d >= 0; d--) {
+      from[d] = stride * step[d];
+      offset += stride * first[d];
+      stride *= x_shape[d];
+    }
+    if (ElementCount(rank, sliced) == 0) return 0;
+    StridedCopy<E>(static_cast<const E *>(params[0]) + offset, static_cast<E *>(params[1]), sliced, from.data(),
+                   rank);
   }
   return 0;
 }

@@ -1,13 +1,17 @@
 """sqrt: y = the square root of x, elementwise (floating-point).
 
-Compiles abs.py's unary source with std::sqrt (NaN for negative x, as NumPy).
+Compiles abs.py's unary source with std::sqrt (NaN for negative x, as NumPy;
+correctly rounded), per float dtype and instruction set (SSE2, AVX2,
+AVX-512).  -fno-math-errno lets g++ use the square-root instruction in a
+vector loop (with errno, std::sqrt of a negative number is a libm call).
 """
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, GPU_FLOATS, every_dtype, floating_point, gpu_source, same_dtypes
+from opforge.builtins.common import FLOATS, GPU_FLOATS, floating_point, gpu_source, same_dtypes
+from opforge.builtins.exp import VECMATH_ISAS
 
 sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Square root, elementwise (floating-point inputs).")
@@ -26,7 +30,8 @@ def sqrt_grad(saved, dy):
     return opforge.ops.div(dy, saved.y * 2)
 
 
-sqrt.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
-            name="Sqrt",
-            cflags=["-DOPFORGE_UNARY(x)=std::sqrt(x)"])
+for _isa in VECMATH_ISAS:
+    sqrt.kernel(function="Unary", code=UNARY_ELEMENTWISE, dtypes={"x": FLOATS}, name="Sqrt", isa=_isa,
+                cflags=["-DOPFORGE_UNARY(x)=std::sqrt(x)", "-fno-math-errno"])
+del _isa
 sqrt.kernel(source=gpu_source("elementwise.cu", "SqrtGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

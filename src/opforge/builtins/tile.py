@@ -1,8 +1,8 @@
 """tile: y = x repeated ``repeats[d]`` times along each dim d (ONNX Tile, np.tile).
 
 The kernel views y of shape [r0*d0, r1*d1, ...] as [r0, d0, r1, d1, ...]:
-x broadcast along the r dims, the walk expand.py's kernel does (bytes, one
-library for every dtype).  The gradient reshapes dy the same way and sums
+x broadcast along the r dims, elements.h's strided copy as in expand.py
+(bytes, one library for every dtype).  The gradient reshapes dy the same way and sums
 the r dims.
 """
 import numpy as np
@@ -10,7 +10,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
-from opforge.builtins.expand import BROADCAST_COPY, HERE
+from opforge.builtins.expand import HERE
 
 tile = opforge.op("tile(Tensor x, *, int[] repeats) -> Tensor y", traits=["no_side_effect"],
                   doc="Repeat x repeats[d] times along each dim d (one repeat count >= 0 per dim).")
@@ -49,17 +49,26 @@ def tile_grad(saved, dy, *, repeats):
     return summed
 
 
-tile.kernel(function="Tile", include_dirs=HERE, code=BROADCAST_COPY + r"""
+tile.kernel(function="Tile", include_dirs=HERE, code=r"""
+#include <vector>
+
 #include "custom_aot_extra.h"
+#include "elements.h"
+
+template <typename E>
+static int Run(const void *x, void *y, const std::vector<int64_t> &out, const std::vector<int64_t> &from) {
+  StridedCopy<E>(static_cast<const E *>(x), static_cast<E *>(y), out.data(), from.data(),
+                 static_cast<int>(out.size()));
+  return 0;
+}
 
 // params: x, y.  y as [r0, d0, r1, d1, ...]: stride 0 along each r, x's along each d.
 extern "C" int Tile(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra) {
   const int rank = ndims[0];
   if (ndims[1] != rank) return 1;
-  const int64_t size = ElementSize(dtypes[0]);
   std::vector<int64_t> out(2 * rank), from(2 * rank);
-  int64_t stride = size;
+  int64_t stride = 1;
   for (int k = rank - 1; k >= 0; k--) {
     const int64_t dim = shapes[0][k];
     if (dim == 0 || shapes[1][k] % dim) return 2;  // an empty x never gets here: y is empty too
@@ -69,7 +78,7 @@ extern "C" int Tile(int nparam, void **params, int *ndims, int64_t **shapes, con
     from[2 * k + 1] = stride;
     stride *= dim;
   }
-  BroadcastCopy(static_cast<const char *>(params[0]), static_cast<char *>(params[1]), out, from, size);
-  return 0;
+#define TILE_RUN(E) return Run<E>(params[0], params[1], out, from)
+  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), TILE_RUN)
 }
 """)

@@ -72,19 +72,63 @@ def topk_grad(saved, dvalues, dindices, *, k, axis, largest, sorted):
 
 TOPK_CC = r"""
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge_parallel.h"
 
 typedef OPFORGE_T T;
 
 template <typename V>
 static bool IsNan(V v) { return v != v; }
 
-// params: x, values, indices.  Each line along the axis (stride inner) is
-// ranked with partial_sort: a before b when a ranks higher, ties by index.
+// Whether v, found after w along the line, ranks before it (ties keep the
+// earlier element first; NaN is the largest value).
+static inline bool Beats(T v, T w, bool largest) {
+  if (largest) return v > w || (IsNan(v) && !IsNan(w));
+  return v < w || (!IsNan(v) && IsNan(w));
+}
+
+// Small k: one pass keeping the best k so far, sorted, in (bv, bi).  Blocks
+// of 16 are first tested against the k-th best with a compare the compiler
+// vectorizes (true also for NaN), and scanned one by one only when one may enter.
+static void ScanTopK(const T *line, int64_t n, int64_t k, bool largest, T *bv, int64_t *bi) {
+  int64_t count = 0;
+  auto offer = [&](int64_t j) {
+    const T v = line[j];
+    int64_t pos;
+    if (count == k) {
+      if (!Beats(v, bv[k - 1], largest)) return;
+      pos = k - 1;
+    } else {
+      pos = count++;
+    }
+    for (; pos > 0 && Beats(v, bv[pos - 1], largest); pos--) {
+      bv[pos] = bv[pos - 1];
+      bi[pos] = bi[pos - 1];
+    }
+    bv[pos] = v;
+    bi[pos] = j;
+  };
+  int64_t j = 0;
+  for (; j < n && count < k; j++) offer(j);
+  for (; j + 16 <= n; j += 16) {
+    const T worst = bv[k - 1];
+    int any = 0;
+    if (largest)
+      for (int i = 0; i < 16; i++) any |= !(line[j + i] <= worst);
+    else
+      for (int i = 0; i < 16; i++) any |= !(line[j + i] >= worst);
+    if (any)
+      for (int i = 0; i < 16; i++) offer(j + i);
+  }
+  for (; j < n; j++) offer(j);
+}
+
+// params: x, values, indices.  Lines along the axis (stride inner) in
+// parallel ranges; a strided line is first gathered into a buffer.  k up to
+// 64: ScanTopK; larger: nth_element and a sort of the first k.
 extern "C" int TopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra_ptr) {
   AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
@@ -101,32 +145,43 @@ extern "C" int TopK(int nparam, void **params, int *ndims, int64_t **shapes, con
     if (d < axis) outer *= shapes[0][d];
     if (d > axis) inner *= shapes[0][d];
   }
+  if (k == 0 || outer * inner == 0) return 0;
   const T *x = static_cast<const T *>(params[0]);
   T *values = static_cast<T *>(params[1]);
   int64_t *indices = static_cast<int64_t *>(params[2]);
-  std::vector<int64_t> order(n);
-  for (int64_t o = 0; o < outer; o++) {
-    for (int64_t i = 0; i < inner; i++) {
+  const bool scan = k <= 64;
+  OpforgeParallelFor(0, outer * inner, std::max<int64_t>(1, (1 << 15) / n), [&](int64_t l0, int64_t l1) {
+    std::vector<T> buffer(inner == 1 ? 0 : n), bv(k);
+    std::vector<int64_t> bi(k), order(scan ? 0 : n);
+    for (int64_t l = l0; l < l1; l++) {
+      const int64_t o = l / inner, i = l % inner;
       const T *line = x + o * n * inner + i;
-      auto before = [&](int64_t a, int64_t b) {
-        const T va = line[a * inner], vb = line[b * inner];
-        const bool na = IsNan(va), nb = IsNan(vb);
-        if (na || nb) {  // NaN is the largest value
-          if (na && nb) return a < b;
-          return largest ? na : nb;
+      if (inner != 1) {
+        for (int64_t j = 0; j < n; j++) buffer[j] = line[j * inner];
+        line = buffer.data();
+      }
+      if (scan) {
+        ScanTopK(line, n, k, largest, bv.data(), bi.data());
+      } else {
+        auto before = [&](int64_t a, int64_t b) {
+          if (line[a] == line[b] || (IsNan(line[a]) && IsNan(line[b]))) return a < b;
+          return Beats(line[a], line[b], largest);  // distinct values: by value alone
+        };
+        for (int64_t j = 0; j < n; j++) order[j] = j;
+        if (k < n) std::nth_element(order.begin(), order.begin() + k, order.end(), before);
+        std::sort(order.begin(), order.begin() + k, before);
+        for (int64_t j = 0; j < k; j++) {
+          bv[j] = line[order[j]];
+          bi[j] = order[j];
         }
-        if (va != vb) return largest ? va > vb : va < vb;
-        return a < b;
-      };
-      for (int64_t j = 0; j < n; j++) order[j] = j;
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      }
       const int64_t base = o * k * inner + i;
       for (int64_t j = 0; j < k; j++) {
-        values[base + j * inner] = line[order[j] * inner];
-        indices[base + j * inner] = order[j];
+        values[base + j * inner] = bv[j];
+        indices[base + j * inner] = bi[j];
       }
     }
-  }
+  });
   return 0;
 }
 """

@@ -1,6 +1,6 @@
 /*
- * vecmath.h: exp, expm1, tanh, sigmoid, erf, erfc and the normal CDF in float
- * and double, for the built-in elementwise kernels.
+ * vecmath.h: exp, expm1, log, pow, tanh, sigmoid, erf, erfc and the normal
+ * CDF in float and double, for the built-in elementwise kernels.
  *
  * Each function is a plain inline scalar function without branches or libm
  * calls: range reduction and polynomials, with selects where a branch would
@@ -23,17 +23,23 @@
  * op's doc string and in docs/benchmarks.md, and tests/test_kernel_accuracy.py
  * asserts it.
  *
- * The polynomial coefficients of erf were fitted for opforge (Chebyshev fits
- * at 50 digits, rounded to the element type); the others are Taylor series.
+ * The polynomial coefficients of erf and log were fitted for opforge
+ * (Chebyshev fits at 50 digits, rounded to the element type); the others are
+ * Taylor series.
  */
 #ifndef OPFORGE_BUILTINS_VECMATH_H_
 #define OPFORGE_BUILTINS_VECMATH_H_
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 namespace vecmath {
+
+// For the larger functions: a loop that calls one out of line is not vectorized,
+// and g++ stops inlining them where a kernel has several such loops.
+#define VECMATH_INLINE inline __attribute__((always_inline))
 
 // ---------------------------------------------------------------------------
 // Per-type constants and bit access.
@@ -55,6 +61,10 @@ struct Traits<float> {
   static constexpr float kSplit = 4097.0f;      // 2^12 + 1, Dekker's split
   static constexpr float kErfcClamp = 12.0f;    // erfc(12) underflows to 0 in float
   static constexpr float kPhiClamp = 20.0f;     // Phi(-20) underflows to 0 in float
+  static constexpr float kMinNormal = 1.17549435e-38f;
+  static constexpr float kSubnormalScale = 33554432.0f;  // 2^25: brings a subnormal into the normals
+  static constexpr int kSubnormalBits = 25;
+  static constexpr float kIntLimit = 8388608.0f;  // 2^23: from here on every value is an integer
 };
 
 template <>
@@ -71,6 +81,10 @@ struct Traits<double> {
   static constexpr double kSplit = 134217729.0;  // 2^27 + 1
   static constexpr double kErfcClamp = 28.0;
   static constexpr double kPhiClamp = 40.0;
+  static constexpr double kMinNormal = 2.2250738585072014e-308;
+  static constexpr double kSubnormalScale = 18014398509481984.0;  // 2^54
+  static constexpr int kSubnormalBits = 54;
+  static constexpr double kIntLimit = 4503599627370496.0;  // 2^52
 };
 
 template <typename T>
@@ -152,6 +166,19 @@ inline void Square(T v, T &hi, T &lo) {
 #endif
 }
 
+// hi + lo = a * b exactly (hi the rounded product).
+template <typename T>
+inline void Product(T a, T b, T &hi, T &lo) {
+  hi = a * b;
+#ifdef __FMA__
+  lo = Fma(a, b, -hi);
+#else
+  const T ca = Traits<T>::kSplit * a, cb = Traits<T>::kSplit * b;
+  const T ah = ca - (ca - a), al = a - ah, bh = cb - (cb - b), bl = b - bh;
+  lo = (((ah * bh - hi) + ah * bl) + al * bh) + al * bl;
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // exp and expm1: x = n ln2 + r, |r| <= ln2 / 2 (a little more without FMA),
 // e^r - 1 by its Taylor series (degree 7 for float, 13 for double: the
@@ -203,6 +230,12 @@ struct ExpParts {
     typedef Traits<T> K;
     q = ExpM1Reduced(Reduce(AtMost(AtLeast(x, K::kExpLo), K::kExpHi), n));
   }
+  // e^(hi + lo), |lo| at most half an ulp of hi: lo joins the reduced argument.
+  ExpParts(T hi, T lo) {
+    typedef Traits<T> K;
+    const T c = AtMost(AtLeast(hi, K::kExpLo), K::kExpHi);
+    q = ExpM1Reduced(Reduce(c, n) + (c == hi ? lo : T(0)));  // (lo means nothing once hi is clamped)
+  }
   // m e^x, with m of moderate size: m (1 + q) is rounded while still normal,
   // then scaled by 2^n in two factors (each normal even where 2^n is not), so
   // a subnormal result is rounded once, in the last multiplication.
@@ -227,6 +260,164 @@ inline T ExpM1Negative(T x) {
   const T q = ExpM1Reduced(Reduce(AtLeast(x, K::kExpM1Lo), n));
   const T s = Pow2<T>(n);
   return Fma(s, q, s - T(1));
+}
+
+// ---------------------------------------------------------------------------
+// log: x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled into the
+// normals first), f = m - 1 exact, log x = k ln2 + log1p(f).  float:
+// log1p(f) = f + f^2 Q(f), Q fitted on f's range; double: with s = f / (2 + f),
+// log1p(f) = f - f^2/2 + s (f^2/2 + z P(z)), z = s^2 (the f^2/2 terms cancel
+// exactly in value and leave the result's main part f exact).
+
+// k (as a T holding an integer) and m for x > 0 finite.
+template <typename T>
+VECMATH_INLINE T LogReduce(T x, T &m) {
+  typedef Traits<T> K;
+  typedef typename K::Int Int;
+  typedef typename std::make_unsigned<Int>::type Unsigned;
+  const bool tiny = x < K::kMinNormal;
+  const Unsigned bits = Unsigned(Bits(tiny ? x * K::kSubnormalScale : x));
+  const Unsigned mask = (Unsigned(1) << K::kMantissa) - 1;
+  const Unsigned half_root = Unsigned(Bits(T(0.70710678118654752440)));  // sqrt(1/2)
+  // Subtracting sqrt(2)'s mantissa moves the exponent up by one exactly where m >= sqrt(2).
+  const Unsigned shifted = bits - (half_root & mask);
+  m = FromBits<T>(Int((shifted & mask) + half_root));
+  // The biased exponent (0 .. 2^(bits - mantissa)) as a T without an int-to-float
+  // conversion (none for 64-bit lanes below AVX-512): OR it into 1.5 * 2^mantissa.
+  const T e = FromBits<T>(Int((shifted >> K::kMantissa) | Unsigned(Bits(K::kShift)))) - K::kShift;
+  return e - T(K::kBias - 1) - (tiny ? T(K::kSubnormalBits) : T(0));
+}
+
+// s (f^2/2 + z P(z)) - f^2/2, the correction to f.
+inline double Log1pTail(double f) {
+  const double s = f / (2.0 + f), z = s * s, half_square = 0.5 * f * f;
+  const double p = Horner(z, 0.14616449685043406, 0.15331721600556042, 0.18182889125261723, 0.2222221113479508,
+                          0.28571428625975487, 0.39999999999899505, 0.666666666666667);
+  return Fma(s, Fma(z, p, half_square), -half_square);
+}
+
+template <typename T>
+inline T LogFinish(T x, T r) {  // the special values: log(+-0) = -inf, log(< 0) = NaN, inf and NaN as they are
+  const T inf = std::numeric_limits<T>::infinity();
+  r = x == inf ? x : r;
+  r = x == T(0) ? -inf : r;
+  return x < T(0) ? std::numeric_limits<T>::quiet_NaN() : (x != x ? x : r);
+}
+
+VECMATH_INLINE float Log(float x) {
+  float m;
+  const float k = LogReduce(x, m);
+  const float f = m - 1.0f;
+  const float q = Horner(f, -0.07673641f, 0.12722673f, -0.13127555f, 0.14204855f, -0.16626646f, 0.20001234f,
+                         -0.2500078f, 0.3333333f, -0.49999997f);
+  // k ln2_lo joins the small terms, k ln2_hi (exact) comes last
+  const float r = Fma(k, Traits<float>::kLn2Hi, f + Fma(f * f, q, k * Traits<float>::kLn2Lo));
+  return LogFinish(x, r);
+}
+
+VECMATH_INLINE double Log(double x) {
+  double m;
+  const double k = LogReduce(x, m);
+  const double f = m - 1.0;
+  const double r = Fma(k, Traits<double>::kLn2Hi, f + Fma(k, Traits<double>::kLn2Lo, Log1pTail(f)));
+  return LogFinish(x, r);
+}
+
+// ---------------------------------------------------------------------------
+// pow(a, b) = e^(b log|a|) with a's sign for odd integer b.  A rounding error
+// e in b log|a| is an error e relative to the result, and |b log|a|| reaches
+// 745, so log|a| must be far more precise than the element type:
+//  - float: log and exp in double (b log|a| then carries ~2^-45 at most);
+//  - double: log|a| in double-double (relative error below 2^-66), from
+//    t = (m - 1) / (m + 1), log m = 2t + t^3 (2/3 + w T(w)), w = t^2, and
+//    b log|a| as a double-double product fed to exp as hi + lo.
+
+// log x as hi + lo for x > 0 finite.
+VECMATH_INLINE void LogExtended(double x, double &hi, double &lo) {
+  typedef Traits<double> K;
+  double m;
+  const double k = LogReduce(x, m);
+  const double num = m - 1.0;                              // exact
+  const double den = m + 1.0, den_lo = m - (den - 1.0);    // m + 1 = den + den_lo exactly
+  const double th = num / den;                             // t = th + tl
+  double ph, pl;
+  Product(th, den, ph, pl);
+  const double tl = (((num - ph) - pl) - th * den_lo) / den;
+  double wh, wl, ch, cl;                                   // t^2, t^3
+  Product(th, th, wh, wl);
+  wl += 2.0 * th * tl;
+  Product(th, wh, ch, cl);
+  cl += th * wl + tl * wh;
+  const double tail = wh * Horner(wh, 0.1291349606680315, 0.13285967273890614, 0.1538557450045883,
+                                  0.18181808251607398, 0.2222222227107745, 0.2857142857133856,
+                                  0.40000000000000024);
+  const double two_thirds = 0.6666666666666666, two_thirds_lo = 3.700743415417188e-17;
+  const double sh = two_thirds + tail, sl = ((two_thirds - sh) + tail) + two_thirds_lo;
+  double bh, bl;                                           // t^3 (2/3 + w T(w))
+  Product(ch, sh, bh, bl);
+  bl += ch * sl + cl * sh;
+  const double uh = 2.0 * th + bh, ul = ((2.0 * th - uh) + bh) + (2.0 * tl + bl);  // log m
+  const double kh = k * K::kLn2Hi;                         // exact; |kh| > |uh| unless k = 0
+  hi = kh + uh;
+  lo = ((kh - hi) + uh) + (ul + k * K::kLn2Lo);
+}
+
+// pow from mag = |a|^b computed for 0 < |a| < inf (mag's value elsewhere is
+// ignored): zeros, infinities, NaN and negative bases as C99 and NumPy have
+// them.  Conditions are two-way selects one after another: g++ if-converts
+// (and so vectorizes) neither nested selects that merge many values nor ands
+// of comparisons of mixed widths.
+template <typename T>
+VECMATH_INLINE T PowFinish(T a, T b, T mag) {
+  typedef Traits<T> K;
+  typedef typename K::Int Int;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const T x = Abs(a), e = Abs(b), limit = K::kIntLimit;
+  const T toward_zero = b < T(0) ? inf : T(0);  // |a|^b as |a| -> 0 (and for |a| < 1, b = +-inf)
+  const T toward_inf = b < T(0) ? T(0) : inf;   // as |a| -> inf (and for |a| > 1, b = +-inf)
+  T extreme = x < T(1) ? toward_zero : toward_inf;
+  extreme = x == T(1) ? T(1) : extreme;
+  mag = e == inf ? extreme : mag;
+  mag = x == T(0) ? toward_zero : mag;
+  mag = x == inf ? toward_inf : mag;
+  // b's parity: below limit, e + limit holds e rounded to an integer in its low
+  // mantissa bits (and equals e + limit exactly where e is one); from limit to
+  // 2 limit the ulp is 1; above, every value is even.
+  const T t = e + limit;
+  const Int bits_t = Bits(t), bits_e = Bits(e);
+  Int low = e < T(2) * limit ? bits_e : Int(0);
+  low = e < limit ? bits_t : low;
+  const T fraction = t - limit == e ? T(0) : nan;  // NaN where b is not an integer
+  T not_integer = e == e ? T(0) : nan;
+  not_integer = e < limit ? fraction : not_integer;
+  // a negative (-0.0 included) and b odd: the sign flips
+  const Int sign = Int(1) << (sizeof(T) * 8 - 1);
+  T r = FromBits<T>(Bits(mag) ^ (Bits(a) & sign & -(low & 1)));
+  // a finite negative base needs an integer b (subtracting 0 keeps -0.0, adding would not)
+  const T finite_negative = a > -inf ? r - not_integer : r;
+  r = a < T(0) ? finite_negative : r;
+  r = b != b ? b : r;
+  r = a != a ? a : r;
+  r = b == T(0) ? T(1) : r;
+  return a == T(1) ? T(1) : r;
+}
+
+VECMATH_INLINE float Pow(float a, float b) {
+  const float x = Abs(a);
+  double safe = x < std::numeric_limits<float>::infinity() ? double(x) : 1.0;
+  safe = x > 0.0f ? safe : 1.0;
+  return PowFinish(a, b, float(Exp(double(b) * Log(safe))));
+}
+
+VECMATH_INLINE double Pow(double a, double b) {
+  const double x = Abs(a);
+  double safe = x < std::numeric_limits<double>::infinity() ? x : 1.0;
+  safe = x > 0.0 ? safe : 1.0;
+  double lh, ll, yh, yl;
+  LogExtended(safe, lh, ll);
+  Product(b, lh, yh, yl);
+  yl += b * ll;
+  return PowFinish(a, b, ExpParts<double>(yh, yl).Times(1.0));
 }
 
 // tanh|x| = -u / (u + 2) with u = expm1(-2|x|) in (-1, 0]: no cancellation
@@ -381,12 +572,14 @@ inline T GeluTanh(T x) {
     for (int64_t i = 0; i < n; i++) y[i] = Fn(x[i]);             \
   }
 VECMATH_ARRAY(VecExp, Exp)
+VECMATH_ARRAY(VecLog, Log)
 VECMATH_ARRAY(VecTanh, Tanh)
 VECMATH_ARRAY(VecSigmoid, Sigmoid)
 VECMATH_ARRAY(VecErf, Erf)
 VECMATH_ARRAY(VecGelu, Gelu)
 VECMATH_ARRAY(VecGeluTanh, GeluTanh)
 #undef VECMATH_ARRAY
+#undef VECMATH_INLINE
 
 }  // namespace vecmath
 

@@ -1,6 +1,7 @@
-"""Graph passes: inference, dead-code elimination, constant folding, layout
-selection and memory planning.  Each takes a Graph and changes it in place
-(or, for inference and planning, returns what it found)."""
+"""Graph passes: inference, dead-code elimination, constant folding, folding
+batch_norm into convolutions, layout selection and memory planning.  Each
+takes a Graph and changes it in place (or, for inference and planning,
+returns what it found)."""
 from __future__ import annotations
 
 import numpy as np
@@ -80,6 +81,66 @@ def fold_constants(graph) -> int:
     graph.nodes = nodes
     graph.outputs = [replacement.get(v.id, v) for v in graph.outputs]
     eliminate_dead_code(graph)
+    return folded
+
+
+def fold_batch_norm_into_conv(graph) -> int:
+    """Fold each inference-form ``batch_norm`` whose input is the only use of a
+    ``conv``'s output into that conv's weights and bias, when the weights,
+    the bias (if any) and the four statistics are constants: per output channel
+    a = scale / sqrt(var + epsilon), w' = w * a, b' = (b - mean) * a + bias,
+    computed in float64 and cast back.  Returns the number of batch_norms folded."""
+    readers = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None:
+                readers[v.id] = readers.get(v.id, 0) + 1
+    for v in graph.outputs:
+        readers[v.id] = readers.get(v.id, 0) + 1
+
+    def constant(value):
+        return value is not None and value.producer is not None and value.producer.is_constant
+
+    norm_of = {n.inputs[0].id: n for n in graph.nodes  # the batch_norm reading each value
+               if not n.is_constant and n.op.name == "batch_norm" and len(n.inputs) == 5 and n.inputs[0] is not None}
+    folded, nodes, merged = 0, [], set()  # merged: ids of the batch_norm nodes folded away
+    for node in graph.nodes:
+        if id(node) in merged:
+            continue
+        nodes.append(node)
+        if node.is_constant or node.op.name != "conv" or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        bn = norm_of.get(out.id)
+        w = node.inputs[1]
+        b = node.inputs[2] if len(node.inputs) > 2 else None
+        if (bn is None or readers.get(out.id) != 1 or not constant(w) or (b is not None and not constant(b))
+                or not all(constant(v) for v in bn.inputs[1:5]) or out.spec.layout != "ndarray"
+                or bn.outputs[0].spec.layout != "ndarray" or w.spec.dtype != out.spec.dtype):
+            continue
+        weights = np.asarray(w.producer.value)
+        channels = weights.shape[0] if weights.ndim >= 1 else -1
+        scale, shift, mean, var = (np.asarray(v.producer.value, np.float64) for v in bn.inputs[1:5])
+        if any(p.shape != (channels,) for p in (scale, shift, mean, var)):
+            continue
+        # epsilon crosses to the batch_norm kernel as a float32: fold with the same value
+        a = scale / np.sqrt(var + np.float64(np.float32(bn.attrs.get("epsilon", 1e-5))))
+        old_bias = np.zeros(channels) if b is None else np.asarray(b.producer.value, np.float64)
+        new_w = constant_node((weights.astype(np.float64) * a.reshape((-1,) + (1,) * (weights.ndim - 1)))
+                              .astype(weights.dtype))
+        new_b = constant_node(((old_bias - mean) * a + shift).astype(weights.dtype))
+        nodes[-1:] = [new_w, new_b, node]
+        node.inputs = [node.inputs[0], new_w.outputs[0], new_b.outputs[0]]
+        # the conv now computes the batch_norm's output value: its readers stay as they are
+        result = bn.outputs[0]
+        result.producer, result.index = node, 0
+        node.outputs = [result]
+        merged.add(id(bn))
+        folded += 1
+    if folded:
+        graph.nodes = nodes
+        eliminate_dead_code(graph)
+        graph.invalidate()
     return folded
 
 

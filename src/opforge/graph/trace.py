@@ -99,7 +99,8 @@ def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
     graph = Graph(inputs, builder.nodes, outputs, name=name or getattr(fn, "__name__", "graph"))
     graph.tuple_output = several
     if optimize:
-        from .passes import eliminate_dead_code
+        from .passes import eliminate_dead_code, fold_batch_norm_into_conv
 
         eliminate_dead_code(graph)
+        fold_batch_norm_into_conv(graph)
     return graph

@@ -21,6 +21,10 @@ void scipy_cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
                        int lda, const float *b, int ldb, float beta, float *c, int ldc);
 void scipy_cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double *a,
                        int lda, const double *b, int ldb, double beta, double *c, int ldc);
+void scipy_cblas_sgemv(int order, int trans, int m, int n, float alpha, const float *a, int lda, const float *x,
+                       int incx, float beta, float *y, int incy);
+void scipy_cblas_dgemv(int order, int trans, int m, int n, double alpha, const double *a, int lda, const double *x,
+                       int incx, double beta, double *y, int incy);
 }
 
 // The CBLAS gemm of each element type.
@@ -33,6 +37,16 @@ inline void OpforgeCblasGemm(int order, int trans_a, int trans_b, int m, int n, 
   scipy_cblas_dgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// The CBLAS gemv of each element type: y = alpha * op(A) @ x + beta * y.
+inline void OpforgeCblasGemv(int order, int trans, int m, int n, float alpha, const float *a, int lda,
+                             const float *x, int incx, float beta, float *y, int incy) {
+  scipy_cblas_sgemv(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy);
+}
+inline void OpforgeCblasGemv(int order, int trans, int m, int n, double alpha, const double *a, int lda,
+                             const double *x, int incx, double beta, double *y, int incy) {
+  scipy_cblas_dgemv(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy);
+}
+
 // Row-major C = alpha * op(A) @ op(B) + beta * C for T = float or double, op(X) = X or X^T;
 // lda, ldb, ldc are the row lengths of A, B and C as stored.  Empty sizes are fine: with k == 0
 // (which BLAS would refuse, lda < 1) C becomes beta * C.
@@ -43,6 +57,18 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   if (k <= 0) {
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  // One row or one column of output (a batch-1 fully connected layer): gemv
+  // reads the matrix once, where gemm would first pack it.
+  if (m == 1) {  // y = x @ op(B), x = A's one row (a column of A^T when A is transposed)
+    OpforgeCblasGemv(OpforgeBlasRowMajor, trans_b ? OpforgeBlasNoTrans : OpforgeBlasTrans, int(trans_b ? n : k),
+                     int(trans_b ? k : n), alpha, b, int(ldb), a, trans_a ? int(lda) : 1, beta, c, 1);
+    return;
+  }
+  if (n == 1) {  // y = op(A) @ x, x = B's one column (a row of B^T when B is transposed)
+    OpforgeCblasGemv(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(trans_a ? k : m),
+                     int(trans_a ? m : k), alpha, a, int(lda), b, trans_b ? 1 : int(ldb), beta, c, int(ldc));
     return;
   }
   OpforgeCblasGemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
