@@ -1,4 +1,4 @@
-"""opforge's thread pool (opforge_parallel.h, opforge.set_num_threads): kernels run ranges
+"""opforge's thread pool (opforge/parallel.h, opforge.set_num_threads): kernels run ranges
 on several threads, results are exact, errors come back, nothing deadlocks (nested
 calls, calls from several Python threads, a forked child)."""
 import os
@@ -17,19 +17,19 @@ from helpers import declare
 WHO_WROTE = r"""
 #include <chrono>
 #include <stdexcept>
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 extern "C" int WhoWrote(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                         void *stream, void *extra) {
   const double *x = static_cast<const double *>(params[0]);
   double *y = static_cast<double *>(params[1]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, 1, [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
     if (x[0] == -1) throw std::runtime_error("a range failed");
     auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(300);
     while (std::chrono::steady_clock::now() < until) {}
-    OpforgeParallelFor(lo, hi, 1, [&](int64_t a, int64_t b) {  // nested: runs serially
-      for (int64_t i = a; i < b; i++) y[i] = x[i] + 100 * OpforgeThreadIndex();
+    opforge::parallel_for(lo, hi, 1, [&](int64_t a, int64_t b) {  // nested: runs serially
+      for (int64_t i = a; i < b; i++) y[i] = x[i] + 100 * opforge::thread_index();
     });
   });
   return 0;

@@ -36,7 +36,7 @@ UNARY_ELEMENTWISE = r"""
 #include <cstdlib>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 // Ranges of this many elements or more go to opforge's threads (a source
 // whose operation costs more per element may define a smaller grain).
@@ -50,7 +50,7 @@ extern "C" int Unary(int nparam, void **params, int *ndims, int64_t **shapes, co
   OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, OPFORGE_GRAIN, [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n, OPFORGE_GRAIN, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) y[i] = OPFORGE_UNARY(x[i]);
   });
   return 0;

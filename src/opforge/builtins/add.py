@@ -65,7 +65,7 @@ BROADCAST_HELPERS = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 #ifndef OPFORGE_BINARY
 #define OPFORGE_BINARY(x, y) ((x) + (y))
@@ -192,7 +192,7 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
   for (int d = 0; d < 4; d++)
     if (shapes[0][d] != shapes[1][d]) return 4;
   const int64_t padded = shapes[0][0] * ((shapes[0][1] + 15) / 16 * 16) * shapes[0][2] * shapes[0][3];
-  OpforgeParallelFor(0, padded, OPFORGE_GRAIN,
+  opforge::parallel_for(0, padded, OPFORGE_GRAIN,
                      [&](int64_t lo, int64_t hi) { Span(a + lo, 1, b + lo, 1, y + lo, hi - lo); });
   return 0;
 #endif
@@ -205,7 +205,7 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
   // like it (broadcasting only ever adds size-1 dims), so it is read linearly.
   if ((na == n || na == 1) && (nb == n || nb == 1)) {
     const int64_t ia = na == n ? 1 : 0, ib = nb == n ? 1 : 0;
-    OpforgeParallelFor(0, n, OPFORGE_GRAIN,
+    opforge::parallel_for(0, n, OPFORGE_GRAIN,
                        [&](int64_t lo, int64_t hi) { Span(a + lo * ia, ia, b + lo * ib, ib, y + lo, hi - lo); });
     return 0;
   }
@@ -219,7 +219,7 @@ extern "C" int Binary(int nparam, void **params, int *ndims, int64_t **shapes, c
   BroadcastStrides(ndims[1], shapes[1], rank, strides[1].data());
   const int m = Coalesce(rank, shape.data(), 2, strides);
   const int64_t inner = shape[m - 1], ia = strides[0][m - 1], ib = strides[1][m - 1];
-  OpforgeParallelFor(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
+  opforge::parallel_for(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
     ForRows<2>(m, shape.data(), strides, r0, r1, [&](const int64_t *off, int64_t start) {
       Span(a + off[0], ia, b + off[1], ib, y + start, inner);
     });

@@ -84,7 +84,7 @@ batch_norm.kernel(function="BatchNorm", dtypes=[(d,) * 5 for d in FLOATS], code=
 #include <cstring>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 template <typename T>
 static int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
@@ -101,7 +101,7 @@ static int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   // epsilon crosses the ABI as a float: the reference adds float32(epsilon) too
   const double eps = extra->Attr<float>("epsilon");
   // the (sample, channel) planes run on opforge's pool, in ranges of 32K elements or more
-  OpforgeParallelFor(0, n * c, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, inner)),
+  opforge::parallel_for(0, n * c, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, inner)),
                      [&](int64_t lo, int64_t hi) {
                        for (int64_t plane = lo; plane < hi; plane++) {
                          const int64_t ch = plane % c;

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 // bfloat16 (the top half of a float32), converted through float with
 // round-to-nearest-even, as ml_dtypes does.
@@ -29,7 +29,7 @@ static void Convert(const void *x, void *y, int64_t n) {
   const In *in = static_cast<const In *>(x);
   Out *out = static_cast<Out *>(y);
   // 64K elements and more: ranges on opforge's threads.
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) out[i] = static_cast<Out>(in[i]);
   });
 }

@@ -61,7 +61,7 @@ def clip_grad(saved, dy, *, min, max):  # noqa: A002
 
 CLIP = r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int Clip(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra_ptr) {
@@ -71,7 +71,7 @@ extern "C" int Clip(int nparam, void **params, int *ndims, int64_t **shapes, con
   const OPFORGE_T low = extra->Attr<float>("min"), high = extra->Attr<float>("max");
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
     for (int64_t i = lo; i < hi; i++) {
       const OPFORGE_T v = x[i] < low ? low : x[i];  // comparisons with NaN are false: NaN passes through
       y[i] = v > high ? high : v;
@@ -80,4 +80,5 @@ extern "C" int Clip(int nparam, void **params, int *ndims, int64_t **shapes, con
   return 0;
 }
 """
-clip.kernel(function="Clip", code=every_dtype(CLIP, "Clip", FLOATS), dtypes=[(d,) for d in FLOATS])
+clip.kernel(function="Clip", code=every_dtype(CLIP, "Clip", FLOATS), dtypes=[(d,) for d in FLOATS],
+            cflags=["-fno-trapping-math"])

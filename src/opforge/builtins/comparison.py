@@ -34,7 +34,7 @@ def comparison(name, numpy_fn, operator):
     reference.__name__ = f"{name}_reference"
     op.reference(reference)
     op.kernel(function="Binary", code=_EVERY_DTYPE, dtypes=[(d, d) for d in NUMERIC],
-              name=name.title().replace("_", ""), cflags=["-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
+              name=name.title().replace("_", ""), cflags=["-fno-trapping-math", "-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
     return op
 
 

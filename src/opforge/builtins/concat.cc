@@ -34,7 +34,7 @@ extern "C" int Concat(int nparam, void **params, int *ndims, int64_t **shapes, c
       }
     return 0;
   }
-  OpforgeParallelFor(0, outer, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / total), [&](int64_t o0, int64_t o1) {
+  opforge::parallel_for(0, outer, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / total), [&](int64_t o0, int64_t o1) {
     char *out = y + o0 * total;
     for (int64_t o = o0; o < o1; o++)
       for (int k = 0; k < n_inputs; k++) {

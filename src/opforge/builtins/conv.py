@@ -368,7 +368,7 @@ static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
 """
 
 CONV = CONV_COMMON + r"""
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 // Work (multiply-adds or copied elements) worth handing to another thread.
 static const int64_t kParallelWork = 1 << 15;
@@ -422,7 +422,7 @@ static void Depthwise2D(const ConvGeometry &g, int64_t n, int64_t m, const ConvA
   const int64_t work = ph * pw + m_group * blocks * kDepthwiseBlock * kh * kw;
   const int64_t first = std::min(left, pw), last = std::min(pw, left + iw);  // padded columns in the image
   const int64_t row_begin = std::min(top, ph), row_end = std::min(ph, top + ih);  // and rows
-  OpforgeParallelFor(0, n * g.group, std::max<int64_t>(1, kParallelWork / work), [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n * g.group, std::max<int64_t>(1, kParallelWork / work), [&](int64_t lo, int64_t hi) {
     std::vector<T> phases(static_cast<size_t>(padded_size)), sums(static_cast<size_t>(blocks * kDepthwiseBlock));
     T *__restrict__ padded = phases.data();
     T *__restrict__ acc = sums.data();
@@ -503,7 +503,7 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
     }
     a.FillBias(n, m, g->out_size);
     if (c_group == 1 && m_group == 1) {  // depthwise in 1 or 3+ spatial dims: the generic taps
-      OpforgeParallelFor(0, n * g->group, std::max<int64_t>(1, kParallelWork / (g->out_size * g->kernel_size)),
+      opforge::parallel_for(0, n * g->group, std::max<int64_t>(1, kParallelWork / (g->out_size * g->kernel_size)),
                          [&](int64_t lo, int64_t hi) {
                            for (int64_t p = lo; p < hi; p++)
                              DepthwiseAdd(*g, a.x + p * g->in_size, a.w + p % g->group * inner,
@@ -521,7 +521,7 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
           const T *columns = image + column0;
           if (!g->direct) {
             // im2col on the pool, a range of channels each (their rows are consecutive); gemm runs after
-            OpforgeParallelFor(0, c_group, std::max<int64_t>(1, kParallelWork / (g->kernel_size * width)),
+            opforge::parallel_for(0, c_group, std::max<int64_t>(1, kParallelWork / (g->kernel_size * width)),
                                [&](int64_t lo, int64_t hi) {
                                  Im2Col(*g, hi - lo, first, count, image + lo * g->in_size,
                                         a.columns + lo * g->kernel_size * width);

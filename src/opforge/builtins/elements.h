@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 #ifndef OPFORGE_COPY_GRAIN
 #define OPFORGE_COPY_GRAIN (256 << 10)
@@ -40,7 +40,7 @@ static inline int64_t ElementCount(int ndim, const int64_t *shape) {
 template <typename F>
 static inline void ForByteChunks(int64_t bytes, const F &fn) {
   const int64_t chunk = OPFORGE_COPY_CHUNK, chunks = (bytes + chunk - 1) / chunk;
-  OpforgeParallelFor(0, chunks, OPFORGE_COPY_GRAIN / chunk, [&](int64_t c0, int64_t c1) {
+  opforge::parallel_for(0, chunks, OPFORGE_COPY_GRAIN / chunk, [&](int64_t c0, int64_t c1) {
     fn(c0 * chunk, std::min(c1 * chunk, bytes));
   });
 }
@@ -49,9 +49,9 @@ static inline void ForByteChunks(int64_t bytes, const F &fn) {
 // long memcpy (glibc streams long copies past the cache).
 static inline void ParallelCopy(void *dst, const void *src, int64_t bytes) {
   if (bytes <= 0) return;
-  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(OpforgeThreads(), bytes / OPFORGE_COPY_GRAIN));
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(opforge::num_threads(), bytes / OPFORGE_COPY_GRAIN));
   const int64_t width = (bytes / pieces + 63) / 64 * 64;  // whole cache lines
-  OpforgeParallelFor(0, pieces, 1, [&](int64_t p0, int64_t p1) {
+  opforge::parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
     const int64_t lo = p0 * width, hi = std::min(p1 * width, bytes);
     if (hi > lo) std::memcpy(static_cast<char *>(dst) + lo, static_cast<const char *>(src) + lo, hi - lo);
   });
@@ -72,9 +72,9 @@ static inline void FillRun(E *y, int64_t n, E value) {
 template <typename E>
 static inline void ParallelFill(E *y, int64_t n, E value) {
   const int64_t bytes = n * static_cast<int64_t>(sizeof(E));
-  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(OpforgeThreads(), bytes / OPFORGE_COPY_GRAIN));
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(opforge::num_threads(), bytes / OPFORGE_COPY_GRAIN));
   const int64_t width = (n / pieces + 63) / 64 * 64;
-  OpforgeParallelFor(0, pieces, 1, [&](int64_t p0, int64_t p1) {
+  opforge::parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
     const int64_t lo = p0 * width, hi = std::min(p1 * width, n);
     FillRun(y + lo, hi - lo, value);
   });
@@ -90,7 +90,7 @@ static inline void ForRowPieces(int64_t rows, int64_t inner, int64_t size, const
   const int64_t per = std::max<int64_t>(1, OPFORGE_COPY_CHUNK / size);  // elements per piece
   const int64_t pieces = (inner + per - 1) / per, width = (inner + pieces - 1) / pieces;
   const int64_t grain = std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (width * size));
-  OpforgeParallelFor(0, rows * pieces, grain, [&](int64_t u0, int64_t u1) {
+  opforge::parallel_for(0, rows * pieces, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; u++) {
       const int64_t row = u / pieces, c = u % pieces;
       piece(row, c * width, std::min(inner, (c + 1) * width));
@@ -160,7 +160,7 @@ static void ShiftCopy(const E *x, const int64_t *xs, E *y, const int64_t *ys, co
   };
   if (inner * static_cast<int64_t>(sizeof(E)) <= OPFORGE_COPY_CHUNK) {  // short rows: ranges of whole rows
     const int64_t grain = std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (std::max<int64_t>(inner, 1) * sizeof(E)));
-    OpforgeParallelFor(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    opforge::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1;) {
         const int64_t plane = r / H, base = plane_source(plane);
         const int64_t j0 = r - plane * H, j1 = std::min(H, j0 + (r1 - r));

@@ -52,7 +52,7 @@ VECMATH_ISAS = (None, "avx2", "avx512")  # SSE2 (every x86-64), 8 and 16 floats 
 # ranges of 32768 elements (about 10 us of work or more: worth a thread).
 VECMATH_UNARY = r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 #include "vecmath.h"
 
 extern "C" int VECMATH_KERNEL(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -62,7 +62,7 @@ extern "C" int VECMATH_KERNEL(int nparam, void **params, int *ndims, int64_t **s
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
   try {
-    OpforgeParallelFor(0, n, 1 << 15, [&](int64_t lo, int64_t hi) { vecmath::VECMATH_FN(x + lo, y + lo, hi - lo); });
+    opforge::parallel_for(0, n, 1 << 15, [&](int64_t lo, int64_t hi) { vecmath::VECMATH_FN(x + lo, y + lo, hi - lo); });
   } catch (...) {  // the ranges do not throw; the pool's own failures stay on this side of the ABI
     return 2;
   }

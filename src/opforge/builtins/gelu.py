@@ -85,7 +85,7 @@ GELU = r"""
 #include <cstring>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 #include "vecmath.h"
 
 extern "C" int Gelu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -99,7 +99,7 @@ extern "C" int Gelu(int nparam, void **params, int *ndims, int64_t **shapes, con
     const std::string approximate = extra->Attr<std::string>("approximate");
     if (approximate != "tanh" && approximate != "none") return 1;  // the op's check rejects this first
     const bool tanh_form = approximate == "tanh";
-    OpforgeParallelFor(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    opforge::parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
       if (tanh_form) vecmath::VecGeluTanh(x + lo, y + lo, hi - lo);
       else vecmath::VecGelu(x + lo, y + lo, hi - lo);
     });

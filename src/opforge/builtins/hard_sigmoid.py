@@ -39,7 +39,7 @@ def hard_sigmoid_grad(saved, dy, *, alpha, beta):
 
 HARD_SIGMOID = r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                            void *stream, void *extra_ptr) {
@@ -50,7 +50,7 @@ extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shap
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
   try {
-    OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; i++) {
         OPFORGE_T v = alpha * x[i] + beta;  // comparisons with NaN are false: NaN passes through
         v = v < OPFORGE_T(0) ? OPFORGE_T(0) : v;  // (two plain selects: vector max and min)

@@ -38,7 +38,7 @@ LEAKY_RELU_CC = r"""
 #include <cstdint>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 #if defined(__SSE4_1__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -222,7 +222,7 @@ extern "C" int LeakyRelu(int nparam, void **params, int *ndims, int64_t **shapes
   const bool streaming =
       static_cast<uint64_t>(n) * sizeof(T) >= static_cast<uint64_t>(LEAKY_RELU_STREAM_BYTES);
 #endif
-  OpforgeParallelFor(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+  opforge::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     const int64_t lo = b0 * block, hi = b1 * block < n ? b1 * block : n;
 #if defined(LR_ALIGN)
     leaky_relu_simd(x + lo, y + lo, hi - lo, a, streaming);
@@ -265,9 +265,9 @@ def _(saved, ddx, *, alpha):
 
 
 leaky_relu_grad.kernel(function="LeakyReluGrad", dtypes={"dy": ["float32", "float64"], "x": ["float32", "float64"]},
-                       code=r"""
+                       cflags=["-fno-trapping-math"], code=r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int LeakyReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                              void *stream, void *extra) {
@@ -277,8 +277,11 @@ extern "C" int LeakyReluGrad(int nparam, void **params, int *ndims, int64_t **sh
   const OPFORGE_T alpha = static_cast<AotExtra *>(extra)->Attr<float>("alpha");
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
-    for (int64_t i = lo; i < hi; i++) dx[i] = x[i] > OPFORGE_T(0) ? dy[i] : alpha * dy[i];
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
+    for (int64_t i = lo; i < hi; i++) {
+      const OPFORGE_T g = dy[i], scaled = alpha * g;  // both computed: a blend, not a mispredicted branch
+      dx[i] = x[i] > OPFORGE_T(0) ? g : scaled;
+    }
   });
   return 0;
 }

@@ -40,6 +40,6 @@ def maximum_grad(saved, dy):
 
 maximum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
                dtypes=[(d, d) for d in NUMERIC], name="Maximum",
-               cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])
+               cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])
 maximum.kernel(source=gpu_source("elementwise.cu", "MaximumGpu"), device="gpu",
                dtypes=same_dtypes(GPU_NUMERIC, inputs=2))

@@ -31,6 +31,6 @@ def minimum_grad(saved, dy):
 
 minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
                dtypes=[(d, d) for d in NUMERIC], name="Minimum",
-               cflags=["-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])
+               cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])
 minimum.kernel(source=gpu_source("elementwise.cu", "MinimumGpu"), device="gpu",
                dtypes=same_dtypes(GPU_NUMERIC, inputs=2))

@@ -24,7 +24,7 @@ def _(saved, dy):
 
 neg.kernel(function="Neg", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int Neg(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
@@ -32,7 +32,7 @@ extern "C" int Neg(int nparam, void **params, int *ndims, int64_t **shapes, cons
   OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {  // 64K elements and more: on opforge's threads
     for (int64_t i = lo; i < hi; i++) y[i] = -x[i];
   });
   return 0;

@@ -181,7 +181,7 @@ int PadMapped(int rank, const int64_t *xs, const int64_t *ys, const E *x, E *y, 
   }
   int64_t rows = 1;
   for (int d = 0; d < rank - 1; d++) rows *= ys[d];
-  OpforgeParallelFor(0, rows, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (sizeof(E) * std::max<int64_t>(width, 1))),
+  opforge::parallel_for(0, rows, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (sizeof(E) * std::max<int64_t>(width, 1))),
                      [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       E *out = y + r * width;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ template <typename Body>
 void ForPlanes(const Geometry &g, bool window, Body body) {
   const int64_t taps = window ? g.axis[0].k * g.axis[1].k * g.axis[2].k : 1;
   const int64_t work = g.in_size() + g.out_size() * taps;
-  OpforgeParallelFor(0, g.planes, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work)), body);
+  opforge::parallel_for(0, g.planes, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, work)), body);
 }
 
 // The geometry of x (params[0] shape) pooled into y (shape `out`); false on bad attributes.

@@ -98,7 +98,7 @@ REDUCE_SUM = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 typedef OPFORGE_T T;
 template <typename V, bool F = std::is_floating_point<V>::value>
@@ -279,7 +279,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
     // The run is reduced: each y is a sum of runs, one per reduced row.
     if (run <= kBlock) {
       const int64_t per_y = nrows * run;
-      OpforgeParallelFor(0, outer, std::max<int64_t>(1, kGrain / per_y), [&](int64_t o0, int64_t o1) {
+      opforge::parallel_for(0, outer, std::max<int64_t>(1, kGrain / per_y), [&](int64_t o0, int64_t o1) {
         for (int64_t o = o0; o < o1; o++) y[o] = Finish(SumRows(x + kept.Offset(o), rows, 0, nrows, run), count);
       });
       return 0;
@@ -287,7 +287,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
     // Long runs: fixed pieces of kBlock summed in parallel, then paired.
     const int64_t pieces = (run + kBlock - 1) / kBlock, per_y = nrows * pieces;
     std::vector<Acc> part(outer * per_y);
-    OpforgeParallelFor(0, outer * per_y, 1, [&](int64_t i0, int64_t i1) {
+    opforge::parallel_for(0, outer * per_y, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; i++) {
         const int64_t o = i / per_y, q = i % per_y / pieces, p = i % pieces;
         const int64_t lo = p * kBlock, n = std::min(kBlock, run - lo);
@@ -308,7 +308,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
   Acc *sums = direct ? reinterpret_cast<Acc *>(y) : part.data();
   const int64_t rows_per_task = (nrows + splits - 1) / splits;
   const int64_t grain = std::max<int64_t>(1, kGrain / (rows_per_task * std::min(run, kColumns)));
-  OpforgeParallelFor(0, splits * tasks, grain, [&](int64_t i0, int64_t i1) {
+  opforge::parallel_for(0, splits * tasks, grain, [&](int64_t i0, int64_t i1) {
     std::vector<Acc> scratch(kColumns * Levels(rows_per_task));
     for (int64_t i = i0; i < i1; i++) {
       const int64_t s = i / tasks, o = i % tasks / blocks, c = i % blocks * kColumns;
@@ -320,7 +320,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
 #ifndef OPFORGE_MEAN
   if (direct && std::is_same<Acc, T>::value) return 0;  // the sums are y
 #endif
-  OpforgeParallelFor(0, ny, kGrain, [&](int64_t i0, int64_t i1) {
+  opforge::parallel_for(0, ny, kGrain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++) {
       Acc level[16];  // the parts, paired
       for (int64_t s = 0; s < splits; s++) level[s] = sums[s * ny + i];

@@ -30,7 +30,7 @@ def relu_grad(saved, dy):
 # which in nchw16c includes the channel padding.
 RELU = r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra) {
@@ -45,14 +45,16 @@ extern "C" int Relu(int nparam, void **params, int *ndims, int64_t **shapes, con
 #endif
   // NaN (x != x) passes through, as in the reference (np.maximum).  Ranges
   // of 64K elements and more run on opforge's threads.
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) y[i] = x[i] > OPFORGE_T(0) || x[i] != x[i] ? x[i] : OPFORGE_T(0);
   });
   return 0;
 }
 """
-relu.kernel(function="Relu", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=RELU)
-relu.kernel(function="Relu", dtypes={"x": ["float32", "float64"]}, layout="nchw16c", code=RELU)
+# Selects vectorize only where g++ may evaluate both sides (no FP trap to preserve).
+NO_TRAPS = ["-fno-trapping-math"]
+relu.kernel(function="Relu", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=RELU, cflags=NO_TRAPS)
+relu.kernel(function="Relu", dtypes={"x": ["float32", "float64"]}, layout="nchw16c", code=RELU, cflags=NO_TRAPS)
 relu.kernel(source=gpu_source("elementwise.cu", "ReluGpu"), device="gpu", dtypes=same_dtypes(GPU_NUMERIC))
 
 
@@ -75,7 +77,7 @@ def _(saved, ddx):
 relu_grad_op.kernel(function="ReluGrad", dtypes={"dy": ["float32", "float64"], "y": ["float32", "float64"]},
                     code=r"""
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 extern "C" int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                         void *stream, void *extra) {
@@ -84,7 +86,7 @@ extern "C" int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes,
   OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[2]);
   int64_t n = 1;
   for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  OpforgeParallelFor(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
       const OPFORGE_T g = dy[i];  // loaded either way: a blend, not a branch
       dx[i] = y[i] > OPFORGE_T(0) ? g : OPFORGE_T(0);

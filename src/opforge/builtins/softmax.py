@@ -73,7 +73,7 @@ SOFTMAX = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 #include "vecmath.h"
 
 typedef OPFORGE_T T;
@@ -126,7 +126,7 @@ void WideRow(const T *x, T *y, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<T> part(blocks);
   auto each = [&](auto &&fn) {
-    OpforgeParallelFor(0, blocks, std::max<int64_t>(1, kWork / kBlock), [&](int64_t lo, int64_t hi) {
+    opforge::parallel_for(0, blocks, std::max<int64_t>(1, kWork / kBlock), [&](int64_t lo, int64_t hi) {
       for (int64_t b = lo; b < hi; b++) fn(b, b * kBlock, std::min(kBlock, n - b * kBlock));
     });
   };
@@ -184,16 +184,16 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
   }
   if (outer * len * inner == 0) return 0;  // (opforge skips empty inputs; this keeps the kernel safe alone)
   try {
-    if (inner == 1 && len >= 4 * kBlock && outer < 2 * OpforgeThreads()) {
+    if (inner == 1 && len >= 4 * kBlock && outer < 2 * opforge::num_threads()) {
       for (int64_t o = 0; o < outer; o++) WideRow(x + o * len, y + o * len, len);
     } else if (inner == 1) {
-      OpforgeParallelFor(0, outer, std::max<int64_t>(1, kWork / len), [&](int64_t lo, int64_t hi) {
+      opforge::parallel_for(0, outer, std::max<int64_t>(1, kWork / len), [&](int64_t lo, int64_t hi) {
         for (int64_t o = lo; o < hi; o++) Row(x + o * len, y + o * len, len);
       });
     } else {
       const int64_t chunks = (inner + kChunk - 1) / kChunk;
       const int64_t grain = std::max<int64_t>(1, kWork / (len * std::min(inner, kChunk)));
-      OpforgeParallelFor(0, outer * chunks, grain, [&](int64_t lo, int64_t hi) {
+      opforge::parallel_for(0, outer * chunks, grain, [&](int64_t lo, int64_t hi) {
         for (int64_t task = lo; task < hi; task++) {
           const int64_t o = task / chunks, c0 = task % chunks * kChunk;
           Lanes(x + o * len * inner, y + o * len * inner, len, inner, c0, std::min(kChunk, inner - c0));

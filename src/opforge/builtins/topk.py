@@ -76,7 +76,7 @@ TOPK_CC = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 typedef OPFORGE_T T;
 
@@ -150,7 +150,7 @@ extern "C" int TopK(int nparam, void **params, int *ndims, int64_t **shapes, con
   T *values = static_cast<T *>(params[1]);
   int64_t *indices = static_cast<int64_t *>(params[2]);
   const bool scan = k <= 64;
-  OpforgeParallelFor(0, outer * inner, std::max<int64_t>(1, (1 << 15) / n), [&](int64_t l0, int64_t l1) {
+  opforge::parallel_for(0, outer * inner, std::max<int64_t>(1, (1 << 15) / n), [&](int64_t l0, int64_t l1) {
     std::vector<T> buffer(inner == 1 ? 0 : n), bv(k);
     std::vector<int64_t> bi(k), order(scan ? 0 : n);
     for (int64_t l = l0; l < l1; l++) {

@@ -88,7 +88,7 @@ TRANSPOSE = r"""
 
 #include "custom_aot_extra.h"
 #include "elements.h"
-#include "opforge_parallel.h"
+#include "opforge/parallel.h"
 
 static const int64_t kGrainBytes = 1 << 18;  // bytes moved by a parallel range at least
 
@@ -116,7 +116,7 @@ static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const
   const int64_t x_col = stride[m - 1] / size, y_row = ystride[along] / size;
   const int64_t tiles = (rows + TILE - 1) / TILE;
   const int64_t grain = std::max<int64_t>(1, kGrainBytes / (TILE * cols * size));
-  OpforgeParallelFor(0, outer * tiles, grain, [&](int64_t t0, int64_t t1) {
+  opforge::parallel_for(0, outer * tiles, grain, [&](int64_t t0, int64_t t1) {
     std::vector<E> buffer(TILE * TILE);
     E *buf = buffer.data();
     for (int64_t t = t0; t < t1; t++) {
@@ -183,7 +183,7 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   const char *x = static_cast<const char *>(params[0]);
   char *y = static_cast<char *>(params[1]);
   if (dim.empty() || (dim.size() == 1 && stride[0] == size)) {
-    OpforgeParallelFor(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
+    opforge::parallel_for(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
     return 0;
   }
   const int m = static_cast<int>(dim.size());
@@ -212,7 +212,7 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   const int r = static_cast<int>(dim.size());
   const int64_t inner = dim[r - 1], inner_stride = stride[r - 1], run_bytes = run * size;
   const int64_t row_bytes = inner * run_bytes, nrows = n * size / row_bytes;
-  OpforgeParallelFor(0, nrows, std::max<int64_t>(1, kGrainBytes / row_bytes), [&](int64_t q0, int64_t q1) {
+  opforge::parallel_for(0, nrows, std::max<int64_t>(1, kGrainBytes / row_bytes), [&](int64_t q0, int64_t q1) {
     std::vector<int64_t> index(r, 0);
     int64_t offset = 0;
     for (int64_t q = q0, d = r - 2; d >= 0; d--) {

@@ -84,7 +84,7 @@ extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, co
   shape.push_back(1);  // room for a 0-d output's one element
   const int m = Coalesce(rank, shape.data(), 3, strides);
   const int64_t inner = shape[m - 1];
-  OpforgeParallelFor(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
+  opforge::parallel_for(0, n / inner, RowGrain(inner), [&](int64_t r0, int64_t r1) {
     ForRows<3>(m, shape.data(), strides, r0, r1, [&](const int64_t *off, int64_t start) {
       Choose(c + off[0], strides[0][m - 1], x + off[1], strides[1][m - 1], y + off[2], strides[2][m - 1],
              out + start, inner);
@@ -95,4 +95,4 @@ extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, co
 """
 VALUE_DTYPES = NUMERIC + ["bool"]
 where.kernel(function="Where", code=every_dtype(WHERE, "Where", VALUE_DTYPES, by=1),
-             dtypes=[("bool", d, d) for d in VALUE_DTYPES])
+             dtypes=[("bool", d, d) for d in VALUE_DTYPES], cflags=["-fno-trapping-math"])

@@ -1,6 +1,6 @@
 // opforge's thread pool: one per process, for built-in and user kernels alike.
 //
-// Kernels reach it through include/opforge_parallel.h, whose functions are
+// Kernels reach it through include/opforge/parallel.h, whose functions are
 // these C symbols: opforge loads this extension into the global symbol scope
 // (runtime/parallel.py) before any kernel library, so the loader resolves a
 // kernel's references to them; without them a kernel runs serially.

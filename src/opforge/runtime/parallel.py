@@ -1,5 +1,5 @@
 """opforge's thread pool (csrc/parallel.cc), which built-in and user kernels share
-through ``opforge_parallel.h``.
+through ``opforge/parallel.h``.
 
 The pool's functions live in the ``_native`` extension.  Importing this module
 loads that extension again into the global symbol scope (it exports nothing

@@ -1,7 +1,7 @@
 /*
- * opforge_parallel.h: opforge's thread pool for kernels.
+ * opforge/parallel.h: opforge's thread pool for kernels.
  *
- *   OpforgeParallelFor(begin, end, grain, [&](int64_t lo, int64_t hi) { ... });
+ *   opforge::parallel_for(begin, end, grain, [&](int64_t lo, int64_t hi) { ... });
  *
  * runs the function on consecutive ranges [lo, hi) that cover [begin, end),
  * each at least `grain` long (pick a grain that is worth a thread: tens of
@@ -31,14 +31,16 @@ int opforge_parallel_threads(void) __attribute__((weak));
 int opforge_parallel_thread_index(void) __attribute__((weak));
 }
 
+namespace opforge {
+
 /* Threads in opforge's pool (1 where there is none). */
-inline int OpforgeThreads() { return opforge_parallel_threads ? opforge_parallel_threads() : 1; }
+inline int num_threads() { return opforge_parallel_threads ? opforge_parallel_threads() : 1; }
 
 /* Which of them runs the calling code: 0 for the thread that called the kernel. */
-inline int OpforgeThreadIndex() { return opforge_parallel_thread_index ? opforge_parallel_thread_index() : 0; }
+inline int thread_index() { return opforge_parallel_thread_index ? opforge_parallel_thread_index() : 0; }
 
 template <typename F>
-void OpforgeParallelFor(int64_t begin, int64_t end, int64_t grain, const F &f) {
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F &f) {
   if (end <= begin) return;
   if (!opforge_parallel_for || end - begin <= grain) {
     f(begin, end);
@@ -63,5 +65,7 @@ void OpforgeParallelFor(int64_t begin, int64_t end, int64_t grain, const F &f) {
       &context);
   if (context.error) std::rethrow_exception(context.error);
 }
+
+}  // namespace opforge
 
 #endif  // OPFORGE_PARALLEL_H_
