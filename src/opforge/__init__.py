@@ -29,6 +29,16 @@ from . import builtins  # noqa: E402,F401 - registers the built-in ops (kernels 
 
 __version__ = "0.1.0"
 
+# The public names (what ``from opforge import *`` and type checkers see as exported).
+__all__ = [
+    "ABI_DTYPES", "AotKernel", "AttrDef", "Custom", "CustomRegOp", "DataType", "Graph", "InputDef", "Kernel", "Op",
+    "PyKernel", "TensorSpec", "__version__", "backward", "build", "builtins", "cache_dir", "checks_enabled",
+    "cpu_features", "cuda", "errors", "get_num_threads", "grad", "include_dir", "infer", "isa_cap", "load_ops",
+    "lookup", "op", "ops", "registered_ops", "set_checks", "set_isa_cap", "set_num_threads", "testing", "trace",
+    "value_and_grad", "vjp",
+]
+__all__ += errors.__all__
+
 
 def include_dir() -> str:
     """Folder holding ``custom_aot_extra.h``; pass it to your compiler with -I."""

@@ -7,7 +7,9 @@ of tuples) so that they hash, compare, and cross into C++ unchanged.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 
@@ -16,17 +18,22 @@ from .errors import AttrError, DTypeError
 
 REQUIRED = object()  # default of an attribute that must be given
 
+#: An attribute value after ``check_attr``: plain Python, hashable, as it crosses into C++.
+AttrValue: TypeAlias = "bool | int | float | str | tuple[AttrValue, ...]"
+
 ATTR_TYPES = ("any", "bool", "int", "float", "str", "int[]", "float[]", "int[][]", "float[][]", "Shape", "DType")
 
 
 @dataclass(frozen=True)
 class AttrDef:
+    """An attribute of a schema: its name, type (one of ``ATTR_TYPES``) and default."""
+
     name: str
     type: str = "any"
     default: object = REQUIRED
     positional: bool = False  # may follow the tensor inputs positionally (MindSpore's value-less attrs)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.type not in ATTR_TYPES:
             raise AttrError(f"attribute '{self.name}': unknown type {self.type!r}; expected one of {', '.join(ATTR_TYPES)}")
 
@@ -35,7 +42,7 @@ class AttrDef:
         return self.default is REQUIRED
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """NumPy scalars and arrays, lists and tuples -> plain, hashable Python values."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
@@ -54,7 +61,7 @@ def _plain(value):
     return value
 
 
-def _is_list_of(value, kind, depth):
+def _is_list_of(value: object, kind: type | tuple[type, ...], depth: int) -> bool:
     if not isinstance(value, tuple):
         return False
     if depth == 1:
@@ -65,7 +72,7 @@ def _is_list_of(value, kind, depth):
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
-def _out_of_range(t, value):
+def _out_of_range(t: str, value: object) -> str | None:
     """Why a well-typed value cannot cross into C++ (ints are int64_t, floats double), or None."""
     if isinstance(value, tuple):
         return next(filter(None, (_out_of_range(t, v) for v in value)), None)
@@ -81,7 +88,7 @@ def _out_of_range(t, value):
     return None
 
 
-def _show(value):
+def _show(value: object) -> str:
     """repr for a message: Python refuses to print ints of more than 4300 digits, and long values are cut."""
     if type(value) is int and value.bit_length() > 128:
         return f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
@@ -92,14 +99,14 @@ def _show(value):
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def check_attr(op_name: str, attr: AttrDef, value):
+def check_attr(op_name: str, attr: AttrDef, value: object) -> AttrValue:
     """Normalise ``value`` and check it against the attribute's declared type and range."""
     t = attr.type
     try:
         value = _plain(value)
     except (OverflowError, ValueError, RecursionError):  # float(Fraction(10**400)), a list that holds itself
         raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, got {_show(value)}") from None
-    ok = {
+    checks: dict[str, Callable[[Any], bool]] = {
         "any": lambda v: isinstance(v, (bool, int, float, str, tuple)),
         "bool": lambda v: isinstance(v, bool),
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -111,35 +118,36 @@ def check_attr(op_name: str, attr: AttrDef, value):
         "float[][]": lambda v: _is_list_of(v, (int, float), 2),
         "Shape": lambda v: _is_list_of(v, int, 1),
         "DType": lambda v: isinstance(v, str),
-    }[t](value)
-    if not ok:
+    }
+    if not checks[t](value):
         raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects {t}, "
                         f"got {_show(value)} ({type(value).__name__})")
     problem = _out_of_range(t, value)
     if problem:
         raise AttrError(f"op '{op_name}': attribute '{attr.name}' ({t}): {problem}")
-    if t == "float" and isinstance(value, int):
-        value = float(value)
+    checked = cast(AttrValue, value)  # the check above held
+    if t == "float" and isinstance(checked, int):
+        checked = float(checked)
     if t == "float[]":
-        value = tuple(float(v) for v in value)
+        checked = tuple(float(v) for v in cast("tuple[float, ...]", checked))
     if t == "float[][]":
-        value = tuple(tuple(float(v) for v in row) for row in value)
+        checked = tuple(tuple(float(v) for v in row) for row in cast("tuple[tuple[float, ...], ...]", checked))
     if t == "DType":
         try:
-            value = normalize(value)
+            checked = normalize(checked)
         except DTypeError:
-            raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects a dtype name, got {_show(value)}; "
+            raise AttrError(f"op '{op_name}': attribute '{attr.name}' expects a dtype name, got {_show(checked)}; "
                             f"supported: {', '.join(ABI_DTYPES)}") from None
-    return value
+    return checked
 
 
-def _typed(value):
+def _typed(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(_typed(v) for v in value)
     return (type(value).__name__, value)
 
 
-def attr_key(attrs: dict):
+def attr_key(attrs: Mapping[str, object]) -> tuple[tuple[str, object], ...]:
     """A hashable key of attribute values that tells 1, 1.0 and True apart
     (they compare equal in Python, but a kernel reads them differently)."""
     return tuple((name, _typed(value)) for name, value in sorted(attrs.items()))

@@ -10,26 +10,38 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast, overload
 
-_MISSING = object()
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+_MISSING: Any = object()
 
 
-class BoundedCache:
+class BoundedCache(Generic[K, V]):
     """At most ``capacity`` entries; the oldest goes first (or the least
     recently used one, with ``lru=True``).  ``on_evict(key, value)`` runs for
     entries pushed out by the bound (not for ``clear``)."""
 
     __slots__ = ("capacity", "lru", "on_evict", "_entries", "_lock")
 
-    def __init__(self, capacity: int, *, lru: bool = False, on_evict=None):
+    def __init__(self, capacity: int, *, lru: bool = False, on_evict: Callable[[K, V], object] | None = None) -> None:
         self.capacity = capacity
         self.lru = lru
         self.on_evict = on_evict
-        self._entries = OrderedDict()
+        self._entries: OrderedDict[K, V] = OrderedDict()
         # Reentrant: making an entry may consult the same cache (nested calls).
         self._lock = threading.RLock()
 
-    def get(self, key, default=None):
+    @overload
+    def get(self, key: K) -> V | None: ...
+
+    @overload
+    def get(self, key: K, default: T) -> V | T: ...
+
+    def get(self, key: K, default: object = None) -> object:
         value = self._entries.get(key, _MISSING)
         if value is _MISSING:
             return default
@@ -39,12 +51,12 @@ class BoundedCache:
                     self._entries.move_to_end(key)
         return value
 
-    def get_or_create(self, key, create):
+    def get_or_create(self, key: K, create: Callable[[], V]) -> V:
         """The entry for ``key``, made by ``create()`` once if missing (other
         threads asking for the same key meanwhile wait and get the same value)."""
-        value = self.get(key, _MISSING)
-        if value is not _MISSING:
-            return value
+        found = self.get(key, _MISSING)
+        if found is not _MISSING:
+            return cast(V, found)
         with self._lock:
             value = self._entries.get(key, _MISSING)
             if value is _MISSING:
@@ -52,11 +64,11 @@ class BoundedCache:
                 self._put_locked(key, value)
             return value
 
-    def put(self, key, value):
+    def put(self, key: K, value: V) -> None:
         with self._lock:
             self._put_locked(key, value)
 
-    def _put_locked(self, key, value):
+    def _put_locked(self, key: K, value: V) -> None:
         self._entries[key] = value
         self._entries.move_to_end(key)
         evicted = []
@@ -66,16 +78,16 @@ class BoundedCache:
             for old_key, old_value in evicted:
                 self.on_evict(old_key, old_value)
 
-    def clear(self):
+    def clear(self) -> None:
         with self._lock:
             self._entries.clear()
 
-    def values(self):
+    def values(self) -> list[V]:
         with self._lock:
             return list(self._entries.values())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._entries

@@ -6,12 +6,18 @@ the ABI's aliases ("float" is float32, "int" int32, "uint" uint32).
 """
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from .errors import DTypeError
 
+#: What opforge takes as a dtype: an ABI name or alias, a NumPy dtype or scalar type, or a framework's dtype object
+#: (anything with a ``numpy_dtype``); anything else raises DTypeError at run time.
+DTypeLike: TypeAlias = Any
+
 # ABI name -> NumPy dtype.  Order matters only for documentation.
-_ABI_TO_NUMPY = {
+_ABI_TO_NUMPY: dict[str, np.dtype[Any]] = {
     "bool": np.dtype(np.bool_),
     "int8": np.dtype(np.int8),
     "int16": np.dtype(np.int16),
@@ -40,7 +46,7 @@ _NUMPY_TO_ABI = {dt: name for name, dt in _ABI_TO_NUMPY.items()}
 ABI_DTYPES = tuple(_ABI_TO_NUMPY)
 
 
-def to_numpy(dtype) -> np.dtype:
+def to_numpy(dtype: DTypeLike) -> np.dtype[Any]:
     """The NumPy dtype for ``dtype`` (an ABI name, alias, NumPy dtype or scalar type)."""
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype, dtype)
@@ -60,11 +66,11 @@ def to_numpy(dtype) -> np.dtype:
     return result
 
 
-def abi_name(dtype) -> str:
+def abi_name(dtype: DTypeLike) -> str:
     """The kernel ABI's name for ``dtype`` ("float32", "int64", ...)."""
     return _NUMPY_TO_ABI[to_numpy(dtype)]
 
 
-def normalize(dtype) -> str:
+def normalize(dtype: DTypeLike) -> str:
     """Canonical dtype name used throughout opforge (the ABI name)."""
     return abi_name(dtype)

@@ -4,6 +4,14 @@ Each class also derives from the closest built-in exception, so code that
 catches ``TypeError`` or ``ValueError`` keeps working.  Messages name the op,
 the argument and what was expected.
 """
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["OpforgeError", "SchemaError", "ArityError", "DTypeError", "ShapeError", "AttrError", "CheckError",
+           "InferenceError", "KernelError", "AllocationError", "GradientError", "NoKernelError", "CompileError",
+           "KernelSourceError", "CompilerNotFoundError", "SymbolNotFoundError", "CudaError", "DeviceError",
+           "GraphError", "TracingError", "CacheError", "BuildError", "ModelError", "UnsupportedOpError"]
 
 
 class OpforgeError(Exception):
@@ -41,7 +49,8 @@ class InferenceError(OpforgeError, ValueError):
 class KernelError(OpforgeError, RuntimeError):
     """A kernel returned a non-zero status or raised."""
 
-    def __init__(self, message, *, op=None, function=None, code=None):
+    def __init__(self, message: str, *, op: str | None = None, function: str | None = None,
+                 code: int | None = None) -> None:
         super().__init__(message)
         self.op = op
         self.function = function
@@ -63,7 +72,7 @@ class NoKernelError(OpforgeError, RuntimeError):
 class CompileError(OpforgeError, RuntimeError):
     """The compiler rejected a kernel source. ``output`` holds its full message."""
 
-    def __init__(self, message, *, command=None, output=""):
+    def __init__(self, message: str, *, command: Sequence[str] | None = None, output: str = "") -> None:
         super().__init__(message)
         self.command = command
         self.output = output
@@ -80,7 +89,8 @@ class CompilerNotFoundError(OpforgeError, RuntimeError):
 class SymbolNotFoundError(OpforgeError, AttributeError):
     """A kernel library does not export the requested function."""
 
-    def __init__(self, message, *, symbol=None, library=None, close_matches=()):
+    def __init__(self, message: str, *, symbol: str | None = None, library: str | None = None,
+                 close_matches: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.symbol = symbol
         self.library = library
@@ -120,6 +130,6 @@ class ModelError(GraphError):
 class UnsupportedOpError(ModelError):
     """A model holds nodes no converter covers; ``unsupported`` lists every (domain, op_type, opset) at once."""
 
-    def __init__(self, message, unsupported=()):
+    def __init__(self, message: str, unsupported: Iterable[tuple[str, str, int]] = ()) -> None:
         super().__init__(message)
         self.unsupported = list(unsupported)

@@ -9,28 +9,30 @@ Unknown dims (-1) and unknown rank ([-2]) propagate.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeGuard
 
+from .dtypes import DTypeLike
 from .errors import InferenceError, ShapeError
-from .spec import UNKNOWN_RANK, TensorSpec, normalize_shape
+from .spec import UNKNOWN_RANK, ShapeLike, TensorSpec, normalize_shape
 
 
-def same_as(input_index=0, dtype=None):
+def same_as(input_index: int = 0, dtype: DTypeLike = None) -> Callable[..., TensorSpec]:
     """Output has the shape and dtype of input ``input_index`` (dtype overridable)."""
 
-    def infer(*specs, **attrs):
-        if not -len(specs) <= input_index < len(specs) or specs[input_index] is None:
+    def infer(*specs: TensorSpec | None, **attrs: Any) -> TensorSpec:
+        spec = specs[input_index] if -len(specs) <= input_index < len(specs) else None
+        if spec is None:
             raise InferenceError(f"same_as({input_index}): the op has no input {input_index} here "
                                  f"(got {len(specs)} input spec(s): {list(specs)})")
-        spec = specs[input_index]
         return TensorSpec(spec.shape, dtype or spec.dtype, spec.layout)
 
     return infer
 
 
-def broadcast_shapes(*shapes):
+def broadcast_shapes(*given: ShapeLike) -> tuple[int, ...]:
     """NumPy broadcasting over shapes that may hold -1 dims or be [-2] (None is [-2])."""
-    shapes = [normalize_shape(s) for s in shapes]
+    shapes = [normalize_shape(s) for s in given]
     if any(s == UNKNOWN_RANK for s in shapes):
         return UNKNOWN_RANK
     rank = max((len(s) for s in shapes), default=0)
@@ -49,11 +51,11 @@ def broadcast_shapes(*shapes):
     return tuple(result)
 
 
-def broadcast(dtype=None):
+def broadcast(dtype: DTypeLike = None) -> Callable[..., TensorSpec]:
     """Output shape is the broadcast of the inputs given (an absent optional one
     takes no part); dtype that of the first."""
 
-    def infer(*specs, **attrs):
+    def infer(*specs: TensorSpec | None, **attrs: Any) -> TensorSpec:
         present = [s for s in specs if s is not None]
         if not present:
             raise InferenceError("broadcast(): the op was given no input")
@@ -62,11 +64,11 @@ def broadcast(dtype=None):
     return infer
 
 
-def _is_int(value):
+def _is_int(value: object) -> TypeGuard[int]:  # any Integral but bool (NumPy ints too), used as an int
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def normalize_axes(axes, rank, op_name="op"):
+def normalize_axes(axes: int | Iterable[int], rank: int, op_name: str = "op") -> list[int]:
     """``axes`` (an int or ints, negative ones from the end) as sorted distinct axes of a rank-``rank`` tensor."""
     if not _is_int(rank) or rank < 0:
         raise ShapeError(f"op '{op_name}': a rank is an int >= 0, got {rank!r}")
@@ -84,22 +86,22 @@ def normalize_axes(axes, rank, op_name="op"):
     return sorted(set(result))
 
 
-def reduce_shape(shape, axes, keep_dims, op_name="op"):
+def reduce_shape(shape: ShapeLike, axes: int | Iterable[int], keep_dims: bool, op_name: str = "op") -> tuple[int, ...]:
     """Shape after reducing ``axes`` (an int, or a sequence: empty = all axes)."""
-    shape = normalize_shape(shape)
-    if shape == UNKNOWN_RANK:
+    dims = normalize_shape(shape)
+    if dims == UNKNOWN_RANK:
         return UNKNOWN_RANK
-    rank = len(shape)
-    axes = normalize_axes(axes, rank, op_name) or list(range(rank))
+    rank = len(dims)
+    reduced = normalize_axes(axes, rank, op_name) or list(range(rank))
     if keep_dims:
-        return tuple(1 if k in axes else d for k, d in enumerate(shape))
-    return tuple(d for k, d in enumerate(shape) if k not in axes)
+        return tuple(1 if k in reduced else d for k, d in enumerate(dims))
+    return tuple(d for k, d in enumerate(dims) if k not in reduced)
 
 
-def reduce(axes_attr="axes", keep_dims_attr="keep_dims"):
+def reduce(axes_attr: str = "axes", keep_dims_attr: str = "keep_dims") -> Callable[..., TensorSpec]:
     """Reduction of input 0 over the attribute ``axes_attr`` (empty = all)."""
 
-    def infer(x, *rest, **attrs):
+    def infer(x: TensorSpec, *rest: TensorSpec | None, **attrs: Any) -> TensorSpec:
         missing = [name for name in (axes_attr, keep_dims_attr) if name not in attrs]
         if missing:
             raise InferenceError(f"reduce(): the op has no attribute {' or '.join(map(repr, missing))} "

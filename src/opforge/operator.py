@@ -8,18 +8,39 @@ schemas, built-ins -- produces an ``Op``, and every call goes through
 """
 from __future__ import annotations
 
+import os
 import string
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, cast, overload
+
+import numpy as np
+import numpy.typing as npt
 
 from ._native import OpBase  # the C side of a call; imports nothing of opforge
-from .attrs import REQUIRED, AttrDef, check_attr
+from .attrs import REQUIRED, AttrDef, AttrValue, check_attr
 from .bounded_cache import BoundedCache
+from .dtypes import DTypeLike
 from .dtypes import normalize as normalize_dtype
 from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
-from .sbp import checked_declaration, signatures
+from .sbp import SBPDeclaration, Signature, checked_declaration, signatures
 from .spec import TensorSpec
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_D = TypeVar("_D")
+
+#: A kernel's accepted dtypes: one signature per variant, dtype names (None = any) for the inputs, then the outputs.
+DTypeSignatures: TypeAlias = "Sequence[Sequence[str | None]]"
+#: ``dtypes=`` of ``Op.kernel``: ``{"x": ["float32", "float64"], ...}`` (one entry per variant), or full signatures.
+KernelDTypes: TypeAlias = "Mapping[str, DTypeLike | Sequence[DTypeLike]] | Sequence[Sequence[DTypeLike]] | None"
+#: A native launcher: called with an op call's tensors, returns its output(s).
+Launcher: TypeAlias = "Callable[..., Any]"
+
+
+class _Clearable(Protocol):
+    def clear(self) -> object: ...
 
 
 class _Runtime:
@@ -27,8 +48,8 @@ class _Runtime:
     when it is imported (so imports point down): ``launcher_for(op, attrs, n)``
     and ``source_kernels(op, **options)``."""
 
-    launcher_for = None
-    source_kernels = None
+    launcher_for: Callable[[Op, dict[str, AttrValue], int], Launcher]
+    source_kernels: Callable[..., list[Kernel]]
 
 
 RUNTIME = _Runtime()
@@ -36,6 +57,8 @@ RUNTIME = _Runtime()
 
 @dataclass(frozen=True)
 class InputDef:
+    """A tensor input of a schema: ``Tensor``, ``Tensor?`` (optional) or ``Tensor[]`` (variadic)."""
+
     name: str
     optional: bool = False
     variadic: bool = False
@@ -56,17 +79,18 @@ class Kernel:
     #: None, or a callable ``() -> None | str`` for a kernel that needs something besides the CPU (a
     #: library such as OpenBLAS): it makes that ready and returns None, or says why it cannot; dispatch
     #: then skips the kernel, as it does one whose ISA the CPU lacks.
-    requires = None
+    requires: Callable[[], str | None] | None = None
 
-    def __init__(self, *, device="cpu", dtypes=None, isa=None, layout="ndarray", name=None):
+    def __init__(self, *, device: str = "cpu", dtypes: DTypeSignatures | None = None, isa: str | None = None,
+                 layout: str = "ndarray", name: str | None = None) -> None:
         self.device = device.lower()
         self.dtypes = dtypes
         self.isa = isa
         self.layout = layout
         self.name = name or type(self).__name__
-        self.op_name = None  # the op that holds it (set by Op.add_kernel): for messages
+        self.op_name: str | None = None  # the op that holds it (set by Op.add_kernel): for messages
 
-    def reject_reason(self, op: "Op", specs) -> str | None:
+    def reject_reason(self, op: Op, specs: Sequence[TensorSpec | None]) -> str | None:
         """Why this kernel cannot take inputs of these specs, or None if it can."""
         missing = self.requires() if self.requires is not None else None
         if missing:
@@ -89,14 +113,17 @@ class Kernel:
         accepted = "; ".join(", ".join(d or "any" for d in sig[: len(given)]) for sig in self.dtypes)
         return f"input dtypes ({named}) match none of the kernel's signatures ({accepted})"
 
-    def infer(self, op: "Op", specs, attrs):
+    def infer(self, op: Op, specs: Sequence[TensorSpec | None],
+              attrs: Mapping[str, AttrValue]) -> TensorSpec | Sequence[TensorSpec] | None:
         """Kernel-provided inference (e.g. a C++ InferShape); None if it has none."""
         return None
 
-    def run(self, op: "Op", arrays, attrs, out_specs):
+    def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue],
+            out_specs: Sequence[TensorSpec]) -> Sequence[Any]:
+        """Run on the input arrays; returns the output arrays, one per output spec."""
         raise NotImplementedError
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self.name} device={self.device}>"
 
 
@@ -107,13 +134,12 @@ class PyKernel(Kernel):
     results are checked against the op's inference.
     """
 
-    def __init__(self, fn, **kwargs):
+    def __init__(self, fn: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(name=kwargs.pop("name", None) or getattr(fn, "__name__", "python_kernel"), **kwargs)
         self.fn = fn
 
-    def run(self, op, arrays, attrs, out_specs, in_specs=None):
-        import numpy as np
-
+    def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue], out_specs: Sequence[TensorSpec],
+            in_specs: Sequence[TensorSpec | None] | None = None) -> list[npt.NDArray[Any]]:
         result = self.fn(*arrays, **attrs)
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) != len(out_specs):
@@ -129,7 +155,7 @@ class PyKernel(Kernel):
         return checked
 
 
-def _check_names(name, inputs, outputs, attrs):
+def _check_names(name: Any, inputs: Any, outputs: Any, attrs: Any) -> None:
     """SchemaError unless the op's name is a string and its inputs, outputs and
     attributes are sequences (not strings) of names / InputDefs / AttrDefs."""
     if not isinstance(name, str) or not name:
@@ -154,18 +180,26 @@ class Op(OpBase):
     otherwise to ``call(args, kwargs)``.
     """
 
-    _instances = weakref.WeakSet()  # every live op, so a dispatch setting can reset them all
+    # every live op, so a dispatch setting can reset them all
+    _instances: ClassVar[weakref.WeakSet[Op]] = weakref.WeakSet()
     _instances_lock = threading.Lock()  # a WeakSet cannot be copied while another thread adds to it
+    #: Set by ``opforge.op`` and declaration files only (absent otherwise): the schema text, and where it was declared.
+    schema: str
+    defined_at: str | None
+    _shape_fn: Callable[..., Any]  # MindSpore-style halves of the inference, set by infer_shape / infer_dtype
+    _dtype_fn: Callable[..., Any]
 
     @classmethod
-    def forget_all_plans(cls):
+    def forget_all_plans(cls) -> None:
         """Drop every op's cached kernel choices (after the ISA cap changed)."""
         with cls._instances_lock:
             ops = list(cls._instances)
         for op in ops:
             op._forget_plans()
 
-    def __init__(self, name, inputs, outputs, attrs=(), *, traits=(), doc=None, tuple_output=None):
+    def __init__(self, name: str, inputs: Iterable[str | InputDef], outputs: Iterable[str],
+                 attrs: Iterable[AttrDef] = (), *, traits: Iterable[str] = (), doc: str | None = None,
+                 tuple_output: bool | None = None) -> None:
         _check_names(name, inputs, outputs, attrs)
         self.name = name
         self.inputs = tuple(i if isinstance(i, InputDef) else InputDef(i) for i in inputs)
@@ -180,20 +214,23 @@ class Op(OpBase):
         if any(i.variadic for i in self.inputs) and not self.variadic:
             raise SchemaError(f"op '{name}': a variadic input must be the op's only tensor input")
         self.kernels: list[Kernel] = []
-        self.infer_fn = None
-        self.check_fn = None
-        self.grad_rule = None
-        self.grad_saves = ()
-        self.sbp_declaration = None  # see Op.sbp
-        self.expression = None  # see Op.fuse_as
-        self._launchers = BoundedCache(64)  # (frozen attribute values, n inputs) -> runtime Launcher
-        self.plan_caches = []  # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
+        self.infer_fn: Callable[..., Any] | None = None
+        self.check_fn: Callable[..., Any] | None = None
+        self.grad_rule: Callable[..., Any] | None = None
+        self.grad_saves: tuple[str, ...] = ()
+        self.sbp_declaration: SBPDeclaration | None = None  # see Op.sbp
+        self.expression: str | None = None  # see Op.fuse_as
+        # (frozen attribute values, n inputs) -> runtime Launcher
+        self._launchers: BoundedCache[tuple[object, int], Launcher] = BoundedCache(64)
+        # caches a frontend keeps per op (a torch op's plans): dropped with the launchers
+        self.plan_caches: list[_Clearable] = []
         with Op._instances_lock:
             Op._instances.add(self)
         self._default_launcher = None
 
     # -- declaration ------------------------------------------------------
     def add_kernel(self, kernel: Kernel) -> Kernel:
+        """Attach a kernel object (what ``kernel`` does after building one)."""
         if "cpu_only" in self.traits and kernel.device != "cpu":
             raise SchemaError(f"op '{self.name}' has trait cpu_only; it cannot take a {kernel.device} kernel")
         kernel.op_name = kernel.op_name or self.name
@@ -201,8 +238,26 @@ class Op(OpBase):
         self._forget_plans()
         return kernel
 
-    def kernel(self, fn=None, *, source=None, code=None, function=None, device="cpu", dtypes=None, isa=None,
-               layout="ndarray", cflags=(), include_dirs=(), name=None, reference=False):
+    @overload
+    def kernel(self, fn: _F, *, device: str = "cpu", dtypes: KernelDTypes = None, isa: str | None = None,
+               layout: str = "ndarray", name: str | None = None, reference: bool = False) -> _F: ...
+
+    @overload
+    def kernel(self, fn: None = None, *, device: str = "cpu", dtypes: KernelDTypes = None, isa: str | None = None,
+               layout: str = "ndarray", name: str | None = None,
+               reference: bool = False) -> Callable[[_F], _F]: ...
+
+    @overload
+    def kernel(self, fn: None = None, *, source: str | os.PathLike[str] | None = None, code: str | None = None,
+               function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None, isa: str | None = None,
+               layout: str = "ndarray", cflags: Sequence[str] = (), include_dirs: Sequence[str | os.PathLike[str]] = (),
+               name: str | None = None, reference: bool = False) -> Any: ...  # a Kernel, or a list: one per variant
+
+    def kernel(self, fn: Callable[..., Any] | None = None, *, source: str | os.PathLike[str] | None = None,
+               code: str | None = None, function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None,
+               isa: str | None = None, layout: str = "ndarray", cflags: Sequence[str] = (),
+               include_dirs: Sequence[str | os.PathLike[str]] = (), name: str | None = None,
+               reference: bool = False) -> Any:
         """Add a kernel.
 
         * ``op.kernel(source="leaky_relu.cc:LeakyRelu", ...)``: a C/C++/CUDA
@@ -231,11 +286,19 @@ class Op(OpBase):
         kernels = RUNTIME.source_kernels(self, source=source, code=code, function=function, device=device,
                                  signatures=signatures, dtypes=dtypes, isa=isa, layout=layout, cflags=cflags,
                                  include_dirs=include_dirs, name=name)
-        for kernel in kernels:
-            self.add_kernel(kernel)
+        for made in kernels:
+            self.add_kernel(made)
         return kernels[0] if len(kernels) == 1 else kernels
 
-    def reference(self, fn=None, *, fallback=False, dtypes=None):
+    @overload
+    def reference(self, fn: _F, *, fallback: bool = False, dtypes: KernelDTypes = None) -> _F: ...
+
+    @overload
+    def reference(self, fn: None = None, *, fallback: bool = False,
+                  dtypes: KernelDTypes = None) -> Callable[[_F], _F]: ...
+
+    def reference(self, fn: _F | None = None, *, fallback: bool = False,
+                  dtypes: KernelDTypes = None) -> _F | Callable[[_F], _F]:
         """Decorator: the op's NumPy reference, the semantics its kernels are
         checked against (``opforge.testing.check_op``).
 
@@ -252,10 +315,10 @@ class Op(OpBase):
         return fn
 
     @property
-    def reference_kernel(self):
+    def reference_kernel(self) -> Kernel | None:
         return next((k for k in self.kernels if getattr(k, "reference", False)), None)
 
-    def _dtype_signatures(self, dtypes):
+    def _dtype_signatures(self, dtypes: KernelDTypes) -> list[tuple[str | None, ...]] | None:
         """{"x": [...], ...} -> one signature per variant (inputs then outputs; None = any)."""
         if dtypes is None:
             return None
@@ -273,26 +336,26 @@ class Op(OpBase):
                               f"got lengths {sorted(lengths)}")
         return [tuple(lists[n][k] if n in lists else None for n in names) for k in range(lengths.pop())]
 
-    def def_infer(self, fn):
+    def def_infer(self, fn: _F) -> _F:
         """Set ``fn(*input_specs, **attrs) -> TensorSpec or tuple`` as the op's inference."""
         self.infer_fn = fn
         self._forget_plans()
         return fn
 
-    def infer_shape(self, fn):
+    def infer_shape(self, fn: _F) -> _F:
         """Decorator (MindSpore style): ``fn(*shapes, **attrs) -> shape or tuple of shapes``."""
         self._shape_fn = fn
         return self._combine_shape_dtype(fn)
 
-    def infer_dtype(self, fn):
+    def infer_dtype(self, fn: _F) -> _F:
         """Decorator (MindSpore style): ``fn(*dtypes, **attrs) -> dtype or tuple of dtypes``."""
         self._dtype_fn = fn
         return self._combine_shape_dtype(fn)
 
-    def _combine_shape_dtype(self, returned):
+    def _combine_shape_dtype(self, returned: _F) -> _F:
         shape_fn, dtype_fn = getattr(self, "_shape_fn", None), getattr(self, "_dtype_fn", None)
 
-        def infer(*specs, **attrs):
+        def infer(*specs: TensorSpec | None, **attrs: Any) -> list[TensorSpec]:
             # Either half may be missing: every output then takes the first input's shape (or dtype).
             n = len(self.outputs)
             present = [s for s in specs if s is not None]
@@ -317,7 +380,13 @@ class Op(OpBase):
         self.def_infer(infer)
         return returned
 
-    def grad(self, fn=None, *, save=()):
+    @overload
+    def grad(self, fn: _F, *, save: Iterable[str] = ()) -> _F: ...
+
+    @overload
+    def grad(self, fn: None = None, *, save: Iterable[str] = ()) -> Callable[[_F], _F]: ...
+
+    def grad(self, fn: _F | None = None, *, save: Iterable[str] = ()) -> _F | Callable[[_F], _F]:
         """Attach the gradient rule (capture / apply).
 
         ``save`` names the inputs and outputs the rule needs; the rule is
@@ -336,14 +405,14 @@ class Op(OpBase):
         self.grad_saves = tuple(save)
         return fn
 
-    def check(self, fn):
+    def check(self, fn: _F) -> _F:
         """Decorator (OneFlow's check_fn): ``fn(*input_specs, **attrs)`` raises, or returns
         an error message, when the inputs or attributes are invalid."""
         self.check_fn = fn
         self._forget_plans()
         return fn
 
-    def sbp(self, declaration):
+    def sbp(self, declaration: _D) -> _D:
         """Declare the op's SBP signatures (OneFlow's get_sbp_fn; see ``opforge.sbp``).
 
         As a decorator on ``fn(*input_specs, **attrs)`` returning a list of
@@ -354,7 +423,7 @@ class Op(OpBase):
         self.sbp_declaration = checked_declaration(self, declaration)
         return declaration
 
-    def fuse_as(self, expression: str):
+    def fuse_as(self, expression: str) -> Op:
         """Declare the op as one C++ expression of its inputs' element values and
         its attributes, e.g. ``"{x} > 0 ? {x} : {alpha} * {x}"``, so a graph can
         fuse a chain of such ops into one generated kernel (``graph.fusion``).
@@ -373,11 +442,11 @@ class Op(OpBase):
         self.expression = expression
         return self
 
-    def sbp_signatures(self, specs, attrs=None):
+    def sbp_signatures(self, specs: Iterable[object], attrs: Mapping[str, object] | None = None) -> list[Signature]:
         """The op's valid SBP signatures for these input specs and attribute values (``opforge.sbp.signatures``)."""
         return signatures(self, specs, attrs)
 
-    def _forget_plans(self):
+    def _forget_plans(self) -> None:
         self._launchers.clear()
         self._forget_keyword_calls()
         for cache in self.plan_caches:
@@ -385,7 +454,7 @@ class Op(OpBase):
         self._default_launcher = None
 
     # -- binding ----------------------------------------------------------
-    def bind(self, args, kwargs):
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, AttrValue]]:
         """Split a call's arguments into tensor inputs and checked attributes."""
         if self.variadic:  # any number of tensors, no positional attributes
             tensors, extra = list(args), []
@@ -417,27 +486,33 @@ class Op(OpBase):
             values[name] = value
         return tensors, self.resolve_attrs(values)
 
-    def resolve_attrs(self, values):
+    def resolve_attrs(self, values: Mapping[str, object]) -> dict[str, AttrValue]:
         """Fill defaults, reject missing required attributes, check types."""
-        resolved = {}
+        resolved: dict[str, AttrValue] = {}
         for name, attr in self.attrs.items():
             if name in values:
                 resolved[name] = check_attr(self.name, attr, values[name])
             elif attr.default is not REQUIRED:
-                resolved[name] = attr.default
+                resolved[name] = cast(AttrValue, attr.default)  # checked by __init__
             else:
                 raise AttrError(f"op '{self.name}': required attribute '{name}' ({attr.type}) was not given")
         return resolved
 
     # -- inference --------------------------------------------------------
-    def infer_specs(self, specs, attrs, kernel: Kernel | None = None):
+    def infer_specs(self, specs: Sequence[TensorSpec | None], attrs: Mapping[str, AttrValue],
+                    kernel: Kernel | None = None) -> list[TensorSpec]:
         """Output specs for input specs; the op's inference, else the kernel's (a C++ InferShape)."""
         if self.check_fn is not None:
             problem = self.check_fn(*specs, **attrs)
             if problem:
                 raise CheckError(f"op '{self.name}': {problem}")
         if self.infer_fn is not None:
-            result = self.infer_fn(*specs, **attrs)
+            try:
+                result = self.infer_fn(*specs, **attrs)
+            except (ShapeError, InferenceError) as error:  # a shared helper's message: say whose call it was
+                if f"op '{self.name}'" in str(error) or len(error.args) != 1:
+                    raise
+                raise type(error)(f"op '{self.name}': {error}") from None
         else:
             candidates = [kernel] if kernel is not None else self.kernels
             result = None
@@ -457,7 +532,13 @@ class Op(OpBase):
                 raise InferenceError(f"op '{self.name}': inference must return TensorSpec objects, got {spec!r}")
         return result
 
-    def infer(self, *args, **attrs):
+    @overload
+    def infer(self, fn: _F, /) -> _F: ...
+
+    @overload
+    def infer(self, *args: Any, **attrs: Any) -> Any: ...
+
+    def infer(self, *args: Any, **attrs: Any) -> Any:
         """Output spec(s) for input specs (or arrays); -1 dims and [-2] ranks propagate.
 
         Used as a decorator on a function, sets the op's inference instead.
@@ -470,7 +551,7 @@ class Op(OpBase):
         return tuple(out) if self.tuple_output else out[0]
 
     # -- calling ----------------------------------------------------------
-    def _keyword_launcher(self, args, kwargs):
+    def _keyword_launcher(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Launcher | None:
         """The launcher of a call whose positional arguments are all its tensors and whose
         keywords are all attributes (the C base remembers it for calls with the same
         values), or None for any other call; raises the op's errors for bad values."""
@@ -480,12 +561,12 @@ class Op(OpBase):
         tensors, attrs = self.bind(args, kwargs)
         return RUNTIME.launcher_for(self, attrs, len(tensors))
 
-    def call(self, args, kwargs):
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The general call path: bind, then run through the attributes' launcher."""
         tensors, attr_values = self.bind(args, kwargs)
         return RUNTIME.launcher_for(self, attr_values, len(tensors))(*tensors)
 
-    def check_present(self, tensors):
+    def check_present(self, tensors: Sequence[object]) -> None:
         """ArityError for None given where the schema wants a tensor (only ``Tensor?`` inputs may be None)."""
         for index, tensor in enumerate(tensors):
             if tensor is None and (self.variadic or not self.inputs[index].optional):
@@ -495,12 +576,12 @@ class Op(OpBase):
     def input_name(self, index: int) -> str:
         return f"{self.inputs[0].name}[{index}]" if self.variadic else self.inputs[index].name
 
-    def check_output_shape(self, spec: TensorSpec):
+    def check_output_shape(self, spec: TensorSpec) -> None:
         if not spec.is_static:
             raise ShapeError(f"op '{self.name}': inference gave output shape {list(spec.shape)} for concrete inputs; "
                              "an eager call needs every output dim known")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         ins = ", ".join(i.name for i in self.inputs)
         attrs = ", ".join(self.attrs)
         return f"<opforge.Op {self.name}({ins}{'; ' + attrs if attrs else ''}) -> {', '.join(self.outputs)}>"

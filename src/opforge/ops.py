@@ -5,15 +5,19 @@ the schema's signature and a docstring generated from it.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 from . import registry
 from .attrs import REQUIRED
 from .errors import ArityError, AttrError
+from .operator import Op
 
-_functions = {}  # op name -> (op, function)
+_functions: dict[str, tuple[Op, Callable[..., Any]]] = {}  # op name -> (op, function)
 
 
 def signature_of(op) -> inspect.Signature:
+    """The Python signature of ``opforge.ops.<name>``: inputs, then attributes with their defaults."""
     P = inspect.Parameter
     params = []
     for i in op.inputs:
@@ -37,6 +41,7 @@ def signature_of(op) -> inspect.Signature:
 
 
 def docstring_of(op) -> str:
+    """The docstring of ``opforge.ops.<name>``: schema, doc, attributes, traits and kernels."""
     lines = [getattr(op, "schema", repr(op)), ""]
     if op.doc:
         lines += [op.doc, ""]

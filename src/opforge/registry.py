@@ -6,6 +6,8 @@ Names are ``namespace::name``; ops without a namespace live in the default
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
+from types import FrameType
 
 from .errors import SchemaError
 from .operator import Op
@@ -17,7 +19,7 @@ TRAITS = frozenset({"no_grad", "cpu_only", "no_side_effect", "always_compute", "
 _ops: dict[str, Op] = {}
 
 
-def register(op: Op, *, replace=False) -> Op:
+def register(op: Op, *, replace: bool = False) -> Op:
     if op.name in _ops and not replace:
         raise SchemaError(f"op '{op.name}' is already registered; pass replace=True to replace it, "
                           "or give it a namespace ('mylib::name')")
@@ -28,10 +30,10 @@ def register(op: Op, *, replace=False) -> Op:
 
 #: Called with an op's name when it is registered again or removed (the
 #: functional API drops the function it cached for it).
-LISTENERS = []
+LISTENERS: list[Callable[[str], object]] = []
 
 
-def _forget_function(name):
+def _forget_function(name: str) -> None:
     for listener in LISTENERS:
         listener(name)
 
@@ -42,16 +44,18 @@ def unregister(name: str) -> None:
 
 
 def lookup(name: str) -> Op | None:
+    """The registered op called ``name`` (``'add'``, ``'mylib::scale'``), or None."""
     if not isinstance(name, str):
         raise SchemaError(f"an op name is a string such as 'add' or 'mylib::scale', got {name!r}")
     return _ops.get(name)
 
 
 def registered_ops() -> list[Op]:
+    """Every registered op, built-ins included, sorted by name."""
     return [_ops[name] for name in sorted(_ops)]
 
 
-def op(schema: str, *, traits=(), doc=None, replace=False) -> Op:
+def op(schema: str, *, traits: Iterable[str] = (), doc: str | None = None, replace: bool = False) -> Op:
     """Declare and register an op from a schema string.
 
     ``opforge.op("mylib::leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y")``
@@ -60,12 +64,12 @@ def op(schema: str, *, traits=(), doc=None, replace=False) -> Op:
     ``opforge.ops.mylib.leaky_relu``.
     """
     parsed = parse_schema(schema)
-    traits = frozenset(traits)
-    unknown = traits - TRAITS
+    trait_set = frozenset(traits)
+    unknown = trait_set - TRAITS
     if unknown:
         raise SchemaError(f"op '{parsed.qualified_name}': unknown trait(s) {sorted(unknown)}; "
                           f"known: {', '.join(sorted(TRAITS))}")
-    new = Op(parsed.qualified_name, parsed.inputs, parsed.outputs, parsed.attrs, traits=traits, doc=doc)
+    new = Op(parsed.qualified_name, parsed.inputs, parsed.outputs, parsed.attrs, traits=trait_set, doc=doc)
     new.schema = schema
     new.defined_at = _caller()
     return register(new, replace=replace)
@@ -73,7 +77,7 @@ def op(schema: str, *, traits=(), doc=None, replace=False) -> Op:
 
 def _caller() -> str | None:
     """``file:line`` of the code that declared an op: the first frame outside opforge's core."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(("opforge.registry", "opforge.frontends",
                                                                                "opforge.compat")):
         frame = frame.f_back

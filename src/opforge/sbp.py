@@ -22,9 +22,9 @@ these lists; nothing here runs a kernel.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeAlias, TypeVar, cast
 
 from .errors import SchemaError
 from .spec import TensorSpec
@@ -39,7 +39,7 @@ class Split:
 
     axis: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         try:
             axis = operator.index(self.axis)
         except TypeError:
@@ -48,7 +48,7 @@ class Split:
             raise SchemaError(f"split(axis) takes an int axis, got {self.axis!r}")
         object.__setattr__(self, "axis", axis)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"S({self.axis})"
 
 
@@ -57,17 +57,21 @@ def split(axis: int) -> Split:
     return Split(axis)
 
 
+_S = TypeVar("_S", bound="_Singleton")
+
+
 class _Singleton:
     """One instance per class, kept as itself through copy and pickle."""
 
     _name = ""  # the module-level name of the instance
+    _instance: ClassVar[_Singleton]
 
-    def __new__(cls):
+    def __new__(cls: type[_S]) -> _S:
         if "_instance" not in cls.__dict__:
             cls._instance = super().__new__(cls)
-        return cls._instance
+        return cast(_S, cls._instance)
 
-    def __reduce__(self):
+    def __reduce__(self) -> str:
         return self._name
 
 
@@ -76,7 +80,7 @@ class Broadcast(_Singleton):
 
     _name = "broadcast"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "B"
 
 
@@ -85,16 +89,21 @@ class PartialSum(_Singleton):
 
     _name = "partial_sum"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "P"
 
 
 broadcast = Broadcast()
 partial_sum = PartialSum()
 SBP = (Split, Broadcast, PartialSum)
+#: One SBP: ``split(axis)``, ``broadcast`` or ``partial_sum``.
+SBPValue: TypeAlias = "Split | Broadcast | PartialSum"
+#: What ``Op.sbp`` keeps: a function of the input specs and attributes, or the declared signatures.
+SBPDeclaration: TypeAlias = "Callable[..., object] | tuple[object, ...]"
+_Entries: TypeAlias = "Mapping[str, SBPValue | None] | Iterable[tuple[str, SBPValue | None]]"
 
 
-class Signature(Mapping):
+class Signature(Mapping[str, "SBPValue | None"]):
     """One SBP per input and output name (None for an absent optional input), frozen.
 
     ``inputs`` and ``outputs`` are the SBPs in the op's order; ``str`` reads
@@ -103,56 +112,56 @@ class Signature(Mapping):
 
     __slots__ = ("_inputs", "_outputs", "_by_name")
 
-    def __init__(self, inputs, outputs):
+    def __init__(self, inputs: _Entries, outputs: _Entries) -> None:
         """``inputs`` and ``outputs``: dicts (or ``(name, sbp)`` pairs) in the op's order."""
         self._inputs = tuple(dict(inputs).items())
         self._outputs = tuple(dict(outputs).items())
         self._by_name = dict(self._inputs + self._outputs)
 
     @property
-    def inputs(self) -> tuple:
+    def inputs(self) -> tuple[SBPValue | None, ...]:
         return tuple(sbp for _, sbp in self._inputs)
 
     @property
-    def outputs(self) -> tuple:
+    def outputs(self) -> tuple[SBPValue | None, ...]:
         return tuple(sbp for _, sbp in self._outputs)
 
     @property
-    def input_names(self) -> tuple:
+    def input_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._inputs)
 
     @property
-    def output_names(self) -> tuple:
+    def output_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._outputs)
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> SBPValue | None:
         return self._by_name[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._by_name)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, Signature):
             return (self._inputs, self._outputs) == (other._inputs, other._outputs)
         return Mapping.__eq__(self, other)  # a dict of the same entries is equal
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self._inputs, self._outputs))
 
-    def __str__(self):
-        def show(pairs):
+    def __str__(self) -> str:
+        def show(pairs: Iterable[tuple[str, SBPValue | None]]) -> str:
             return ", ".join(f"{name}:{sbp!r}" for name, sbp in pairs)
 
         return f"{show(self._inputs)} -> {show(self._outputs)}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Signature({self})"
 
 
-def elementwise_splits(*shapes) -> list[tuple[int, tuple]]:
+def elementwise_splits(*shapes: Sequence[int] | None) -> list[tuple[int, tuple[SBPValue, ...]]]:
     """For inputs of these shapes broadcast together (NumPy's rules, -1 for an unknown dim):
     ``(axis, sbps)`` for each axis of the result along which it can be split -- ``sbps``
     gives each input ``split`` on its own axis, or ``broadcast`` where its dim is 1 or missing.
@@ -161,42 +170,44 @@ def elementwise_splits(*shapes) -> list[tuple[int, tuple]]:
     the whole result), and where an unknown dim might be a broadcast 1 against another
     input's dim.  Any unknown rank (None) gives nothing.
     """
-    if any(shape is None for shape in shapes):
+    known = [shape for shape in shapes if shape is not None]
+    if len(known) != len(shapes):
         return []
-    rank = max((len(shape) for shape in shapes), default=0)
-    result = []
+    rank = max((len(shape) for shape in known), default=0)
+    result: list[tuple[int, tuple[SBPValue, ...]]] = []
     for axis in range(rank):
-        own = [axis - (rank - len(shape)) for shape in shapes]  # each input's axis here (< 0: missing)
-        sized = [k for k, shape in enumerate(shapes) if own[k] >= 0 and shape[own[k]] != 1]
-        if not sized or (len(sized) > 1 and any(shapes[k][own[k]] == -1 for k in sized)):
+        own = [axis - (rank - len(shape)) for shape in known]  # each input's axis here (< 0: missing)
+        sized = [k for k, shape in enumerate(known) if own[k] >= 0 and shape[own[k]] != 1]
+        if not sized or (len(sized) > 1 and any(known[k][own[k]] == -1 for k in sized)):
             continue
-        result.append((axis, tuple(Split(own[k]) if k in sized else broadcast for k in range(len(shapes)))))
+        result.append((axis, tuple(Split(own[k]) if k in sized else broadcast for k in range(len(known)))))
     return result
 
 
-def _all_broadcast(input_names, present, outputs):
+def _all_broadcast(input_names: Iterable[str], present: Iterable[bool], outputs: Iterable[str]) -> Signature:
     return Signature({name: broadcast if here else None for name, here in zip(input_names, present)},
                      {name: broadcast for name in outputs})
 
 
-def _derived_elementwise(op, input_names, specs):
+def _derived_elementwise(op: Op, input_names: Sequence[str], specs: Sequence[TensorSpec | None]) -> list[Signature]:
     shapes = [spec.shape if spec.rank is not None else None for spec in specs if spec is not None]
     index = [k for k, spec in enumerate(specs) if spec is not None]
     signatures = []
     for axis, sbps in elementwise_splits(*shapes):
-        by_input = dict.fromkeys(input_names)
+        by_input: dict[str, SBPValue | None] = dict.fromkeys(input_names)
         for k, sbp in zip(index, sbps):
             by_input[input_names[k]] = sbp
         signatures.append(Signature(by_input, {name: Split(axis) for name in op.outputs}))
     return signatures
 
 
-def _checked(op, entry, input_names, specs, output_specs):
+def _checked(op: Op, entry: object, input_names: Sequence[str], specs: Sequence[TensorSpec | None],
+             output_specs: Callable[[], Sequence[TensorSpec]]) -> Signature:
     """The Signature a declared ``entry`` (a dict name -> SBP) stands for, with axes normalised;
     SchemaError naming the op and the entry for anything wrong.  ``output_specs()`` gives
     the output specs, computed only when an output is split."""
 
-    def fail(problem):
+    def fail(problem: str) -> NoReturn:
         raise SchemaError(f"op '{op.name}': SBP signature {entry!r}: {problem}")
 
     if not isinstance(entry, Mapping):
@@ -207,18 +218,20 @@ def _checked(op, entry, input_names, specs, output_specs):
         if name not in known:
             fail(f"'{name}' is not an input or output of the op (they are: {', '.join(known)})")
 
-    def checked_sbp(name, sbp, spec_of):
+    def checked_sbp(name: str, sbp: object, spec_of: Callable[[], TensorSpec]) -> SBPValue:
         if not isinstance(sbp, SBP):
             fail(f"'{name}' has {sbp!r}; an SBP is split(axis), broadcast or partial_sum")
-        rank = spec_of().rank if isinstance(sbp, Split) else None
-        if rank is None:  # not a split, or an unknown rank: the axis stays as written
+        if not isinstance(sbp, Split):
+            return sbp
+        rank = spec_of().rank
+        if rank is None:  # an unknown rank: the axis stays as written
             return sbp
         if not -rank <= sbp.axis < rank:
             fail(f"split axis {sbp.axis} of '{name}' is out of range for rank {rank} (valid: {-rank}..{rank - 1})"
                  if rank else f"'{name}' is 0-d and cannot be split")
         return Split(sbp.axis % rank)
 
-    inputs = {}
+    inputs: dict[str, SBPValue | None] = {}
     for name, spec in zip(input_names, specs):
         if spec is None:  # an absent optional input takes no part, whatever the entry says
             inputs[name] = None
@@ -226,7 +239,7 @@ def _checked(op, entry, input_names, specs, output_specs):
             fail(f"input '{name}' has no SBP (every input and output needs one)")
         else:
             inputs[name] = checked_sbp(name, entry[name], lambda: spec)
-    outputs = {}
+    outputs: dict[str, SBPValue | None] = {}
     for index, name in enumerate(op.outputs):
         if entry.get(name) is None:
             fail(f"output '{name}' has no SBP (every input and output needs one)")
@@ -234,11 +247,11 @@ def _checked(op, entry, input_names, specs, output_specs):
     return Signature(inputs, outputs)
 
 
-def _input_names(op, count):
+def _input_names(op: Op, count: int) -> list[str]:
     return [op.input_name(k) for k in range(count)]
 
 
-def signatures(op: "Op", specs, attrs=None) -> list[Signature]:
+def signatures(op: Op, specs: Iterable[object], attrs: Mapping[str, object] | None = None) -> list[Signature]:
     """The op's valid SBP signatures for inputs of these specs (TensorSpecs, arrays, None for an
     absent optional input) and attribute values (defaults filled in): the ``elementwise``
     trait's splits, then the op's declared signatures, then all-broadcast for a
@@ -246,39 +259,39 @@ def signatures(op: "Op", specs, attrs=None) -> list[Signature]:
     (0..rank-1) where the rank is known.  A declaration naming an unknown input or output,
     leaving one out, or splitting out of range raises SchemaError.
     """
-    specs = [s if s is None or isinstance(s, TensorSpec) else TensorSpec.of(s) for s in specs]
+    given = [s if s is None or isinstance(s, TensorSpec) else TensorSpec.of(s) for s in specs]
     count = len(op.inputs)
     if op.variadic:
-        count = len(specs)
-    elif len(specs) < count:  # trailing optional inputs left out
-        specs += [None] * (count - len(specs))
-    if len(specs) != count:
-        raise SchemaError(f"op '{op.name}' takes {count} input(s), got {len(specs)} spec(s) for its SBP signatures")
+        count = len(given)
+    elif len(given) < count:  # trailing optional inputs left out
+        given += [None] * (count - len(given))
+    if len(given) != count:
+        raise SchemaError(f"op '{op.name}' takes {count} input(s), got {len(given)} spec(s) for its SBP signatures")
     input_names = _input_names(op, count)
     found = []
     if "elementwise" in op.traits:
-        found += _derived_elementwise(op, input_names, specs)
+        found += _derived_elementwise(op, input_names, given)
     declared = op.sbp_declaration
     if declared is not None:
         resolved = op.resolve_attrs(dict(attrs or {}))
-        entries = declared(*specs, **resolved) if callable(declared) else declared
+        entries = declared(*given, **resolved) if callable(declared) else declared
         if isinstance(entries, Mapping) or not isinstance(entries, (list, tuple)):
             raise SchemaError(f"op '{op.name}': its sbp function must return a list of signatures "
                               f"(dicts of name -> SBP), got {entries!r}")
-        inferred = []
+        inferred: list[TensorSpec] = []
 
-        def output_specs():  # inference runs only when a declaration splits an output
+        def output_specs() -> list[TensorSpec]:  # inference runs only when a declaration splits an output
             if not inferred:
-                inferred.extend(op.infer_specs(specs, resolved))
+                inferred.extend(op.infer_specs(given, resolved))
             return inferred
 
-        found += [_checked(op, entry, input_names, specs, output_specs) for entry in entries]
+        found += [_checked(op, entry, input_names, given, output_specs) for entry in entries]
     if "no_side_effect" in op.traits:
-        found.append(_all_broadcast(input_names, [s is not None for s in specs], op.outputs))
+        found.append(_all_broadcast(input_names, [s is not None for s in given], op.outputs))
     return list(dict.fromkeys(found))
 
 
-def checked_declaration(op: "Op", declaration):
+def checked_declaration(op: Op, declaration: object) -> SBPDeclaration:
     """What ``Op.sbp`` stores: a function ``fn(*input_specs, **attrs) -> [dict, ...]``, or a list
     of dicts (checked now against inputs of unknown rank: names and SBP kinds)."""
     if callable(declaration):

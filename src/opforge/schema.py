@@ -15,6 +15,7 @@ import ast
 import keyword
 import re
 from dataclasses import dataclass
+from typing import NoReturn, cast
 
 from .attrs import ATTR_TYPES, REQUIRED, AttrDef, check_attr
 from .errors import OpforgeError, SchemaError
@@ -28,15 +29,15 @@ _TOKEN = re.compile(r"\s*(?:(?P<arrow>->)|(?P<colons>::)|(?P<name>[A-Za-z_][A-Za
 class ParsedSchema:
     namespace: str | None
     name: str
-    inputs: list
-    attrs: list
-    outputs: list
+    inputs: list[InputDef]
+    attrs: list[AttrDef]
+    outputs: list[str]
 
     @property
-    def qualified_name(self):
+    def qualified_name(self) -> str:
         return f"{self.namespace}::{self.name}" if self.namespace else self.name
 
-    def __str__(self):
+    def __str__(self) -> str:
         """The schema in canonical form: parsing it gives this schema back."""
         params = [("Tensor[]" if i.variadic else "Tensor?" if i.optional else "Tensor") + f" {i.name}"
                   for i in self.inputs]
@@ -52,7 +53,7 @@ class ParsedSchema:
             f"({outputs})" if len(self.outputs) > 1 else outputs)
 
 
-def _literal(value):
+def _literal(value: object) -> str:
     """A default as the schema writes it: lists in brackets, infinities as overflowing literals."""
     if isinstance(value, tuple):
         return "[" + ", ".join(_literal(v) for v in value) + "]"
@@ -62,24 +63,24 @@ def _literal(value):
 
 
 class _Parser:
-    def __init__(self, text):
+    def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
 
-    def fail(self, message, pos=None):
+    def fail(self, message: str, pos: int | None = None) -> NoReturn:
         pos = self.pos if pos is None else pos
         pointer = " " * pos + "^"
         raise SchemaError(f"{message} at column {pos + 1}\n  {self.text}\n  {pointer}")
 
-    def peek(self):
+    def peek(self) -> tuple[str | None, str | None, int]:
         match = _TOKEN.match(self.text, self.pos)
         if match is None:
             return None, None, len(self.text.rstrip()) if self.pos >= len(self.text.rstrip()) else self.pos
-        kind = match.lastgroup
+        kind = cast(str, match.lastgroup)  # every alternative of _TOKEN is a named group
         start = match.start(kind)
         return kind, match.group(kind), start
 
-    def next(self):
+    def next(self) -> tuple[str, str, int]:
         match = _TOKEN.match(self.text, self.pos)
         if match is None:
             if self.text[self.pos:].strip():
@@ -87,22 +88,23 @@ class _Parser:
                 self.fail(f"unexpected character {self.text[start]!r}", start)
             self.fail("unexpected end of schema", len(self.text))
         self.pos = match.end()
-        return match.lastgroup, match.group(match.lastgroup), match.start(match.lastgroup)
+        kind = cast(str, match.lastgroup)
+        return kind, match.group(kind), match.start(kind)
 
-    def expect(self, value):
+    def expect(self, value: str) -> int:
         kind, token, start = self.next()
         if token != value:
             self.fail(f"expected {value!r}, found {token!r}", start)
         return start
 
-    def at(self, value):
+    def at(self, value: str) -> bool:
         return self.peek()[1] == value
 
-    def at_end(self):
+    def at_end(self) -> bool:
         return not self.text[self.pos:].strip()
 
     # type := name ('?' | '[' ']' ('[' ']')?)?
-    def parse_type(self):
+    def parse_type(self) -> tuple[str, int]:
         kind, base, start = self.next()
         if kind != "name":
             self.fail(f"expected a type, found {base!r}", start)
@@ -117,7 +119,7 @@ class _Parser:
                 suffix += "[]"
         return base + suffix, start
 
-    def parse_default(self):
+    def parse_default(self) -> tuple[object, int]:
         depth, start = 0, None
         while True:
             kind, token, pos = self.peek()
@@ -138,11 +140,12 @@ class _Parser:
         except Exception:  # ValueError, SyntaxError, TypeError ({[1]: 2}), RecursionError ([[[[...)
             self.fail(f"default {source!r} is not a literal", start)
 
-    def parse(self):
+    def parse(self) -> ParsedSchema:
         kind, first, start = self.next()
         if kind != "name":
             self.fail("expected the op name", start)
-        namespace, name = None, first
+        namespace: str | None = None
+        name = first
         dotted = [first]  # a namespace may be dotted, as ONNX domains are: "com.example::MyOp"
         while self.at("."):
             self.next()
@@ -160,7 +163,10 @@ class _Parser:
                 self.fail("expected the op name after '::'", start)
             namespace = first
         self.expect("(")
-        inputs, attrs, keyword_only, seen = [], [], False, set()
+        inputs: list[InputDef] = []
+        attrs: list[AttrDef] = []
+        keyword_only = False
+        seen: set[str] = set()
         while not self.at(")"):
             if self.at("*"):
                 self.next()
@@ -213,11 +219,11 @@ class _Parser:
             self.fail(f"unexpected {token!r} after the outputs", start)
         return ParsedSchema(namespace, name, inputs, attrs, outputs)
 
-    def parse_outputs(self):
+    def parse_outputs(self) -> list[str]:
         grouped = self.at("(")
         if grouped:
             self.next()
-        outputs = []
+        outputs: list[str] = []
         while True:
             type_name, start = self.parse_type()
             if type_name != "Tensor":

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, SupportsIndex, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from . import dtypes as _dtypes
 from .errors import ShapeError
@@ -22,8 +25,11 @@ UNKNOWN_RANK = (-2,)
 LAYOUTS = ("ndarray", "nchw16c")
 ALLOWED_DIMS = "dims are ints >= 0 and below 2**63, -1 or None for an unknown dim, or the shape is [-2] (unknown rank)"
 
+#: A shape as a user gives it: ints (None or -1 for an unknown dim), ``[-2]`` or None for an unknown rank.
+ShapeLike: TypeAlias = "Iterable[SupportsIndex | None] | None"
 
-def _dim(d, shape):
+
+def _dim(d: object, shape: Sequence[object]) -> int:
     if type(d) is int and 0 <= d < 2**63:  # the common case, first
         return d
     if d is None:
@@ -37,7 +43,7 @@ def _dim(d, shape):
     return d
 
 
-def normalize_shape(shape) -> tuple[int, ...]:
+def normalize_shape(shape: ShapeLike) -> tuple[int, ...]:
     if shape is None:
         return UNKNOWN_RANK
     try:
@@ -56,11 +62,11 @@ def normalize_shape(shape) -> tuple[int, ...]:
 class TensorSpec:
     """Shape (with -1 / [-2] for unknowns), dtype name and data layout of a tensor."""
 
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str = "float32"
     layout: str = "ndarray"
 
-    def __init__(self, shape, dtype="float32", layout="ndarray"):
+    def __init__(self, shape: ShapeLike, dtype: _dtypes.DTypeLike = "float32", layout: str = "ndarray") -> None:
         object.__setattr__(self, "shape", normalize_shape(shape))
         object.__setattr__(self, "dtype", _dtypes.normalize(dtype))
         if not isinstance(layout, str) or layout not in LAYOUTS:
@@ -68,7 +74,7 @@ class TensorSpec:
         object.__setattr__(self, "layout", layout)
 
     @classmethod
-    def of(cls, array) -> "TensorSpec":
+    def of(cls, array: object) -> TensorSpec:
         """The exact spec of an array-like (anything with .shape and .dtype)."""
         shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
         if shape is None or dtype is None:
@@ -77,7 +83,7 @@ class TensorSpec:
         return cls(shape, dtype)
 
     @property
-    def rank(self):
+    def rank(self) -> int | None:
         """Number of dims, or None when unknown."""
         return None if self.shape == UNKNOWN_RANK else len(self.shape)
 
@@ -92,16 +98,16 @@ class TensorSpec:
         if self.layout == "nchw16c" and len(shape) >= 2:
             shape[1] = -(-shape[1] // 16) * 16
         count = math.prod(shape)  # exact: np.prod would wrap around for huge shapes
-        return count * np.dtype(self.dtype).itemsize
+        return int(count) * np.dtype(self.dtype).itemsize
 
-    def empty(self):
+    def empty(self) -> npt.NDArray[Any]:
         """An uninitialised buffer for this spec: the array itself for ndarray
         layout, the flat physical buffer for blocked layouts."""
         if self.layout == "ndarray":
             return np.empty(self.shape, self.dtype)
         return np.empty(self.nbytes // np.dtype(self.dtype).itemsize, self.dtype)
 
-    def matches(self, shape, dtype=None) -> bool:
+    def matches(self, shape: Iterable[int], dtype: _dtypes.DTypeLike = None) -> bool:
         """Whether a concrete shape (and dtype) is an instance of this spec."""
         if dtype is not None and _dtypes.normalize(dtype) != self.dtype:
             return False
@@ -110,7 +116,7 @@ class TensorSpec:
         shape = tuple(shape)
         return len(shape) == len(self.shape) and all(s == -1 or s == d for s, d in zip(self.shape, shape))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         dims = "unknown rank" if self.rank is None else \
             "[" + ", ".join("?" if d == -1 else str(d) for d in self.shape) + "]"
         layout = "" if self.layout == "ndarray" else f", {self.layout}"

@@ -100,6 +100,12 @@ def _wrong_value(attr):
 
 
 def check_op(op, *inputs, **attrs):
+    """Check ``op`` (an Op, its name or its ``opforge.ops`` function) on these inputs and attributes.
+
+    Returns the list of checks that ran, each a tuple ``(name, ok, detail)``: ``ok`` is True
+    (passed) or None (skipped, ``detail`` says why: a kernel this CPU cannot run, say).  When any
+    check fails it raises ``OpCheckFailure`` listing every failure instead.
+    """
     op = _resolve(op)
     checks, failures = [], []
 

@@ -24,15 +24,17 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import infer as infer_helpers
 from ..errors import OpforgeError, SchemaError
 from ..registry import op as declare
 from ..registry import unregister
+from ..spec import TensorSpec
 
-_INFER_RULES = {"same_as": infer_helpers.same_as, "broadcast": infer_helpers.broadcast,
-                "reduce": infer_helpers.reduce}
+_INFER_RULES: dict[str, Callable[[], Callable[..., TensorSpec]]] = {
+    "same_as": infer_helpers.same_as, "broadcast": infer_helpers.broadcast, "reduce": infer_helpers.reduce}
 _OP_KEYS = {"schema", "doc", "traits", "infer", "kernels", "name"}
 _SOURCE_OPTIONS = ("device", "dtypes", "isa", "layout", "cflags", "include_dirs", "name")
 _PYTHON_OPTIONS = ("device", "dtypes", "isa", "layout", "name")

@@ -26,7 +26,7 @@ from ..spec import TensorSpec
 #: MindSpore's context: its ``device_target`` is where an aot Custom op with
 #: no registered target runs.  ``compat.mindspore.set_context`` writes this
 #: dict; an op reads it when it is made, as in MindSpore.
-CONTEXT = {"device_target": "CPU"}
+CONTEXT: dict[str, object] = {"device_target": "CPU"}
 
 
 def kernel_device(path, target) -> str:

@@ -262,7 +262,7 @@ def same_graph(a, b) -> bool:
     inputs of the same specs, and equal constants."""
     if len(a.nodes) != len(b.nodes) or len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
         return False
-    position = {}
+    position: dict[int, tuple[object, ...]] = {}  # value id -> where it comes from
     for k, (x, y) in enumerate(zip(a.inputs, b.inputs)):
         if x.spec != y.spec:
             return False

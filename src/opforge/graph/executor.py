@@ -50,6 +50,8 @@ def _as_array(value):
 
 
 class Executor:
+    """Runs a graph: one plan (kernels, memory) per input signature, kept for reuse."""
+
     def __init__(self, graph):
         self.graph = graph
         self.plans = BoundedCache(MAX_PLANS)

@@ -215,6 +215,7 @@ class Graph:
 
     # -- JSON (graph.serialize): a loaded graph is validated against the registered ops
     def to_json(self) -> str:
+        """The graph as JSON text (ops by name, constants inline); ``from_json`` reads it back."""
         from .serialize import to_json
 
         return to_json(self)
@@ -234,6 +235,7 @@ class Graph:
 
     @classmethod
     def load(cls, path) -> "Graph":
+        """Read a graph written by ``save``; its ops must be registered."""
         from .serialize import load
 
         return load(path)

@@ -15,6 +15,7 @@ import json
 import os
 import reprlib
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def to_json(graph: Graph) -> str:
 
     nodes = []
     for node in graph.nodes:
-        entry = {"outputs": [value(v) for v in node.outputs]}
+        entry: dict[str, Any] = {"outputs": [value(v) for v in node.outputs]}
         if node.is_constant:
             entry.update(op="constant", value=node.value.tolist(), dtype=str(node.value.dtype))
         else:
@@ -84,11 +85,12 @@ def load(path) -> Graph:
         with open(path, "rb") as handle:
             data = handle.read()
     except (OSError, ValueError) as error:  # ValueError: a NUL in the path
-        raise GraphError(f"cannot read graph file '{path}': {getattr(error, 'strerror', None) or error}") from None
+        raise GraphError(f"cannot read graph file '{os.fsdecode(path)}': "
+                         f"{getattr(error, 'strerror', None) or error}") from None
     try:
         return from_json(data)
     except GraphError as error:
-        raise GraphError(f"graph file '{path}': {error}") from None
+        raise GraphError(f"graph file '{os.fsdecode(path)}': {error}") from None
 
 
 def from_json(source) -> Graph:
@@ -123,7 +125,7 @@ def _unique_keys(pairs):
 
 _VALUE_KEYS = ({"name", "shape", "dtype"}, {"layout"})
 _GRAPH_KEYS = ({"name", "inputs", "nodes", "outputs"}, {"format", "tuple_output"})
-_CONSTANT_KEYS = ({"op", "outputs", "value", "dtype"}, set())
+_CONSTANT_KEYS: tuple[set[str], set[str]] = ({"op", "outputs", "value", "dtype"}, set())
 _NODE_KEYS = ({"op", "inputs", "outputs"}, {"attrs", "kernel"})
 
 

@@ -19,6 +19,7 @@ import ctypes
 import functools
 import threading
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +44,7 @@ TARGET = "opforge_call"
 _NO_PLAN = 0xFFFFFFFF
 _lock = threading.Lock()
 _library = None
-_plans_kept = []  # every BufferPlan a custom call may name: the handler reads their Init state
+_plans_kept: list[BufferPlan] = []  # every BufferPlan a custom call may name: the handler reads their Init state
 
 
 def library():
@@ -81,7 +82,7 @@ def _several_devices() -> bool:
     return len(jax.devices()) > 1
 
 
-def _take_attr_error_address() -> int:
+def _take_attr_error_address() -> int | None:
     return ctypes.cast(ctypes.CDLL(_native.__file__).opforge_take_attr_error, ctypes.c_void_p).value
 
 
@@ -140,7 +141,8 @@ def _add(plan) -> int:
 
     lib = library()
     sizes = (ctypes.c_int64 * max(len(plan.workspace), 1))(*plan.workspace)
-    last_error = memset = 0
+    last_error = 0
+    memset: int | None = 0  # cudaMemsetAsync's address on a GPU
     if plan.device == "gpu":
         last_error = cuda.last_error_address()
         memset = ctypes.cast(cuda.runtime().cudaMemsetAsync, ctypes.c_void_p).value
@@ -217,7 +219,7 @@ def call(op, attrs, args):
     return apply(*args)
 
 
-_graphs = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
+_graphs: BoundedCache[tuple[object, ...], Any] = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
 
 
 def _gradients(op, attrs, xs, outs, douts):

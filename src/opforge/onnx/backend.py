@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 import onnx
@@ -46,7 +47,7 @@ class OpforgeRep(BackendRep):
         self.output_names = [o.name for o in model.graph.output]
         self._bindable = _bindable_inputs(model, self.input_names)
         self._bound: tuple[str, ...] | None = None  # the inputs bound at load time, once found
-        self._graphs = BoundedCache(_GRAPHS_PER_MODEL)
+        self._graphs: BoundedCache[Any, Any] = BoundedCache(_GRAPHS_PER_MODEL)
         self._lock = threading.Lock()
 
     def run(self, inputs, **kwargs):

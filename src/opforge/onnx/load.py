@@ -90,7 +90,8 @@ def attribute_values(node, what) -> tuple[dict, dict]:
     """({name: Python value}, {name: ONNX type name}) of a node's attributes."""
     import onnx
 
-    values, types = {}, {}
+    values: dict[str, object] = {}
+    types: dict[str, str] = {}
     kinds = onnx.AttributeProto.AttributeType
     for attr in node.attribute:
         kind = kinds.Name(attr.type) if attr.type in kinds.values() else str(attr.type)

@@ -57,7 +57,7 @@ def _arity(function):
     return counts
 
 
-_ARITY = weakref.WeakKeyDictionary()
+_ARITY: weakref.WeakKeyDictionary[Callable[..., object], tuple[int, int | None]] = weakref.WeakKeyDictionary()
 
 
 _CONVERTERS: dict[tuple[str, str], list[Converter]] = {}

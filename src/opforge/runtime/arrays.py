@@ -17,6 +17,7 @@ ask it for its current stream (``runtime.cuda``).
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
 DEVICE_NAMES = {CPU: "cpu", CUDA: "cuda", CUDA_HOST: "cuda_host", CUDA_MANAGED: "cuda_managed", 10: "rocm"}
 HOST = (CPU, 0)
 
-_kinds = {}  # array type -> (kind name, its library's from_dlpack)
+_kinds: dict[type, tuple[str, Any]] = {}  # array type -> (kind name, its library's from_dlpack)
 
 
 def device_name(device) -> str:

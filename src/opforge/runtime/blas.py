@@ -85,8 +85,9 @@ def set_num_threads(n: int) -> None:
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise OpforgeError(f"set_num_threads takes a positive int, got {n!r}")
-    if load() is not None:
-        _handle.scipy_openblas_set_num_threads(n)
+    handle = load()
+    if handle is not None:
+        handle.scipy_openblas_set_num_threads(n)
 
 
 def follow_pool(n: int) -> None:

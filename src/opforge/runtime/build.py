@@ -252,10 +252,10 @@ def build(source, *, extra_cflags: Iterable[str] | str = (), include_dirs: Itera
     overrides ``cxx11_abi``.  ``force=True`` rebuilds even when the entry looks
     valid (for example after the dynamic loader rejected it).
 
-    Raises :class:`CompileError` when the compiler fails,
-    :class:`CompilerNotFoundError` when there is none,
-    :class:`KernelSourceError` when ``source`` does not exist,
-    :class:`CacheError` when the cache folder cannot be used, :class:`BuildError`
+    Raises ``CompileError`` when the compiler fails,
+    ``CompilerNotFoundError`` when there is none,
+    ``KernelSourceError`` when ``source`` does not exist,
+    ``CacheError`` when the cache folder cannot be used, ``BuildError``
     for a path that is not a kernel source (load it as a prebuilt library instead)
     or an unreadable ``cuda_arch``.
     """

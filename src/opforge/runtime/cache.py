@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -126,7 +127,7 @@ def file_lock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)  # closing drops the lock
 
 
-if os.name == "nt":  # pragma: no cover - exercised on Windows only
+if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
 
     def _lock_fd(fd: int, blocking: bool) -> bool:

@@ -28,6 +28,7 @@ def set_checks(enabled: bool = True):
 
 
 def checks_enabled() -> bool:
+    """Whether checked mode is on (``set_checks``, ``OPFORGE_CHECK=1``)."""
     return _native.checked()
 
 

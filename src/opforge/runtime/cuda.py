@@ -33,6 +33,7 @@ import glob
 import os
 import sys
 import threading
+from typing import cast
 
 import numpy as np
 
@@ -66,7 +67,7 @@ STICKY_ERRORS = {
 _lock = threading.Lock()
 _local = threading.local()  # .stream: the opforge.cuda.stream override; .device: on_device's device
 _runtime = None
-_pools: dict = {}  # device -> opforge's memory pool there
+_pools: dict[int, int] = {}  # device -> opforge's memory pool there
 _pinned_free: dict = {}  # bucket size -> pinned host pointers ready for reuse
 _pinned_pending: list = []  # (event, size, pointer): staging buffers an asynchronous copy may still read
 _constants: dict = {}  # (device, dtype, bytes) -> [device pointer, event of its upload or None once done]
@@ -153,6 +154,7 @@ def device_count() -> int:
 
 
 def is_available() -> bool:
+    """True when the CUDA runtime loads and sees at least one device."""
     return device_count() > 0
 
 
@@ -495,7 +497,8 @@ def memory_pool(device_id=0) -> int:
                    f"cudaMemPoolCreate(device {device_id})")
             _check(lib.cudaMemPoolSetAttribute(handle, _RELEASE_THRESHOLD, ctypes.byref(_KEEP_EVERYTHING)),
                    "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)")
-            pool = _pools[device_id] = handle.value  # never destroyed: its memory may outlive any caller
+            # never destroyed: its memory may outlive any caller; non-NULL, as the create succeeded
+            pool = _pools[device_id] = cast(int, handle.value)
     return pool
 
 

@@ -70,9 +70,9 @@ def detect_cuda_arch() -> str:
             return arch
     except (OSError, ValueError):
         pass
-    arch = _probe_cuda_arch()
-    found = arch is not None
-    arch = arch or DEFAULT_CUDA_ARCH
+    probed = _probe_cuda_arch()
+    found = probed is not None
+    arch = probed or DEFAULT_CUDA_ARCH
     _arch_memo[fingerprint] = arch
     if found:
         with contextlib.suppress(OSError):

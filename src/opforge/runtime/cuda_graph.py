@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Any
 
 from ..errors import CudaError
 from . import cuda
@@ -40,7 +41,7 @@ _CAPTURE_INVALIDATED = 2  # cudaStreamCaptureStatusInvalidated
 CAPTURE_ERRORS = frozenset(range(900, 909))
 
 _lock = threading.Lock()  # one capture at a time in this process: the private streams are shared
-_state = {"lib": None, "streams": {}, "instantiate": None}
+_state: dict[str, Any] = {"lib": None, "streams": {}, "instantiate": None}
 
 
 class CaptureUnsupported(CudaError):

@@ -9,6 +9,8 @@ hands the launcher a plan for that signature.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from .cpu import isa_rank, isa_reject_reason
 #: Functions ``(op, attrs, args) -> result or NotImplemented`` consulted when a
 #: call's arguments are not all plain arrays; layers above the runtime (the
 #: graph tracer) register here, so every op call has one entry point.
-INTERCEPTORS = []
+INTERCEPTORS: list[Callable[..., Any]] = []
 
 
 class Completed:

@@ -60,7 +60,7 @@ class Library:
         self.path = path
         self.cxx11_abi = cxx11_abi
         self.handle = handle  # the ctypes.CDLL; keeps the library mapped
-        self._addresses: dict[str, int] = {}
+        self._addresses: dict[str, int | None] = {}  # None: a symbol at address 0
         self._exported: list[str] | None = None
 
     def __repr__(self) -> str:

@@ -37,6 +37,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from .build import ABI_VERSION, BuiltLibrary, _local_headers
 from .cache import TMP_PREFIX, atomic_write, sha256_file
@@ -64,7 +66,7 @@ def declared_by_builtins() -> bool:
     modules decides, so a user's op (declared from user code, a YAML file or an
     ONNX model) is never a built-in, whatever its source says.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__") or ""
         if name == BUILTINS or name.startswith(BUILTINS + "."):
@@ -215,7 +217,7 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     pairs = builtin_kernels() if kernels is None else list(kernels)
-    wanted = {}  # key -> (op, kernel): identical variants compile once
+    wanted: dict[str, tuple[Any, Any]] = {}  # key -> (op, kernel): identical variants compile once
     for op, kernel in pairs:
         key = kernel_key(kernel)
         if key is not None:

@@ -73,7 +73,7 @@ def reason():
     return _reason
 
 
-def take_attr_error_address() -> int:
+def take_attr_error_address() -> int | None:
     """Address of ``_native``'s ``opforge_take_attr_error``, which the C++ path calls around kernels."""
     return ctypes.cast(ctypes.CDLL(_native.__file__).opforge_take_attr_error, ctypes.c_void_p).value
 

@@ -46,8 +46,8 @@ def _literal(value) -> str | None:
     if isinstance(value, str):
         return "'" + value + "'" if "'" not in value and "\\" not in value else None
     if isinstance(value, tuple):
-        items = [_literal(v) for v in value]
-        return None if None in items else "[" + ", ".join(items) + "]"
+        items = [item for item in map(_literal, value) if item is not None]
+        return "[" + ", ".join(items) + "]" if len(items) == len(value) else None
     return None
 
 

@@ -17,7 +17,7 @@ class _BuiltinPrimitive:
     """A MindSpore primitive backed by the opforge built-in op ``builtin``:
     Tensors in give Tensors out, arrays give arrays, traced values trace."""
 
-    builtin = None
+    builtin: str | None = None  # the built-in op's name, set by each subclass
 
     def __call__(self, x, y):
         op = lookup(self.builtin)

@@ -1,0 +1,16 @@
+# Types of the C extension built from csrc/.  Only OpBase (the base of opforge.Op) is spelled out: the rest is
+# runtime plumbing reached through opforge.runtime, typed Any here.
+from collections.abc import Callable
+from typing import Any
+
+class OpBase:
+    """C base of opforge.Op: the call path."""
+
+    _default_launcher: Callable[..., Any] | None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def _forget_keyword_calls(self) -> None: ...
+
+def checked() -> bool: ...
+def set_checked(flag: bool, /) -> None: ...
+def __getattr__(name: str) -> Any: ...
