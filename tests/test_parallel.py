@@ -55,9 +55,14 @@ def threads():
 def test_ranges_run_on_every_thread_and_cover_the_range_once(who_wrote, threads):
     x = np.arange(64.0)
     threads(2)
-    y = who_wrote(x)
-    writers = (y - x) / 100
-    assert set(writers.tolist()) == {0.0, 1.0}  # the caller and the worker
+    seen = set()
+    for _ in range(20):  # a busy machine may leave one thread descheduled for a whole call: try again
+        writers = (who_wrote(x) - x) / 100
+        assert set(writers.tolist()) <= {0.0, 1.0}  # every element written, by the caller or the worker
+        seen |= set(writers.tolist())
+        if seen == {0.0, 1.0}:
+            break
+    assert seen == {0.0, 1.0}  # both took ranges
     threads(1)
     np.testing.assert_array_equal(who_wrote(x), x)  # serial: all by the caller
 
