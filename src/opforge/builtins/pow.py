@@ -3,11 +3,13 @@
 Floating-point only: integer powers overflow or (negative exponents) leave
 the integers.  The CPU kernel compiles add.py's broadcasting source with
 vecmath.h's pow, per float dtype and instruction set: e^(b log|a|) with
-log|a| carried beyond the element type's precision (float: log and exp in
-double; double: log|a| and b log|a| in double-double), since an error e in
-b log|a| is an error e relative to the result.  A scalar exponent of 0, 1,
-2, -1 or 0.5 takes a shortcut (1, a, a * a, 1 / a, sqrt(a) with pow's
-values at -0.0 and -inf), each correctly rounded.  Zeros, infinities, NaN and
+log|a| carried beyond the element type's precision (float: 2^(b log2|a|) in
+double, by short polynomials without tables; double: log|a| and b log|a| in
+double-double), since an error e in b log|a| is an error e relative to the
+result.  The special values' selects run only for blocks of 256 elements
+that hold one (VecPow).  A scalar exponent of 0, 1, 2, -1 or 0.5 takes a
+shortcut (1, a, a * a, 1 / a, sqrt(a) with pow's values at -0.0 and -inf),
+each correctly rounded.  Zeros, infinities, NaN and
 negative bases (NaN unless b is an integer; a's sign for odd b) as NumPy.
 
 Accuracy (max error over a dense sweep of bases and exponents, the results
@@ -48,8 +50,10 @@ def pow_grad(saved, dy):
     return sum_to(da, a), sum_to(db, b)
 
 
-# add.py's broadcasting source, its Span (one run of elements) wrapped so that
-# a run with one exponent for all checks that exponent for a shortcut first.
+# add.py's broadcasting source with its Span (one run of elements) replaced:
+# a run with one exponent for all checks that exponent for a shortcut first,
+# and the others go to vecmath.h's VecPow (the special values only for blocks
+# that hold one).
 POW_SPAN = r"""
 static void Span(const T *a, int64_t ia, const T *b, int64_t ib, Y *y, int64_t n) {
   if (ia == 1 && ib == 0) {
@@ -76,13 +80,13 @@ static void Span(const T *a, int64_t ia, const T *b, int64_t ib, Y *y, int64_t n
       return;
     }
   }
-  AnySpan(a, ia, b, ib, y, n);
+  vecmath::VecPow(a, ia, b, ib, y, n);
 }
 """
 POW_CC = ("#include <cmath>\n#include \"vecmath.h\"\n#define OPFORGE_BINARY(x, y) vecmath::Pow((x), (y))\n" +
-          BINARY_BROADCAST.replace("static void Span(", "static void AnySpan(", 1)
+          BINARY_BROADCAST.replace("static void Span(", "[[maybe_unused]] static void ElementSpan(", 1)
           .replace('extern "C" int Binary(', POW_SPAN + 'extern "C" int Binary(', 1))
-assert POW_CC.count("AnySpan(") == 2
+assert POW_CC.count("ElementSpan(") == 1 and POW_CC.count("static void Span(") == 1
 for _isa in VECMATH_ISAS:  # (-fno-math-errno: std::sqrt becomes the instruction, vectorized)
     pow.kernel(function="Binary", code=POW_CC, dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
                name="Pow", isa=_isa, include_dirs=VECMATH["include_dirs"],

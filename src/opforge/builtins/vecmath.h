@@ -327,7 +327,9 @@ VECMATH_INLINE double Log(double x) {
 // pow(a, b) = e^(b log|a|) with a's sign for odd integer b.  A rounding error
 // e in b log|a| is an error e relative to the result, and |b log|a|| reaches
 // 745, so log|a| must be far more precise than the element type:
-//  - float: log and exp in double (b log|a| then carries ~2^-45 at most);
+//  - float: 2^(b log2|a|) in double, each side as short as the precision
+//    needed allows (see Log2Wide and Exp2Wide: b log2|a| then carries below
+//    2^-30 of error where the result is neither 0 nor inf);
 //  - double: log|a| in double-double (relative error below 2^-66), from
 //    t = (m - 1) / (m + 1), log m = 2t + t^3 (2/3 + w T(w)), w = t^2, and
 //    b log|a| as a double-double product fed to exp as hi + lo.
@@ -402,14 +404,45 @@ VECMATH_INLINE T PowFinish(T a, T b, T mag) {
   return a == T(1) ? T(1) : r;
 }
 
-VECMATH_INLINE float Pow(float a, float b) {
-  const float x = Abs(a);
-  double safe = x < std::numeric_limits<float>::infinity() ? double(x) : 1.0;
-  safe = x > 0.0f ? safe : 1.0;
-  return PowFinish(a, b, float(Exp(double(b) * Log(safe))));
+// log2 x in double for a float x > 0 finite (other x give a finite or NaN
+// value, never UB): x = 2^k m, m in [sqrt(1/2), sqrt(2)) from x's bits (a
+// subnormal x scaled into the normals first), f = m - 1 and s = f / (2 + f)
+// exact but for the division's rounding, log2 m = s P(s^2) with P fitted on
+// s's range (relative error 2^-37.8, no table: gathers cost more than the
+// division on the CPUs this runs on).
+VECMATH_INLINE double Log2Wide(float x) {
+  const bool tiny = x < Traits<float>::kMinNormal;
+  const int32_t bits = Bits(x * (tiny ? 8388608.0f : 1.0f));  // (x 2^23: a product, not a select of two values)
+  const int32_t shifted = bits - 0x3f3504f3;                    // sqrt(1/2)'s bits
+  const double m = double(FromBits<float>(bits - (shifted & int32_t(0xff800000))));
+  const double k = double((shifted >> 23) - (tiny ? 23 : 0));
+  const double f = m - 1.0, s = f / (2.0 + f);
+  return k + s * Horner(s * s, 0.3407251983335025, 0.411672992266064, 0.5770835802285016, 0.9617966733679494,
+                        2.8853900817900637);
 }
 
-VECMATH_INLINE double Pow(double a, double b) {
+// 2^y in double for y where a float result is neither 0 nor inf (clamped
+// beyond: 2^-160 rounds to 0 in float, 2^130 to inf): y = n + r, |r| <= 1/2
+// exact, 2^r - 1 = r Q(r) with Q fitted on [-1/2, 1/2] (relative error
+// 2^-33), 2^n from its bits (every n here is a normal double's exponent).
+VECMATH_INLINE double Exp2Wide(double y) {
+  y = y < 130.0 ? y : 130.0;  // (as written, min and max instructions; a NaN y is PowFinish's to replace)
+  y = y > -160.0 ? y : -160.0;
+  const double t = y + Traits<double>::kShift;
+  const int64_t n = Bits(t) - Bits(Traits<double>::kShift);
+  const double r = y - (t - Traits<double>::kShift);
+  const double q = r * Horner(r, 1.5303702451919612e-05, 0.00015461447461298118, 0.0013333478467158547,
+                              0.009618056669891503, 0.05550410906331985, 0.24022650922342711, 0.6931471805568316);
+  const double scale = Pow2<double>(n);
+  return Fma(scale, q, scale);
+}
+
+// |a|^b for 0 < |a| < inf and b finite, where it is PowFinish's answer as it
+// stands (b = 0 and a = 1 give exactly 1: log of 1 is exactly 0); elsewhere
+// a value PowFinish replaces.
+VECMATH_INLINE float PowMagnitude(float a, float b) { return float(Exp2Wide(double(b) * Log2Wide(Abs(a)))); }
+
+VECMATH_INLINE double PowMagnitude(double a, double b) {
   const double x = Abs(a);
   double safe = x < std::numeric_limits<double>::infinity() ? x : 1.0;
   safe = x > 0.0 ? safe : 1.0;
@@ -417,7 +450,55 @@ VECMATH_INLINE double Pow(double a, double b) {
   LogExtended(safe, lh, ll);
   Product(b, lh, yh, yl);
   yl += b * ll;
-  return PowFinish(a, b, ExpParts<double>(yh, yl).Times(1.0));
+  return ExpParts<double>(yh, yl).Times(1.0);
+}
+
+VECMATH_INLINE float Pow(float a, float b) { return PowFinish(a, b, PowMagnitude(a, b)); }
+VECMATH_INLINE double Pow(double a, double b) { return PowFinish(a, b, PowMagnitude(a, b)); }
+
+
+// y[i] = Pow(a[i * ia], b[i * ib]) for i < n, IA and IB the steps when known
+// at compile time (0 or 1; -1: ia and ib).  The special values cost PowFinish
+// about a third of the time, so each block of elements looks for one first
+// and the blocks without (nearly all) skip it; results are Pow's either way.
+// y may be a or b.
+template <int IA, int IB, typename T>
+inline void VecPowSteps(const T *a, int64_t ia, const T *b, int64_t ib, T *y, int64_t n) {
+  if (IA >= 0) ia = IA;
+  if (IB >= 0) ib = IB;
+  typedef typename std::make_unsigned<typename Traits<T>::Int>::type Unsigned;
+  const Unsigned inf = Unsigned(Bits(std::numeric_limits<T>::infinity()));
+  constexpr int64_t kBlock = 256;
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t hi = lo + kBlock < n ? lo + kBlock : n;
+    // PowMagnitude stands where 0 < a < inf (a's bits less 1 below inf's less
+    // 1, as unsigned) and b is finite (b's bits without the sign below inf's):
+    // two max reductions, the cheapest test that vectorizes.
+    Unsigned worst_a = 0, worst_b = 0;
+    for (int64_t i = lo; i < hi; i++) {
+      const Unsigned ua = Unsigned(Bits(a[i * ia])) - 1, ub = Unsigned(Bits(b[i * ib])) << 1;
+      worst_a = ua > worst_a ? ua : worst_a;
+      worst_b = ub > worst_b ? ub : worst_b;
+    }
+    if (worst_a >= inf - 1 || worst_b >= inf << 1) {
+      for (int64_t i = lo; i < hi; i++) y[i] = Pow(a[i * ia], b[i * ib]);
+    } else {
+      for (int64_t i = lo; i < hi; i++) y[i] = PowMagnitude(a[i * ia], b[i * ib]);
+    }
+  }
+}
+
+template <typename T>
+inline void VecPow(const T *a, int64_t ia, const T *b, int64_t ib, T *y, int64_t n) {
+  if (ia == 1 && ib == 1) {
+    VecPowSteps<1, 1>(a, ia, b, ib, y, n);
+  } else if (ia == 1 && ib == 0) {
+    VecPowSteps<1, 0>(a, ia, b, ib, y, n);
+  } else if (ia == 0 && ib == 1) {
+    VecPowSteps<0, 1>(a, ia, b, ib, y, n);
+  } else {
+    VecPowSteps<-1, -1>(a, ia, b, ib, y, n);
+  }
 }
 
 // tanh|x| = -u / (u + 2) with u = expm1(-2|x|) in (-1, 0]: no cancellation
