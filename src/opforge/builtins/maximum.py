@@ -38,8 +38,9 @@ def maximum_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(db, saved.b)
 
 
-maximum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
-               dtypes=[(d, d) for d in NUMERIC], name="Maximum",
-               cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])
+for _isa in (None, "avx2", "avx512"):  # wider vectors for the NaN-aware select
+    maximum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
+                   dtypes=[(d, d) for d in NUMERIC], name="Maximum", isa=_isa,
+                   cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) > (y) ? (x) : (y))"])
 maximum.kernel(source=gpu_source("elementwise.cu", "MaximumGpu"), device="gpu",
                dtypes=same_dtypes(GPU_NUMERIC, inputs=2))

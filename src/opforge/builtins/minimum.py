@@ -29,8 +29,9 @@ def minimum_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(db, saved.b)
 
 
-minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
-               dtypes=[(d, d) for d in NUMERIC], name="Minimum",
-               cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])
+for _isa in (None, "avx2", "avx512"):  # wider vectors for the NaN-aware select
+    minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
+                   dtypes=[(d, d) for d in NUMERIC], name="Minimum", isa=_isa,
+                   cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])
 minimum.kernel(source=gpu_source("elementwise.cu", "MinimumGpu"), device="gpu",
                dtypes=same_dtypes(GPU_NUMERIC, inputs=2))
