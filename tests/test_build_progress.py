@@ -69,3 +69,43 @@ def test_the_record_reaches_the_application_s_handlers_even_when_quiet(fresh, ev
         twice(fresh)(np.ones(1, np.float32))
     assert capfd.readouterr().err == ""
     assert any("compiled op 'progress::twice', kernel Twice<float32>" in r.getMessage() for r in caplog.records)
+
+
+def test_long_loops_report_progress_and_short_ones_stay_silent(capfd, monkeypatch):
+    from opforge.runtime.progress import Progress
+
+    monkeypatch.delenv("OPFORGE_QUIET", raising=False)
+    quick = Progress("quick", 3)  # ends well within a second: silent
+    for k in range(3):
+        quick.step(k)
+    quick.close()
+    assert capfd.readouterr().err == ""
+    slow = Progress("converting model 'm'", 3, after=0.0, every=0.0)
+    for k in range(3):
+        slow.step(k)
+    slow.close()
+    lines = capfd.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines[:3]] == [f"opforge: converting model 'm': {k}/3" for k in range(3)]
+    assert lines[3].startswith("opforge: converting model 'm': 3/3 done in ")
+
+
+def test_an_onnx_conversion_reports_its_nodes(capfd, monkeypatch):
+    import functools
+    import sys
+
+    from onnx import TensorProto, helper
+
+    import opforge.onnx
+    from opforge.runtime.progress import Progress
+
+    load_module = sys.modules["opforge.onnx.load"]  # (opforge.onnx.load is the function)
+
+    monkeypatch.delenv("OPFORGE_QUIET", raising=False)
+    monkeypatch.setattr(load_module, "Progress", functools.partial(Progress, after=0.0, every=0.0))
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    loaded = opforge.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert loaded(np.array([-1.0, 2.0], np.float32)).tolist() == [0.0, -2.0]
+    err = capfd.readouterr().err
+    assert "opforge: converting model 'two': 1/2" in err and "opforge: converting model 'two': 2/2 done" in err

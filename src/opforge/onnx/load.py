@@ -17,6 +17,7 @@ import numpy as np
 from ..dtypes import ABI_DTYPES
 from ..errors import ModelError, OpforgeError, UnsupportedOpError
 from ..graph import trace
+from ..runtime.progress import Progress
 from ..spec import TensorSpec
 from . import converters
 from .registry import NodeContext, find_converter, normalize_domain
@@ -310,7 +311,9 @@ def load(model, *, constants=None):
         for name, tensor in plan.initializers.items():
             label = f"model '{plan.name}': initializer '{name}'"
             env[name] = _sparse_to_dense(tensor, label) if hasattr(tensor, "values") else _array(tensor, label)
+        progress = Progress(f"converting model '{plan.name}'", len(plan.nodes))
         for index, ((label, domain, node), entry) in enumerate(zip(plan.nodes, chosen)):
+            progress.step(index)
             attrs, types = attribute_values(node, f"model '{plan.name}': {label}")
             ctx = NodeContext(name=node.name or str(index), op_type=node.op_type, domain=domain,
                               opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
@@ -330,6 +333,7 @@ def load(model, *, constants=None):
                 if hasattr(value, "spec") and _is_placeholder(getattr(value, "name", None)):
                     value.name = name
                 env[name] = value
+        progress.close()
         _name_constants(env)
         return tuple(env[name] for name in plan.outputs)
 
