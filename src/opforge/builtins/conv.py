@@ -6,22 +6,25 @@
 Output dim: ``(in + pad_begin + pad_end - ((k - 1) * d + 1)) / s + 1``,
 rounded down.  ONNX's ``auto_pad`` is resolved into pads by the converter.
 
-The kernel copies each group's input windows into a workspace matrix
-(im2col: C/group * prod(kernel) rows, one column per output position) and
-multiplies it by the weights with OpenBLAS's gemm (im2col runs on opforge's
-pool, a range of channels each); a 1 x 1 convolution with stride 1 and no
+The kernel copies each group's input windows into a matrix (im2col: C/group
+* prod(kernel) rows, one column per output position) and multiplies it by the
+weights with OpenBLAS's gemm; a 1 x 1 convolution with stride 1 and no
 padding multiplies the input directly, and a depthwise one (a channel per
 group) adds the weighted windows without a product: in 2-d from a zero-padded
-copy of each plane split into stride phases, the planes on the pool.  A
-batch_norm after a conv is folded into its weights by the graph pass
-``fold_batch_norm_into_conv``.  The workspace size
-comes from the kernel's Init, which also keeps the geometry for the calls:
-up to 8 MiB, so large inputs make their columns a block of output rows at a
-time.
+copy of each plane split into stride phases, the planes on the pool.  The
+products are cut into tasks for opforge's pool -- a block of output
+positions (its columns about 1 MiB, made in a per-thread buffer, still in
+cache for the gemm) times, where there are few blocks, a part of the output
+channels -- each calling OpenBLAS on its own thread: a free thread takes
+what a busy one leaves, where OpenBLAS's own threads would wait for each
+other.  How the work is cut depends on the shapes only, so the results are
+the same on any number of threads.  A batch_norm after a conv is folded into
+its weights by the graph pass ``fold_batch_norm_into_conv``.
 Where OpenBLAS is missing the NumPy reference runs.
 
 The gradient: dx is ``conv_transpose`` of dy, dw is ``conv_weight_grad``
-(the same im2col, multiplied by dy), db sums dy.
+(the same im2col, multiplied by dy; its tasks are blocks of dw, each summed
+over the batch in a fixed order), db sums dy.
 """
 import numpy as np
 
@@ -176,6 +179,7 @@ CONV_COMMON = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge/parallel.h"
 #include "opforge_blas.h"
 
 typedef OPFORGE_T T;
@@ -185,13 +189,73 @@ struct ConvGeometry : AotKernelData {
   std::vector<int64_t> in, out, kernel, stride, pad, dilation;  // pad: the begin pads
   int64_t group = 1, in_size = 1, out_size = 1, kernel_size = 1;
   int64_t last_out = 1, outer = 1;  // out's last dim; how many runs of it make out (its other dims)
-  int64_t block = 1;  // how many of those runs the workspace holds: the columns matrix is made a block at a time
   bool direct = true;  // 1 x 1 kernel, stride 1, no padding: the columns matrix is the image itself
 };
 
-#ifndef OPFORGE_CONV_COLUMN_BYTES
-#define OPFORGE_CONV_COLUMN_BYTES (8 << 20)  // the workspace's size, unless one run of columns needs more
+// The products are cut into independent tasks that opforge's pool hands to whichever thread is free,
+// each running OpenBLAS on its own thread (SerialBlas): on cores shared with other work this keeps
+// both threads busy, where OpenBLAS's threads wait for one another inside every product.  A task's
+// columns (im2col) are a block of about OPFORGE_CONV_BLOCK_BYTES, so they are still in cache when its
+// gemm reads them.  How the work is cut depends on the shapes only, never on the thread count: every
+// sum is added in the same order on any number of threads.
+#ifndef OPFORGE_CONV_BLOCK_BYTES
+#define OPFORGE_CONV_BLOCK_BYTES (1 << 20)
 #endif
+static const int64_t kTasks = 16;  // cut finer (more channel blocks) while there are fewer tasks than this
+static const int64_t kTaskWork = 1 << 16;  // multiply-adds worth handing to another thread
+static const int64_t kSumBlockBytes = 2 << 20;  // conv_weight_grad's blocks (see there)
+
+// How many runs of last_out columns make a block of a columns matrix with `rows` rows (of about `bytes`).
+static int64_t RunsPerBlock(const ConvGeometry &g, int64_t rows, int64_t bytes = OPFORGE_CONV_BLOCK_BYTES) {
+  const int64_t run_bytes = std::max<int64_t>(1, rows * g.last_out * int64_t(sizeof(T)));
+  return std::max<int64_t>(1, std::min(g.outer, bytes / run_bytes));
+}
+
+// Into how many parts of at least `least` to cut a range of n so that `tasks` tasks become about `target`.
+static int64_t Parts(int64_t n, int64_t tasks, int64_t least, int64_t target = kTasks) {
+  if (tasks >= target || tasks < 1) return 1;
+  return std::max<int64_t>(1, std::min((target + tasks - 1) / tasks, n / std::max<int64_t>(least, 1)));
+}
+
+// A per-thread buffer of at least n elements, kept for the thread's next tasks.
+static T *Scratch(int64_t n) {
+  static thread_local std::vector<T> buffer;
+  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
+  return buffer.data();
+}
+
+extern "C" {
+int scipy_openblas_get_num_threads(void);
+void scipy_openblas_set_num_threads(int);
+}
+
+// OpenBLAS on its caller's thread only while the pool runs the tasks (when `parallel`): tasks on two
+// threads calling a threaded gemm at once would fight over OpenBLAS's threads.  It gets its count back
+// unless someone set another meanwhile.
+class SerialBlas {
+ public:
+  explicit SerialBlas(bool parallel) : before_(parallel ? scipy_openblas_get_num_threads() : 1) {
+    if (before_ > 1) scipy_openblas_set_num_threads(1);
+  }
+  ~SerialBlas() {
+    if (before_ > 1 && scipy_openblas_get_num_threads() == 1) scipy_openblas_set_num_threads(before_);
+  }
+  SerialBlas(const SerialBlas &) = delete;
+  SerialBlas &operator=(const SerialBlas &) = delete;
+
+ private:
+  const int before_;
+};
+
+// Runs task(t) for t in [0, tasks) on the pool, OpenBLAS serial meanwhile; `work` is one task's.
+template <typename F>
+static void RunTasks(int64_t tasks, int64_t work, F task) {
+  const int64_t grain = std::max<int64_t>(1, kTaskWork / std::max<int64_t>(work, 1));
+  SerialBlas serial(tasks > grain && opforge::num_threads() > 1);
+  opforge::parallel_for(0, tasks, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; t++) task(t);
+  });
+}
 
 // Fills g from the image dims, the columns' output dims, the kernel dims and the op's attributes;
 // false when they do not fit together (out is what a convolution of the image gives; up to that when
@@ -230,9 +294,8 @@ static bool MakeGeometry(ConvGeometry *g, const int64_t *in, const int64_t *out,
 }
 
 // The common part of the Inits: the geometry from the image, columns and kernel shapes (each N x C x
-// spatial or its like; a convolution's unless !exact), kept as the signature's kernel data, and a
-// columns matrix of channels(g) image channels as the workspace.  channels(g) is -1 when the op's
-// channel counts do not fit g's group.
+// spatial or its like; a convolution's unless !exact), kept as the signature's kernel data.
+// channels(g) is -1 when the op's channel counts do not fit g's group.
 template <typename Channels>
 static int InitGeometry(const int64_t *image, const int64_t *cols, const int64_t *kernel, int rank, AotExtra *extra,
                         bool exact, Channels channels) {
@@ -242,11 +305,8 @@ static int InitGeometry(const int64_t *image, const int64_t *cols, const int64_t
     delete g;
     return 2;
   }
-  // One run of columns (at least a byte: no channels make no columns, and their products are empty).
-  const int64_t run_bytes = std::max<int64_t>(1, count * g->kernel_size * g->last_out * int64_t(sizeof(T)));
-  g->block = g->direct ? g->outer : std::max<int64_t>(1, std::min(g->outer, OPFORGE_CONV_COLUMN_BYTES / run_bytes));
   extra->SetKernelData(g);
-  extra->SetWorkSpace({size_t(g->direct ? 1 : run_bytes * g->block)});
+  extra->SetWorkSpace({1});  // (the tasks' columns are per-thread buffers: Scratch)
   return 0;
 }
 
@@ -268,13 +328,6 @@ struct ConvArgs {
       for (int64_t j = 0; j < size; j++) y[i * size + j] = b[i % m];
   }
 };
-
-// Calls f(first, count) for each block of the columns matrix: its runs first .. first + count - 1
-// (count * last_out columns); one block when g.direct.
-template <typename F>
-static void ForEachBlock(const ConvGeometry &g, F f) {
-  for (int64_t first = 0; first < g.outer; first += g.block) f(first, std::min(g.block, g.outer - first));
-}
 
 // For row (c, k) of a block of the columns matrix (runs first .. first + count - 1): calls
 // row(image offset, columns offset, lo, hi, k, run) for each run of last_out columns whose image row
@@ -363,13 +416,11 @@ static void DepthwiseAdd(const ConvGeometry &g, const T *image, const T *w, T *o
 }
 
 static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
-  return OpforgeBlasFits({rows, inner, g.out_size, g.in_size, g.kernel_size * inner, g.block * g.last_out});
+  return OpforgeBlasFits({rows, inner, g.out_size, g.in_size, g.kernel_size * inner});
 }
 """
 
 CONV = CONV_COMMON + r"""
-#include "opforge/parallel.h"
-
 // Work (multiply-adds or copied elements) worth handing to another thread.
 static const int64_t kParallelWork = 1 << 15;
 
@@ -501,8 +552,8 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
       Depthwise2D(*g, n, m, a);
       return 0;
     }
-    a.FillBias(n, m, g->out_size);
     if (c_group == 1 && m_group == 1) {  // depthwise in 1 or 3+ spatial dims: the generic taps
+      a.FillBias(n, m, g->out_size);
       opforge::parallel_for(0, n * g->group, std::max<int64_t>(1, kParallelWork / (g->out_size * g->kernel_size)),
                          [&](int64_t lo, int64_t hi) {
                            for (int64_t p = lo; p < hi; p++)
@@ -511,28 +562,25 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
                          });
       return 0;
     }
-    for (int64_t s = 0; s < n; s++) {
-      for (int64_t grp = 0; grp < g->group; grp++) {
-        const T *image = a.x + (s * g->group + grp) * c_group * g->in_size;
-        T *out = a.y + (s * m + grp * m_group) * g->out_size;
-        ForEachBlock(*g, [&](int64_t first, int64_t count) {
-          // y[s, grp][:, block] += w[grp] (m_group x inner) @ the block's columns (inner x count * last_out)
-          const int64_t column0 = first * g->last_out, width = count * g->last_out;
-          const T *columns = image + column0;
-          if (!g->direct) {
-            // im2col on the pool, a range of channels each (their rows are consecutive); gemm runs after
-            opforge::parallel_for(0, c_group, std::max<int64_t>(1, kParallelWork / (g->kernel_size * width)),
-                               [&](int64_t lo, int64_t hi) {
-                                 Im2Col(*g, hi - lo, first, count, image + lo * g->in_size,
-                                        a.columns + lo * g->kernel_size * width);
-                               });
-            columns = a.columns;
-          }
-          OpforgeGemm(false, false, m_group, width, inner, T(1), a.w + grp * m_group * inner, inner, columns,
-                      g->direct ? g->out_size : width, T(1), out + column0, g->out_size);
-        });
-      }
-    }
+    // Per image (a sample's group): y[:, columns] = w (m_group x inner) @ the columns (inner x width).
+    // A task is a block of columns (made by im2col, unless direct) times a part of the output channels
+    // (parts only where there are few blocks: each part makes the block's columns again).
+    const int64_t runs = RunsPerBlock(*g, inner), blocks = (g->outer + runs - 1) / runs;
+    const int64_t images = n * g->group, parts = Parts(m_group, images * blocks, 32);
+    RunTasks(images * blocks * parts, m_group / parts * inner * runs * g->last_out, [&](int64_t t) {
+      const int64_t part = t % parts, block = t / parts % blocks, image = t / parts / blocks;
+      const int64_t first = block * runs, count = std::min(runs, g->outer - first);
+      const int64_t column0 = first * g->last_out, width = count * g->last_out;
+      const int64_t r0 = m_group * part / parts, r1 = m_group * (part + 1) / parts;
+      const int64_t channel0 = image / g->group * m + image % g->group * m_group + r0;
+      const T *x = a.x + image * c_group * g->in_size;
+      T *out = a.y + channel0 * g->out_size + column0;
+      for (int64_t r = 0; r < r1 - r0; r++) std::fill(out + r * g->out_size, out + r * g->out_size + width,
+                                                     a.b[channel0 % m + r]);
+      const T *columns = g->direct ? x + column0 : Im2Col(*g, c_group, first, count, x, Scratch(inner * width));
+      OpforgeGemm(false, false, r1 - r0, width, inner, T(1), a.w + (image % g->group * m_group + r0) * inner, inner,
+                  columns, g->direct ? g->out_size : width, T(1), out, g->out_size);
+    });
   } catch (...) {  // (a failed allocation, the pool): nothing crosses the ABI
     return 2;
   }
@@ -599,25 +647,50 @@ extern "C" int ConvWeightGrad(int nparam, void **params, int *ndims, int64_t **s
   const T *x = static_cast<const T *>(params[0]);
   const T *dy = static_cast<const T *>(params[1]);
   T *dw = static_cast<T *>(params[2]);
-  T *columns = static_cast<T *>(params[3]);
   const ConvGeometry *g = GeometryOf(extra);
   if (g == nullptr) return 1;
   const int64_t n = shapes[0][0], m = shapes[1][1], c_group = shapes[2][1], m_group = m / g->group;
   const int64_t inner = c_group * g->kernel_size;
   if (!Fits(*g, m_group, inner)) return 3;
-  for (int64_t s = 0; s < n; s++) {
-    for (int64_t grp = 0; grp < g->group; grp++) {
-      const T *image = x + (s * g->group + grp) * c_group * g->in_size;
-      const T *grads = dy + (s * m + grp * m_group) * g->out_size;
-      ForEachBlock(*g, [&](int64_t first, int64_t count) {
-        // dw[grp] (m_group x inner) (+)= dy[s, grp][:, block] (m_group x width) @ the block's columns^T
-        const int64_t column0 = first * g->last_out, width = count * g->last_out;
-        OpforgeGemm(false, true, m_group, inner, width, T(1), grads + column0, g->out_size,
-                    g->direct ? image + column0 : Im2Col(*g, c_group, first, count, image, columns),
-                    g->direct ? g->out_size : width, T(s == 0 && first == 0 ? 0 : 1), dw + grp * m_group * inner,
-                    inner);
-      });
-    }
+  if (n == 0) {  // no samples: nothing to sum
+    std::fill(dw, dw + m * inner, T(0));
+    return 0;
+  }
+  // A task is a block of dw (a group's output channels r0..r1 by input channels c0..c1, every tap of
+  // them), summed over the samples and their output positions in a fixed order: dy's rows times the
+  // columns (im2col) of those input channels, a block of output positions at a time.
+  // Parts of >= 128 input rows (gemm's n; a narrower dw is slower to make), and parts of the output
+  // channels (each making its columns again) only where there are fewer than 4 tasks.  The blocks of
+  // positions are gemm's inner dim: long ones (kSumBlockBytes) make it pack less often.
+  const int64_t least = std::max<int64_t>(1, (128 + g->kernel_size - 1) / g->kernel_size);
+  const int64_t c_parts = Parts(c_group, g->group, least), m_parts = Parts(m_group, g->group * c_parts, 32, 4);
+  const int64_t c_most = (c_group + c_parts - 1) / c_parts;  // channels of the widest part
+  const int64_t runs = RunsPerBlock(*g, c_most * g->kernel_size, kSumBlockBytes);
+  const int64_t blocks = (g->outer + runs - 1) / runs;
+  try {
+    RunTasks(g->group * c_parts * m_parts, n * m_group * inner * g->out_size / (g->group * c_parts * m_parts),
+             [&](int64_t t) {
+      const int64_t mp = t % m_parts, cp = t / m_parts % c_parts, grp = t / m_parts / c_parts;
+      const int64_t r0 = m_group * mp / m_parts, r1 = m_group * (mp + 1) / m_parts;
+      const int64_t c0 = c_group * cp / c_parts, c1 = c_group * (cp + 1) / c_parts;
+      const int64_t rows = (c1 - c0) * g->kernel_size;  // of the task's columns
+      T *out = dw + (grp * m_group + r0) * inner + c0 * g->kernel_size;
+      T *columns = g->direct ? nullptr : Scratch(rows * runs * g->last_out);
+      for (int64_t s = 0; s < n; s++) {
+        const T *image = x + ((s * g->group + grp) * c_group + c0) * g->in_size;
+        const T *grads = dy + (s * m + grp * m_group + r0) * g->out_size;
+        for (int64_t block = 0; block < blocks; block++) {
+          const int64_t first = block * runs, count = std::min(runs, g->outer - first);
+          const int64_t column0 = first * g->last_out, width = count * g->last_out;
+          // out (r1 - r0 x rows) (+)= grads[:, block] @ the block's columns^T
+          OpforgeGemm(false, true, r1 - r0, rows, width, T(1), grads + column0, g->out_size,
+                      g->direct ? image + column0 : Im2Col(*g, c1 - c0, first, count, image, columns),
+                      g->direct ? g->out_size : width, T(s == 0 && block == 0 ? 0 : 1), out, inner);
+        }
+      }
+    });
+  } catch (...) {  // (a failed allocation, the pool): nothing crosses the ABI
+    return 2;
   }
   return 0;
 }

@@ -7,8 +7,10 @@ pad_begin - pad_end``; attributes as for conv (the converter resolves ONNX's
 ``output_shape`` and ``auto_pad`` into pads and output_padding).
 
 The kernel multiplies each group's weights (transposed) by its input with
-OpenBLAS's gemm into a workspace matrix and adds the columns into the output
-(col2im, conv's im2col run backwards).  The gradient: dx is conv of dy, dw is
+OpenBLAS's gemm into a columns matrix and adds the columns into the output
+(col2im, conv's im2col run backwards).  Its tasks on opforge's pool are
+parts of each sample's output channels, which write disjoint parts of y
+(OpenBLAS on each task's own thread, as in conv).  The gradient: dx is conv of dy, dw is
 ``conv_weight_grad`` with the roles of x and dy swapped, db sums dy.
 """
 import numpy as np
@@ -120,21 +122,34 @@ extern "C" int ConvTranspose(int nparam, void **params, int *ndims, int64_t **sh
   const int64_t n = shapes[0][0], c = shapes[0][1], c_group = c / g->group, m_group = shapes[1][1];
   const int64_t m = m_group * g->group, rows = m_group * g->kernel_size;  // rows of the columns matrix
   if (!Fits(*g, rows, c_group)) return 3;
-  a.FillBias(n, m, g->in_size);
-  for (int64_t s = 0; s < n; s++) {
-    for (int64_t grp = 0; grp < g->group; grp++) {
-      T *image = a.y + (s * m + grp * m_group) * g->in_size;
+  // A task is a part of an image's output channels (c0..c1 of a sample's group): its bias, then per block
+  // of x's positions the columns (its channels' rows of w[grp]^T @ x[s, grp][:, block]) added into y by
+  // col2im (directly, for a 1 x 1 kernel of stride 1).  Parts write disjoint channels of y.
+  const int64_t images = n * g->group;
+  const int64_t parts = Parts(m_group, images, std::max<int64_t>(1, (32 + g->kernel_size - 1) / g->kernel_size));
+  const int64_t most = (m_group + parts - 1) / parts * g->kernel_size;  // rows of the widest part's columns
+  const int64_t runs = RunsPerBlock(*g, most), blocks = (g->outer + runs - 1) / runs;
+  try {
+    RunTasks(images * parts, most * c_group * g->out_size, [&](int64_t t) {
+      const int64_t part = t % parts, image = t / parts, s = image / g->group, grp = image % g->group;
+      const int64_t c0 = m_group * part / parts, c1 = m_group * (part + 1) / parts;
+      T *y = a.y + (s * m + grp * m_group + c0) * g->in_size;
+      for (int64_t ch = c0; ch < c1; ch++) std::fill(y + (ch - c0) * g->in_size, y + (ch - c0 + 1) * g->in_size,
+                                                    a.b[grp * m_group + ch]);
       const T *in = a.x + (s * c + grp * c_group) * g->out_size;
-      ForEachBlock(*g, [&](int64_t first, int64_t count) {
-        // columns (rows x width) = w[grp]^T (rows x c_group) @ x[s, grp][:, block] (c_group x width),
-        // added into y by col2im (directly, for a 1 x 1 kernel of stride 1)
+      const T *w = a.w + grp * c_group * rows + c0 * g->kernel_size;
+      T *columns = g->direct ? nullptr : Scratch(most * runs * g->last_out);
+      for (int64_t block = 0; block < blocks; block++) {
+        const int64_t first = block * runs, count = std::min(runs, g->outer - first);
         const int64_t column0 = first * g->last_out, width = count * g->last_out;
-        OpforgeGemm(true, false, rows, width, c_group, T(1), a.w + grp * c_group * rows, rows, in + column0,
-                    g->out_size, T(g->direct ? 1 : 0), g->direct ? image + column0 : a.columns,
+        OpforgeGemm(true, false, (c1 - c0) * g->kernel_size, width, c_group, T(1), w, rows, in + column0,
+                    g->out_size, T(g->direct ? 1 : 0), g->direct ? y + column0 : columns,
                     g->direct ? g->out_size : width);
-        if (!g->direct) Col2ImAdd(*g, m_group, first, count, a.columns, image);
-      });
-    }
+        if (!g->direct) Col2ImAdd(*g, c1 - c0, first, count, columns, y);
+      }
+    });
+  } catch (...) {  // (a failed allocation, the pool): nothing crosses the ABI
+    return 2;
   }
   return 0;
 }

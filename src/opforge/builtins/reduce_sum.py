@@ -86,8 +86,11 @@ def spread(dy, x, axes, keep_dims):
 # mean.py compiles this source with OPFORGE_MEAN defined: the sums divided by their counts.
 #
 # Floats are summed in their own type, pairwise (NumPy's method: the error
-# grows with log n, not n) from leaves summed in 16 interleaved accumulators,
-# which the compiler keeps in vector registers.  Integers add in their
+# grows with log n, not n) from leaves summed in four vectors of interleaved
+# accumulators (32 floats, 16 doubles); down an outer axis, leaves of 16 whole
+# rows are added in order into a row of sums that stays in L1, then paired.
+# One kernel per ISA (SSE2, AVX2, AVX-512) adds the same values in the same
+# order, so every ISA gives the same bits.  Integers add in their
 # unsigned type, whose wrap-around is NumPy's int64 sum cast back.  The
 # order of every addition depends on the shapes only, never on the number
 # of threads, so results are the same on any number of them.
@@ -111,27 +114,57 @@ struct AccOf<V, false> {
 };
 typedef typename AccOf<T>::type Acc;
 
-static const int64_t kLanes = 16;          // interleaved accumulators of a leaf
 static const int64_t kLeaf = 256;          // elements summed by one leaf
 static const int64_t kBlock = 1 << 15;     // longer runs: summed in pieces of this size, in parallel
 static const int64_t kRowLeaf = 16;        // rows added one after another before pairing
 static const int64_t kColumns = 2048;      // columns summed together down the rows
-static const int64_t kStrip = 128 / sizeof(Acc);  // columns of a leaf held in registers
 static const int64_t kGrain = 1 << 16;     // elements worth a thread
+
+// A leaf's lanes are four 32-byte vectors, whatever the ISA: four independent chains of additions
+// that keep the adder busy, in registers on SSE (two each), AVX and AVX-512 alike, so every ISA adds
+// the same values in the same order.
+typedef Acc Lanes __attribute__((vector_size(32)));
+static const int64_t kLanes = 4 * 32 / sizeof(Acc);
+
+// The lanes of v summed pairwise, as halves: lane k plus lane k + half, then a quarter, ...
+template <int Bytes, typename V>
+static inline Acc Fold(const V &v) {
+  if constexpr (Bytes == sizeof(Acc)) {
+    return v[0];
+  } else {
+    typedef Acc Half __attribute__((vector_size(Bytes / 2)));
+    Half lo, hi;
+    __builtin_memcpy(&lo, &v, sizeof lo);
+    __builtin_memcpy(&hi, reinterpret_cast<const char *>(&v) + sizeof lo, sizeof hi);
+    return Fold<Bytes / 2>(Half(lo + hi));
+  }
+}
+
+template <typename E>
+static inline Lanes Load(const E *x) {
+  static_assert(sizeof(E) == sizeof(Acc), "a lane vector holds as many E as Acc");
+  typedef E Loaded __attribute__((vector_size(32)));
+  Loaded v;
+  __builtin_memcpy(&v, x, sizeof v);  // (x may be unaligned)
+  return __builtin_convertvector(v, Lanes);
+}
 
 // Pairwise sum of n contiguous values.
 template <typename E>
 static Acc SumRun(const E *x, int64_t n) {
   if (n <= kLeaf) {
-    Acc lane[kLanes] = {};
+    const int64_t step = kLanes / 4;
+    Lanes a0 = {}, a1 = {}, a2 = {}, a3 = {};
     int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-      for (int64_t k = 0; k < kLanes; k++) lane[k] += Acc(x[i + k]);
+    for (; i + kLanes <= n; i += kLanes) {
+      a0 += Load(x + i);
+      a1 += Load(x + i + step);
+      a2 += Load(x + i + 2 * step);
+      a3 += Load(x + i + 3 * step);
+    }
     Acc tail = 0;
     for (; i < n; i++) tail += Acc(x[i]);
-    for (int64_t w = kLanes / 2; w > 0; w /= 2)
-      for (int64_t k = 0; k < w; k++) lane[k] += lane[k + w];
-    return lane[0] + tail;
+    return Fold<sizeof(Lanes)>(Lanes((a0 + a2) + (a1 + a3))) + tail;
   }
   int64_t half = n / 2;
   half -= half % kLanes;
@@ -168,22 +201,26 @@ static Acc SumRows(const T *x, const Dims &rows, int64_t q0, int64_t q1, int64_t
 // values: runs of kRowLeaf rows one after another, the runs pairwise.
 // scratch holds w values per level of pairing below this one.
 static void SumColumns(const T *x, const Dims &rows, int64_t q0, int64_t q1, int64_t w, Acc *acc, Acc *scratch) {
-  if (q1 - q0 <= kRowLeaf) {  // strips of kStrip columns summed down the rows in registers
-    const int64_t m = q1 - q0;
-    const T *row[kRowLeaf];
-    for (int64_t k = 0; k < m; k++) row[k] = x + rows.Offset(q0 + k);
-    int64_t j = 0;
-    for (; j + kStrip <= w; j += kStrip) {
-      Acc r[kStrip];
-      for (int64_t c = 0; c < kStrip; c++) r[c] = Acc(row[0][j + c]);
-      for (int64_t k = 1; k < m; k++)
-        for (int64_t c = 0; c < kStrip; c++) r[c] += Acc(row[k][j + c]);
-      for (int64_t c = 0; c < kStrip; c++) acc[j + c] = r[c];
+  if (q1 - q0 <= kRowLeaf) {  // whole rows added one after another into acc (in L1), four rows a pass
+    Acc *__restrict__ sum = acc;
+    int64_t q = q0 + 1;
+    const T *__restrict__ r0 = x + rows.Offset(q0);
+    if (q + 3 <= q1) {  // (the same order as row by row: ((r0 + r1) + r2) + r3)
+      const T *__restrict__ a = x + rows.Offset(q), *__restrict__ b = x + rows.Offset(q + 1);
+      const T *__restrict__ c = x + rows.Offset(q + 2);
+      for (int64_t j = 0; j < w; j++) sum[j] = Acc(r0[j]) + Acc(a[j]) + Acc(b[j]) + Acc(c[j]);
+      q += 3;
+    } else {
+      for (int64_t j = 0; j < w; j++) sum[j] = Acc(r0[j]);
     }
-    for (; j < w; j++) {
-      Acc v = Acc(row[0][j]);
-      for (int64_t k = 1; k < m; k++) v += Acc(row[k][j]);
-      acc[j] = v;
+    for (; q + 4 <= q1; q += 4) {
+      const T *__restrict__ a = x + rows.Offset(q), *__restrict__ b = x + rows.Offset(q + 1);
+      const T *__restrict__ c = x + rows.Offset(q + 2), *__restrict__ d = x + rows.Offset(q + 3);
+      for (int64_t j = 0; j < w; j++) sum[j] = sum[j] + Acc(a[j]) + Acc(b[j]) + Acc(c[j]) + Acc(d[j]);
+    }
+    for (; q < q1; q++) {
+      const T *__restrict__ a = x + rows.Offset(q);
+      for (int64_t j = 0; j < w; j++) sum[j] += Acc(a[j]);
     }
     return;
   }
@@ -336,6 +373,10 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
   return 0;
 }
 """
-reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM)
+# One kernel per ISA (wider vectors, the same additions in the same order: the same results).
+REDUCE_ISAS = (None, "avx2", "avx512")
+for isa in REDUCE_ISAS:
+    reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM,
+                      isa=isa)
 reduce_sum.kernel(source=gpu_source("reduce_sum.cu", "ReduceSumGpu"), device="gpu",
                   dtypes=same_dtypes(GPU_NUMERIC))

@@ -13,8 +13,11 @@ ops run their NumPy reference, which is BLAS-backed too.
 
 OpenBLAS runs on as many threads as opforge's pool (``opforge.set_num_threads``,
 ``OPFORGE_NUM_THREADS``): one knob for both, so the two never add up to more
-threads than the pool was given.  They never run at once: a linear kernel
-holds the calling thread while OpenBLAS works, and the pool's workers sleep.
+threads than the pool was given.  They never run at once: matmul and gemm
+hold the calling thread while OpenBLAS works, and the pool's workers sleep;
+the convolutions cut their products into blocks for the pool instead and
+hold OpenBLAS at one thread meanwhile (each block's gemm runs on the thread
+that took it), giving OpenBLAS its count back as they return.
 ``OPFORGE_BLAS_THREADS`` gives OpenBLAS a count of its own when it loads (0:
 OpenBLAS's default, one per core), and ``set_num_threads(n)`` here changes
 OpenBLAS alone, until the next ``opforge.set_num_threads``.  On a machine
