@@ -13,8 +13,8 @@ import numpy as np
 
 import opforge
 from opforge.builtins.common import FLOATS, floating_point
-from opforge.builtins.max_pool import (GRADIENT_DTYPES, POOL_ATTRS, POOL_CC, gradient_op, pool_params, pool_problem,
-                                      pooled_dim, pooled_spec, windows)
+from opforge.builtins.max_pool import (GRADIENT_DTYPES, POOL_ATTRS, gradient_op, pool_kernels, pool_params,
+                                      pool_problem, pooled_dim, pooled_spec, windows)
 
 AVERAGE_ATTRS = f"{POOL_ATTRS}, bool count_include_pad=False"
 
@@ -68,7 +68,7 @@ def average_pool_grad_rule(saved, dy, **attrs):
     return opforge.ops.average_pool_grad(dy, saved.x, **attrs)
 
 
-average_pool.kernel(source=POOL_CC, function="AveragePool", dtypes=[(d,) for d in FLOATS])
+pool_kernels(average_pool, "AveragePool", [(d,) for d in FLOATS])
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -91,4 +91,4 @@ def average_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations
     return padded[index].astype(dy.dtype)
 
 
-average_pool_grad.kernel(source=POOL_CC, function="AveragePoolGrad", dtypes=GRADIENT_DTYPES)
+pool_kernels(average_pool_grad, "AveragePoolGrad", GRADIENT_DTYPES)

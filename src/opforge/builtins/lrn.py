@@ -3,8 +3,10 @@
 For x of shape N x C x ... :
 ``y = x / (bias + alpha / size * sum of x^2 over channels c - (size - 1) // 2
 .. c + ceil((size - 1) / 2))^beta`` (the window clipped to 0..C-1).  The
-kernel keeps a running sum of squares along the channels, per spatial
-position.  The gradient is ``lrn_grad``: with d = bias + alpha / size * S,
+kernels (float32, float64; generic and AVX2 builds) keep a running sum of
+squares along the channels in double, for blocks of positions run on opforge's
+pool, and take d^-beta as e^(-beta log d) in the element type with vecmath.h.
+The gradient is ``lrn_grad``: with d = bias + alpha / size * S,
 ``dx_k = dy_k d_k^-beta - 2 alpha beta / size * x_k * sum over the channels c
 whose window holds k of dy_c x_c d_c^(-beta-1)``.
 """
@@ -13,7 +15,8 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import FLOATS, floating_point
-from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
+from opforge.builtins.exp import VECMATH
+from opforge.builtins.max_pool import gradient_op
 
 LRN_ATTRS = "int size, float alpha=0.0001, float beta=0.75, float bias=1.0"
 lrn = opforge.op(f"lrn(Tensor x, *, {LRN_ATTRS}) -> Tensor y",
@@ -69,6 +72,8 @@ LRN_CC = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge/parallel.h"
+#include "vecmath.h"
 
 namespace {
 
@@ -94,91 +99,145 @@ bool ReadWindow(int ndim, const int64_t *shape, AotExtra *extra, Window *w) {
   return true;
 }
 
-// params: x, y.  A running sum of squares along the channels, per position.
-template <typename T>
-void Forward(const Window &w, const T *x, T *y) {
-  const int64_t c = w.c, inner = w.inner;
-  std::vector<double> sum(inner);
-  for (int64_t b = 0; b < w.n; b++) {
-    const T *xb = x + b * c * inner;
-    T *yb = y + b * c * inner;
-    // sum holds, per position, the squares of channels [lo, hi) -- the window of channel ch
-    std::fill(sum.begin(), sum.end(), 0.0);
-    int64_t hi = 0;
-    for (int64_t ch = 0; ch < c; ch++) {
-      const int64_t want_hi = std::min(c, ch + w.after + 1), lo = ch - w.before;
-      for (; hi < want_hi; hi++)
-        for (int64_t i = 0; i < inner; i++) sum[i] += static_cast<double>(xb[hi * inner + i]) * xb[hi * inner + i];
-      if (lo - 1 >= 0)
-        for (int64_t i = 0; i < inner; i++) {
-          sum[i] -= static_cast<double>(xb[(lo - 1) * inner + i]) * xb[(lo - 1) * inner + i];
-          if (sum[i] < 0) sum[i] = 0;  // rounding of the running sum
-        }
-      for (int64_t i = 0; i < inner; i++)
-        yb[ch * inner + i] = static_cast<T>(xb[ch * inner + i] / std::pow(w.bias + w.scale * sum[i], w.beta));
+// The channel loops run over blocks of this many positions (their running sums stay in cache); the
+// (sample, block) items run on opforge's pool.
+const int64_t kBlock = 256;
+const int64_t kParallelWork = 1 << 15;
+
+// Runs body(scratch, sample, first position, positions) for every block of positions of every sample, on
+// the pool; each range of blocks makes one Scratch(w) for its own use.
+template <typename Scratch, typename Body>
+void ForBlocks(const Window &w, Body body) {
+  const int64_t blocks = (w.inner + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, w.c * kBlock));
+  opforge::parallel_for(0, w.n * blocks, grain, [&](int64_t lo, int64_t hi) {
+    Scratch scratch(w);
+    for (int64_t item = lo; item < hi; item++) {
+      const int64_t first = item % blocks * kBlock;
+      body(scratch, item / blocks, first, std::min(kBlock, w.inner - first));
     }
+  });
+}
+
+struct NoScratch {
+  explicit NoScratch(const Window &) {}
+};
+
+// Backward's per-block values of every channel.
+template <typename T>
+struct ChannelScratch {
+  std::vector<T> power, t;  // d^-beta, dy x d^(-beta-1)
+  explicit ChannelScratch(const Window &w) : power(w.c * kBlock), t(w.c * kBlock) {}
+};
+
+// Running window sums along the channels of one block of m positions (row ch of `rows` at
+// rows + ch * stride): window(ch, sum) for each channel ch, with sum[i] the window's total at position i
+// (double: the running sum adds and subtracts).  square: whether to sum the squares of the rows.
+template <typename T, typename Window_>
+void WindowSums(int64_t channels, int64_t before, int64_t after, const T *rows, int64_t stride, int64_t m,
+                bool square, double *sum, Window_ window) {
+  std::fill(sum, sum + m, 0.0);
+  int64_t hi = 0;
+  for (int64_t ch = 0; ch < channels; ch++) {
+    for (const int64_t want = std::min(channels, ch + after + 1); hi < want; hi++) {
+      const T *r = rows + hi * stride;
+      if (square)
+        for (int64_t i = 0; i < m; i++) sum[i] += static_cast<double>(r[i]) * r[i];
+      else
+        for (int64_t i = 0; i < m; i++) sum[i] += r[i];
+    }
+    const int64_t gone = ch - before - 1;  // the channel that just left the window
+    if (gone >= 0) {
+      const T *r = rows + gone * stride;
+      if (square)  // clamped: the running sum's rounding must not make a sum of squares negative
+        for (int64_t i = 0; i < m; i++) sum[i] = std::max(0.0, sum[i] - static_cast<double>(r[i]) * r[i]);
+      else
+        for (int64_t i = 0; i < m; i++) sum[i] -= r[i];
+    }
+    window(ch, sum);
   }
 }
 
-// params: dy, x, dx.
+// d^-beta for d = bias + scale * sum: e^(-beta log d) in T with vecmath.h (vectorised), d rounded to T.
+template <typename T>
+void PowerOfDenominator(const Window &w, const double *sum, int64_t m, T *d, T *power) {
+  const T nbeta = static_cast<T>(-w.beta);
+  for (int64_t i = 0; i < m; i++) d[i] = static_cast<T>(w.bias + w.scale * sum[i]);
+  for (int64_t i = 0; i < m; i++) power[i] = vecmath::Exp(nbeta * vecmath::Log(d[i]));
+}
+
+// params: x, y.
+template <typename T>
+void Forward(const Window &w, const T *x, T *y) {
+  ForBlocks<NoScratch>(w, [&](NoScratch &, int64_t b, int64_t first, int64_t m) {
+    double sum[kBlock];
+    T d[kBlock], power[kBlock];
+    const int64_t at = b * w.c * w.inner + first;
+    WindowSums(w.c, w.before, w.after, x + at, w.inner, m, true, sum, [&](int64_t ch, const double *s) {
+      PowerOfDenominator(w, s, m, d, power);
+      const T *xr = x + at + ch * w.inner;
+      T *yr = y + at + ch * w.inner;
+      for (int64_t i = 0; i < m; i++) yr[i] = xr[i] * power[i];
+    });
+  });
+}
+
+// params: dy, x, dx.  Per block: every channel's d^-beta and t = dy x d^(-beta-1), then the sums of t over
+// the channels whose windows hold each channel (the window transposed: after and before swapped).
 template <typename T>
 void Backward(const Window &w, const T *dy, const T *x, T *dx) {
-  const int64_t c = w.c, inner = w.inner;
-  std::vector<double> d(c * inner), t(c * inner);  // denominators; dy x d^(-beta-1)
-  for (int64_t b = 0; b < w.n; b++) {
-    const int64_t at = b * c * inner;
-    for (int64_t ch = 0; ch < c; ch++)
-      for (int64_t i = 0; i < inner; i++) {
-        double sum = 0;
-        for (int64_t k = std::max<int64_t>(0, ch - w.before); k <= std::min(c - 1, ch + w.after); k++) {
-          const double v = x[at + k * inner + i];
-          sum += v * v;
-        }
-        const int64_t j = ch * inner + i;
-        d[j] = w.bias + w.scale * sum;
-        t[j] = static_cast<double>(dy[at + j]) * x[at + j] * std::pow(d[j], -w.beta - 1);
-      }
-    for (int64_t ch = 0; ch < c; ch++)
-      for (int64_t i = 0; i < inner; i++) {
-        double spread = 0;  // over the channels whose windows hold ch
-        for (int64_t k = std::max<int64_t>(0, ch - w.after); k <= std::min(c - 1, ch + w.before); k++)
-          spread += t[k * inner + i];
-        const int64_t j = ch * inner + i;
-        dx[at + j] = static_cast<T>(dy[at + j] * std::pow(d[j], -w.beta) -
-                                    2 * w.scale * w.beta * static_cast<double>(x[at + j]) * spread);
-      }
-  }
+  const T factor = static_cast<T>(2 * w.scale * w.beta);
+  ForBlocks<ChannelScratch<T>>(w, [&](ChannelScratch<T> &scratch, int64_t b, int64_t first, int64_t m) {
+    double sum[kBlock];
+    T d[kBlock];
+    std::vector<T> &power = scratch.power, &t = scratch.t;
+    const int64_t at = b * w.c * w.inner + first;
+    WindowSums(w.c, w.before, w.after, x + at, w.inner, m, true, sum, [&](int64_t ch, const double *s) {
+      T *p = power.data() + ch * kBlock, *tr = t.data() + ch * kBlock;
+      PowerOfDenominator(w, s, m, d, p);
+      const T *xr = x + at + ch * w.inner, *dyr = dy + at + ch * w.inner;
+      for (int64_t i = 0; i < m; i++) tr[i] = dyr[i] * xr[i] * p[i] / d[i];
+    });
+    WindowSums(w.c, w.after, w.before, t.data(), kBlock, m, false, sum, [&](int64_t ch, const double *spread) {
+      const T *p = power.data() + ch * kBlock;
+      const T *xr = x + at + ch * w.inner, *dyr = dy + at + ch * w.inner;
+      T *dxr = dx + at + ch * w.inner;
+      for (int64_t i = 0; i < m; i++) dxr[i] = dyr[i] * p[i] - factor * xr[i] * static_cast<T>(spread[i]);
+    });
+  });
 }
 
 }  // namespace
 
+typedef OPFORGE_T T;
+
 extern "C" int Lrn(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                    void *stream, void *extra) {
-  Window w;
-  if (!ReadWindow(ndims[0], shapes[0], static_cast<AotExtra *>(extra), &w)) return 1;
-  if (!std::strcmp(dtypes[0], "float32"))
-    Forward(w, static_cast<const float *>(params[0]), static_cast<float *>(params[1]));
-  else if (!std::strcmp(dtypes[0], "float64"))
-    Forward(w, static_cast<const double *>(params[0]), static_cast<double *>(params[1]));
-  else return 2;
-  return 0;
+  try {
+    Window w;
+    if (!ReadWindow(ndims[0], shapes[0], static_cast<AotExtra *>(extra), &w)) return 1;
+    Forward(w, static_cast<const T *>(params[0]), static_cast<T *>(params[1]));
+    return 0;
+  } catch (...) {  // (attribute lookup, the pool, allocation): nothing crosses the ABI
+    return 2;
+  }
 }
 
 extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                        void *stream, void *extra) {
-  Window w;
-  if (!ReadWindow(ndims[1], shapes[1], static_cast<AotExtra *>(extra), &w)) return 1;
-  if (!std::strcmp(dtypes[0], "float32"))
-    Backward(w, static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
-             static_cast<float *>(params[2]));
-  else if (!std::strcmp(dtypes[0], "float64"))
-    Backward(w, static_cast<const double *>(params[0]), static_cast<const double *>(params[1]),
-             static_cast<double *>(params[2]));
-  else return 2;
-  return 0;
+  try {
+    Window w;
+    if (!ReadWindow(ndims[1], shapes[1], static_cast<AotExtra *>(extra), &w)) return 1;
+    Backward(w, static_cast<const T *>(params[0]), static_cast<const T *>(params[1]), static_cast<T *>(params[2]));
+    return 0;
+  } catch (...) {
+    return 2;
+  }
 }
 """
-lrn.kernel(function="Lrn", dtypes=[(d,) for d in FLOATS], code=LRN_CC)
+for _isa in (None, "avx2"):  # vecmath.h's rules: explicit FMAs only, selects as blends
+    lrn.kernel(function="Lrn", dtypes={"x": FLOATS}, isa=_isa, code=LRN_CC, **VECMATH)
+del _isa
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -196,4 +255,6 @@ def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
     return (dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread).astype(dy.dtype)
 
 
-lrn_grad.kernel(function="LrnGrad", dtypes=GRADIENT_DTYPES, code=LRN_CC)
+for _isa in (None, "avx2"):
+    lrn_grad.kernel(function="LrnGrad", dtypes={"dy": FLOATS, "x": FLOATS}, isa=_isa, code=LRN_CC, **VECMATH)
+del _isa

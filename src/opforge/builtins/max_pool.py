@@ -28,6 +28,14 @@ MAX_ATTRS = f"{POOL_ATTRS}, int storage_order=0"
 POOL_CC = str(Path(__file__).with_name("pool.cc"))
 POOL_DTYPES = ["float32", "float64", "int8", "uint8", "int32", "int64"]
 
+
+def pool_kernels(op, function, dtypes):
+    """pool.cc's ``function`` as ``op``'s kernel, built plain and for AVX2.  -fno-trapping-math lets g++
+    turn the loops' compare-and-select into vector blends."""
+    for isa in (None, "avx2"):
+        op.kernel(source=POOL_CC, function=function, dtypes=dtypes, isa=isa,
+                  cflags=["-fno-trapping-math", "-Wno-psabi"])
+
 max_pool = opforge.op(f"max_pool(Tensor x, *, {MAX_ATTRS}) -> Tensor y", traits=["no_side_effect"],
                       doc="ONNX MaxPool on N x C x spatial (1 to 3 dims): the maximum of each window; "
                           "pads are begin pads then end pads, padding never wins.")
@@ -156,7 +164,7 @@ def max_pool_grad_rule(saved, dy, **attrs):
     return opforge.ops.max_pool_grad(dy, saved.x, **attrs)
 
 
-max_pool.kernel(source=POOL_CC, function="MaxPool", dtypes=[(d,) for d in POOL_DTYPES])
+pool_kernels(max_pool, "MaxPool", [(d,) for d in POOL_DTYPES])
 
 
 # -- with ONNX's Indices output ---------------------------------------------------
@@ -184,7 +192,7 @@ def max_pool_with_indices_reference(x, *, kernel_shape, strides, pads, dilations
     return best, np.where(at < 0, -1, at + plane * int(np.prod(x.shape[2:])))
 
 
-max_pool_with_indices.kernel(source=POOL_CC, function="MaxPoolIndices", dtypes=[(d,) for d in POOL_DTYPES])
+pool_kernels(max_pool_with_indices, "MaxPoolIndices", [(d,) for d in POOL_DTYPES])
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -240,4 +248,4 @@ def max_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ce
     return dx.reshape(x.shape)
 
 
-max_pool_grad.kernel(source=POOL_CC, function="MaxPoolGrad", dtypes=GRADIENT_DTYPES)
+pool_kernels(max_pool_grad, "MaxPoolGrad", GRADIENT_DTYPES)

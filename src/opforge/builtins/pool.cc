@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -87,50 +88,11 @@ bool ReadGeometry(AotExtra *extra, int rank, const int64_t *x, const int64_t *ou
   return true;
 }
 
-// Calls visit(out_offset, ranges...) for every output of one plane.
-template <typename Visit>
-void ForEachOutput(const Geometry &g, Visit visit) {
-  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
-  int64_t o = 0;
-  for (int64_t i = 0; i < A.out; i++)
-    for (int64_t j = 0; j < B.out; j++)
-      for (int64_t k = 0; k < C.out; k++, o++) visit(o, i, j, k);
-}
-
-// The taps of output (i, j, k) inside x: visit(input offset) for each.
-template <typename Visit>
-inline void ForEachTap(const Geometry &g, int64_t i, int64_t j, int64_t k, Visit visit) {
-  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
-  const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb, c0 = k * C.s - C.pb;
-  for (int64_t ta = A.first[i]; ta < A.last[i]; ta++) {
-    const int64_t ra = (a0 + ta * A.d) * B.in;
-    for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
-      const int64_t rb = (ra + b0 + tb * B.d) * C.in + c0;
-      for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) visit(rb + tc * C.d);
-    }
-  }
-}
-
 // What a window of padding only gives: -inf, or the type's lowest value.
 template <typename T>
 inline T Lowest() {
   return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
                                               : std::numeric_limits<T>::lowest();
-}
-
-// The offset of the first maximum of output (i, j, k), or -1 for a window of padding only.
-template <typename T>
-inline int64_t ArgMax(const Geometry &g, const T *x, int64_t i, int64_t j, int64_t k, T *best) {
-  int64_t at = -1;
-  T top = Lowest<T>();
-  ForEachTap(g, i, j, k, [&](int64_t p) {
-    if (at < 0 || x[p] > top) {
-      top = x[p];
-      at = p;
-    }
-  });
-  *best = top;
-  return at;
 }
 
 // For every output row (i, j) of one plane: fold(row, first) for each row of x its windows cover (along
@@ -187,45 +149,296 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
   return 0;
 }
 
+// -- the first maximum of each window and where it is -------------------------------------------
+//
+// The reference scans a window's taps in row-major order and keeps the first tap, then any tap strictly
+// greater: the first of the largest values, NaN never winning unless it is the first tap.  The same
+// answer, in two passes that vectorise: along the last axis every input row gets, per output column,
+// the first largest of its taps (RowMax); then each output row folds the rows of its windows in tap
+// order with the same strict rule (FirstRow, FoldRow), so ties go to the earlier row, then the earlier
+// column.  Offsets within a plane are int32 where a plane allows (narrower index lanes), else int64.
+
+// A tap as the passes compare it: NaN read as -inf.  A later tap must be strictly greater to win and
+// -inf never is, so NaN never wins -- except as a window's first tap, which FirstRow lets win.
+template <typename T>
+inline T Clean(T v) {
+  if constexpr (std::numeric_limits<T>::has_quiet_NaN) return v == v ? v : -std::numeric_limits<T>::infinity();
+  return v;
+}
+
+// The output columns [lo, hi) whose windows lie wholly inside x along the last axis.
+inline void Interior(const Axis &C, int64_t *lo, int64_t *hi) {
+  *lo = 0;
+  while (*lo < C.out && !(C.first[*lo] == 0 && C.last[*lo] == C.k)) ++*lo;
+  *hi = *lo;
+  while (*hi < C.out && C.first[*hi] == 0 && C.last[*hi] == C.k) ++*hi;
+}
+
+// One thread's buffers: RowMax of every input row of a plane (value, column), then the plane's answer.
+template <typename T, typename I>
+struct ArgMaxWork {
+  int64_t lo = 0, hi = 0;  // Interior() of the last axis
+  std::vector<T> value, best;
+  std::vector<I> column, at;
+  explicit ArgMaxWork(const Geometry &g)
+      : value(g.axis[0].in * g.axis[1].in * g.axis[2].out), best(g.out_size()),
+        column(value.size()), at(g.out_size()) {
+    Interior(g.axis[2], &lo, &hi);
+  }
+};
+
+// 32-byte vectors (GCC's vector extensions: one AVX register, two SSE ones) for RowMax: g++ does not
+// vectorise its chain of NaN-aware selects by itself.
+template <typename T>
+struct Lanes {
+  typedef T V __attribute__((vector_size(32)));
+  typedef typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type E;
+  typedef E M __attribute__((vector_size(32)));  // comparison masks (0 or -1 per lane), column offsets
+  static constexpr int N = 32 / sizeof(T);
+  static V Load(const T *p) {
+    V v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static V Clean(V v) {  // NaN lanes to -inf
+    if constexpr (std::numeric_limits<T>::has_quiet_NaN) {
+      const V low = V{} - std::numeric_limits<T>::infinity();
+      return v > low ? v : low;
+    }
+    return v;
+  }
+  static V LoadEven(const T *p) {  // p[0], p[2], ..., p[2N - 2], reading nothing past p[2N - 2]
+    const V a = Load(p), b = Load(p + N - 1);
+    if constexpr (N == 8) return __builtin_shufflevector(a, b, 0, 2, 4, 6, 9, 11, 13, 15);
+    else return __builtin_shufflevector(a, b, 0, 2, 5, 7);
+  }
+};
+
+// Per output column k of one input row: the value and column of the first largest of its taps (NaN
+// read as -inf); column -1 where the window has no tap in x.  S, K: the
+// stride (1, 2) and kernel size (2, 3) when known at compile time, else 0.
+template <int S, int K, typename T, typename I>
+void RowMax(const Axis &C, int64_t lo, int64_t hi, const T *__restrict row, T *__restrict value,
+            I *__restrict column) {
+  const int64_t s = S ? S : C.s, d = C.d, pb = C.pb;
+  auto edge = [&](int64_t k) {
+    const int64_t c0 = k * s - pb;
+    T best = Lowest<T>();
+    I at = -1;
+    for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) {
+      const T v = Clean(row[c0 + tc * d]);
+      const bool take = (at < 0) | (v > best);  // selects: random data mispredicts branches
+      best = take ? v : best;
+      at = take ? static_cast<I>(c0 + tc * d) : at;
+    }
+    value[k] = best;
+    column[k] = at;
+  };
+  for (int64_t k = 0; k < lo; k++) edge(k);
+  int64_t k = lo;
+  if constexpr (K > 0) {  // N columns at a time, the taps unrolled
+    static_assert((S == 1 || S == 2) && (K == 2 || K == 3), "RowMax compiles in strides 1, 2 and kernels 2, 3");
+    typedef Lanes<T> L;
+    typedef typename L::V V;
+    typedef typename L::M M;
+    typedef typename L::E E;
+    M lane;
+    for (int j = 0; j < L::N; j++) lane[j] = static_cast<E>(j * S);
+    for (; k < hi && hi - lo >= L::N; k += L::N) {
+      if (k + L::N > hi) k = hi - L::N;  // the last columns: a block overlapping the one before
+      const int64_t c = k * S - pb;
+      auto load = [&](int64_t t) { return L::Clean(S == 1 ? L::Load(row + c + t) : L::LoadEven(row + c + t)); };
+      V best = load(0);
+      M tap = M{} + E(0);
+      auto step = [&](int64_t t) {
+        const V v = load(t);
+        const M take = v > best;
+        best = take ? v : best;
+        tap = take ? M{} + static_cast<E>(t) : tap;
+      };
+      step(d);
+      if constexpr (K == 3) step(2 * d);
+      __builtin_memcpy(value + k, &best, sizeof best);
+      const M at = tap + lane + static_cast<E>(c);
+      if constexpr (sizeof(E) == sizeof(I)) {
+        __builtin_memcpy(column + k, &at, sizeof at);
+      } else {
+        for (int j = 0; j < L::N; j++) column[k + j] = static_cast<I>(at[j]);
+      }
+    }
+  } else {  // one pass over the columns per tap
+    for (int64_t j = lo; j < hi; j++) {
+      value[j] = Clean(row[j * s - pb]);
+      column[j] = static_cast<I>(j * s - pb);
+    }
+    for (int64_t tc = 1; tc < C.k; tc++) {
+      const int64_t off = tc * d - pb;
+      for (int64_t j = lo; j < hi; j++) {
+        const T v = Clean(row[j * s + off]);
+        const bool take = v > value[j];
+        value[j] = take ? v : value[j];
+        column[j] = take ? static_cast<I>(j * s + off) : column[j];
+      }
+    }
+    k = hi;
+  }
+  for (; k < C.out; k++) edge(k);
+}
+
+// An output row's running best (best, at: offsets in the plane) from the first row r of its windows,
+// whose row of x is xr; windows whose first tap (there) is NaN take that tap.
+template <int S, typename T, typename I>
+void FirstRow(const Axis &C, int64_t lo, int64_t hi, int64_t r, const T *__restrict xr, const T *__restrict value,
+              const I *__restrict column, T *__restrict best, I *__restrict at) {
+  const I base = static_cast<I>(r * C.in), s = S ? S : static_cast<I>(C.s), pb = static_cast<I>(C.pb);
+  auto edge = [&](int64_t k) {
+    best[k] = value[k];
+    at[k] = column[k] < 0 ? I(-1) : base + column[k];
+    if (C.first[k] < C.last[k]) {
+      const int64_t c = k * s - pb + C.first[k] * C.d;
+      if (xr[c] != xr[c]) {
+        best[k] = xr[c];
+        at[k] = static_cast<I>(base + c);
+      }
+    }
+  };
+  for (int64_t k = 0; k < lo; k++) edge(k);
+  for (I k = static_cast<I>(lo); k < static_cast<I>(hi); k++) {
+    const T f = xr[k * s - pb];
+    const bool nan = f != f;  // false for integers: the compiler drops it
+    best[k] = nan ? f : value[k];
+    at[k] = nan ? base + k * s - pb : base + column[k];
+  }
+  for (int64_t k = hi; k < static_cast<int64_t>(C.out); k++) edge(k);
+}
+
+// Folds row r's RowMax into an output row's running best; an empty column's Lowest never takes.
+template <typename T, typename I>
+void FoldRow(int64_t n, int64_t r, int64_t width, const T *__restrict value, const I *__restrict column,
+             T *__restrict best, I *__restrict at) {
+  const I base = static_cast<I>(r * width);
+  int64_t k = 0;
+  if constexpr (std::is_floating_point<T>::value && sizeof(typename Lanes<T>::E) == sizeof(I)) {
+    // Written out: g++ would turn the selects into masked stores, which are slow on AMD cores.
+    typedef Lanes<T> L;
+    for (; k + L::N <= n; k += L::N) {
+      typename L::V v = L::Load(value + k), b = L::Load(best + k);
+      typename L::M c, a;
+      __builtin_memcpy(&c, column + k, sizeof c);
+      __builtin_memcpy(&a, at + k, sizeof a);
+      const typename L::M take = v > b;
+      b = take ? v : b;
+      a = take ? c + static_cast<typename L::E>(base) : a;
+      __builtin_memcpy(best + k, &b, sizeof b);
+      __builtin_memcpy(at + k, &a, sizeof a);
+    }
+  }
+  for (; k < n; k++) {
+    if (value[k] > best[k]) {
+      best[k] = value[k];
+      at[k] = base + column[k];
+    }
+  }
+}
+
+// The window maxima of one plane xp, row-major, into work.best, and their offsets in the plane into
+// work.at (-1 for a window of padding only).
+template <int S, int K, typename T, typename I>
+void PlaneArgMaxSK(const Geometry &g, const T *xp, ArgMaxWork<T, I> &work) {
+  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
+  const int64_t rows = A.in * B.in;
+  T *value = work.value.data();
+  I *column = work.column.data();
+  for (int64_t r = 0; r < rows; r++)
+    RowMax<S, K>(C, work.lo, work.hi, xp + r * C.in, value + r * C.out, column + r * C.out);
+  int64_t o = 0;
+  for (int64_t i = 0; i < A.out; i++)
+    for (int64_t j = 0; j < B.out; j++, o += C.out) {
+      T *best = work.best.data() + o;
+      I *at = work.at.data() + o;
+      const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
+      bool first = true;
+      for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
+        for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
+          const int64_t r = (a0 + ta * A.d) * B.in + b0 + tb * B.d;
+          if (first)
+            FirstRow<S>(C, work.lo, work.hi, r, xp + r * C.in, value + r * C.out, column + r * C.out, best, at);
+          else
+            FoldRow(C.out, r, C.in, value + r * C.out, column + r * C.out, best, at);
+          first = false;
+        }
+      if (first) {  // no row of x: padding only
+        std::fill(best, best + C.out, Lowest<T>());
+        std::fill(at, at + C.out, I(-1));
+      }
+    }
+}
+
+// PlaneArgMaxSK with the common strides and kernel sizes of the last axis compiled in (floating-point
+// dtypes and int32 offsets: the ones that matter for speed).
+template <typename T, typename I>
+void PlaneArgMax(const Geometry &g, const T *xp, ArgMaxWork<T, I> &work) {
+  if constexpr (std::is_floating_point<T>::value && sizeof(I) == 4) {
+    const int64_t s = g.axis[2].s, k = g.axis[2].k;
+    if (s == 2 && k == 3) return PlaneArgMaxSK<2, 3>(g, xp, work);
+    if (s == 2 && k == 2) return PlaneArgMaxSK<2, 2>(g, xp, work);
+    if (s == 1 && k == 3) return PlaneArgMaxSK<1, 3>(g, xp, work);
+    if (s == 1 && k == 2) return PlaneArgMaxSK<1, 2>(g, xp, work);
+  }
+  PlaneArgMaxSK<0, 0>(g, xp, work);
+}
+
+template <typename T, typename I, typename Emit>
+void ArgMaxPlanes(const Geometry &g, const T *x, int64_t lo, int64_t hi, Emit emit) {
+  ArgMaxWork<T, I> work(g);
+  for (int64_t plane = lo; plane < hi; plane++) {
+    PlaneArgMax(g, x + plane * g.in_size(), work);
+    emit(plane, work.best.data(), work.at.data());
+  }
+}
+
+// emit(plane, best, at) for every plane, on the pool; int32 offsets where a plane has fewer than 2^31
+// elements.
+template <typename T, typename Emit>
+void ForArgMax(const Geometry &g, const T *x, Emit emit) {
+  const bool narrow = g.in_size() <= std::numeric_limits<int32_t>::max();
+  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+    if (narrow) ArgMaxPlanes<T, int32_t>(g, x, lo, hi, emit);
+    else ArgMaxPlanes<T, int64_t>(g, x, lo, hi, emit);
+  });
+}
+
 // The maximum and where it is (its flat offset in x, or -1 for a window of padding only).
 template <typename T>
 int MaxPoolIndicesT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t H = g.axis[1].in, W = g.axis[2].in, D = g.axis[0].in;
-  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
-    for (int64_t plane = lo; plane < hi; plane++) {
-      const T *xp = x + plane * in;
-      T *yp = y + plane * out;
-      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-        T best;
-        const int64_t at = ArgMax(g, xp, i, j, k, &best);
-        yp[o] = best;
-        int64_t index = at;
-        if (at >= 0 && column_major) {  // the spatial position counted first dim fastest
-          const int64_t w = at % W, h = at / W % H, d = at / (W * H);
-          index = (w * H + h) * D + d;
-        }
-        indices[plane * out + o] = at < 0 ? -1 : plane * in + index;
-      });
+  ForArgMax(g, x, [&](int64_t plane, const T *best, const auto *at) {
+    std::copy(best, best + out, y + plane * out);
+    int64_t *ip = indices + plane * out;
+    const int64_t offset = plane * in;
+    if (!column_major) {
+      for (int64_t o = 0; o < out; o++) ip[o] = at[o] < 0 ? -1 : offset + at[o];
+      return;
+    }
+    for (int64_t o = 0; o < out; o++) {  // the spatial position counted first dim fastest
+      const int64_t index = at[o], w = index % W, h = index / W % H, d = index / (W * H);
+      ip[o] = index < 0 ? -1 : offset + (w * H + h) * D + d;
     }
   });
   return 0;
 }
 
+// dy added at each window's first maximum.
 template <typename T>
 int MaxPoolGradT(const Geometry &g, const T *dy, const T *x, T *dx) {
   const int64_t in = g.in_size(), out = g.out_size();
-  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
-    std::memset(dx + lo * in, 0, sizeof(T) * (hi - lo) * in);
-    for (int64_t plane = lo; plane < hi; plane++) {
-      const T *xp = x + plane * in, *dyp = dy + plane * out;
-      T *dxp = dx + plane * in;
-      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-        T best;
-        const int64_t at = ArgMax(g, xp, i, j, k, &best);
-        if (at >= 0) dxp[at] += dyp[o];
-      });
-    }
+  ForArgMax(g, x, [&](int64_t plane, const T *, const auto *at) {
+    T *dxp = dx + plane * in;
+    const T *dyp = dy + plane * out;
+    std::memset(dxp, 0, sizeof(T) * in);
+    for (int64_t o = 0; o < out; o++)
+      if (at[o] >= 0) dxp[at[o]] += dyp[o];
   });
   return 0;
 }
@@ -265,20 +478,44 @@ int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
   return 0;
 }
 
+// Each window's share of dy (dy over its count), one output row at a time, added to the window's taps
+// row by row of x: the loops over a row's windows and taps keep to one row of dx.
 template <typename T>
 int AveragePoolGradT(const Geometry &g, const T *dy, T *dx, bool include_pad) {
+  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
+  int64_t k_lo, k_hi;
+  Interior(C, &k_lo, &k_hi);
   ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
-    std::memset(dx + lo * in, 0, sizeof(T) * (hi - lo) * in);
+    std::vector<T> share(C.out);
     for (int64_t plane = lo; plane < hi; plane++) {
       const T *dyp = dy + plane * out;
       T *dxp = dx + plane * in;
-      ForEachOutput(g, [&](int64_t o, int64_t i, int64_t j, int64_t k) {
-        const int64_t n = Count(g, i, j, k, include_pad);
-        if (n == 0) return;
-        const T share = dyp[o] / static_cast<T>(n);
-        ForEachTap(g, i, j, k, [&](int64_t p) { dxp[p] += share; });
-      });
+      std::memset(dxp, 0, sizeof(T) * in);
+      for (int64_t i = 0; i < A.out; i++)
+        for (int64_t j = 0; j < B.out; j++, dyp += C.out) {
+          for (int64_t k = 0; k < C.out; k++) {
+            const int64_t n = Count(g, i, j, k, include_pad);
+            share[k] = n > 0 ? dyp[k] / static_cast<T>(n) : T(0);
+          }
+          const int64_t a0 = i * A.s - A.pb, b0 = j * B.s - B.pb;
+          for (int64_t ta = A.first[i]; ta < A.last[i]; ta++)
+            for (int64_t tb = B.first[j]; tb < B.last[j]; tb++) {
+              T *row = dxp + ((a0 + ta * A.d) * B.in + b0 + tb * B.d) * C.in;
+              auto edge = [&](int64_t k) {
+                for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) row[k * C.s - C.pb + tc * C.d] += share[k];
+              };
+              for (int64_t k = 0; k < k_lo; k++) edge(k);
+              for (int64_t tc = 0; tc < C.k; tc++) {  // the whole windows, a tap at a time: no inner bounds
+                T *at = row + tc * C.d - C.pb;
+                if (C.s == 2)
+                  for (int64_t k = k_lo; k < k_hi; k++) at[2 * k] += share[k];
+                else
+                  for (int64_t k = k_lo; k < k_hi; k++) at[k * C.s] += share[k];
+              }
+              for (int64_t k = k_hi; k < C.out; k++) edge(k);
+            }
+        }
     }
   });
   return 0;

@@ -1,0 +1,74 @@
+"""layer_norm and lrn (and lrn_grad) kernels on opforge's thread pool against their NumPy references: rows and
+blocks of positions past the grain, widths that are not multiples of a vector, data far from zero, 1 and 2
+threads."""
+import numpy as np
+import pytest
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.layer_norm import layer_norm_reference
+from opforge.builtins.lrn import lrn_grad_reference, lrn_reference
+from opforge.operator import PyKernel
+from opforge.runtime.dispatch import select_kernel
+
+ops = opforge.ops
+TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-7, atol=1e-10)}
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = opforge.get_num_threads()
+    opforge.set_num_threads(request.param)
+    yield request.param
+    opforge.set_num_threads(before)
+
+
+def assert_native(name, *arrays):
+    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
+    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
+
+
+def normal(shape, dtype, seed, loc=0.0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale + loc).astype(dtype)
+
+
+@pytest.mark.parametrize("shape, axis", [((300, 257), -1), ((3, 50, 1001), 1), ((2, 5000), 1), ((513, 7), 1),
+                                         ((4, 3, 70000), 2)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("loc", [0.0, 300.0])  # a mean far from zero: the variance must not cancel
+def test_layer_norm_matches_reference(shape, axis, dtype, loc, threads):
+    x = normal(shape, dtype, seed=1, loc=loc)
+    normalised = shape[axis % len(shape):]
+    scale, bias = normal(normalised, dtype, seed=2), normal(normalised[-1:], dtype, seed=3)  # bias broadcast
+    assert_native("layer_norm", x, scale, bias)
+    got = ops.layer_norm(x, scale, bias, axis=axis, epsilon=1e-5)
+    want = layer_norm_reference(x, scale, bias, axis=axis, epsilon=1e-5)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, **TOLERANCE[dtype])
+
+
+def test_layer_norm_constant_rows():
+    """Zero variance: inv_std_dev is 1 / sqrt(epsilon) exactly as the reference has it, y is the bias."""
+    x = np.full((3, 40), 2.5, np.float32)
+    scale, bias = np.ones(40, np.float32), np.arange(40, dtype=np.float32)
+    y, mean, inv = ops.layer_norm(x, scale, bias, epsilon=1e-3)
+    np.testing.assert_array_equal(mean, np.full((3, 1), 2.5, np.float32))
+    np.testing.assert_allclose(inv, np.full((3, 1), 1 / np.sqrt(np.float32(1e-3))), rtol=1e-6)
+    np.testing.assert_array_equal(y, np.broadcast_to(bias, (3, 40)))
+
+
+LRN_CASES = [((2, 64, 19, 23), dict(size=5, alpha=1e-4, beta=0.75, bias=1.0)),  # blocks of positions, a tail
+             ((3, 7, 300), dict(size=3, alpha=0.3, beta=0.6, bias=1.5)),
+             ((1, 9, 2), dict(size=4, alpha=0.5, beta=1.3, bias=0.5)),  # fewer positions than a vector
+             ((2, 3, 700), dict(size=8, alpha=0.2, beta=0.75, bias=2.0))]  # a window wider than the channels
+
+
+@pytest.mark.parametrize("shape, attrs", LRN_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lrn_and_gradient_match_references(shape, attrs, dtype, threads):
+    x, dy = normal(shape, dtype, seed=4, scale=3.0), normal(shape, dtype, seed=5)
+    assert_native("lrn", x)
+    assert_native("lrn_grad", dy, x)
+    np.testing.assert_allclose(ops.lrn(x, **attrs), lrn_reference(x, **attrs), **TOLERANCE[dtype])
+    np.testing.assert_allclose(ops.lrn_grad(dy, x, **attrs), lrn_grad_reference(dy, x, **attrs), **TOLERANCE[dtype])

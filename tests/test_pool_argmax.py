@@ -1,0 +1,119 @@
+"""max_pool_with_indices and max_pool_grad (pool.cc's vectorised argmax passes) and global_average_pool against
+their NumPy references, exactly: ties (small integers), NaN and -inf anywhere in a window, widths past the
+vector blocks, the strides and kernels the kernel compiles in and others, padding, dilation, ceil_mode, 1 to 3
+spatial dims, at 1 and 2 threads."""
+import numpy as np
+import pytest
+
+import opforge
+from opforge import TensorSpec
+from opforge.builtins.global_average_pool import global_average_pool_reference
+from opforge.builtins.max_pool import max_pool_grad_reference, max_pool_with_indices_reference
+from opforge.operator import PyKernel
+from opforge.runtime.dispatch import select_kernel
+
+ops = opforge.ops
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = opforge.get_num_threads()
+    opforge.set_num_threads(request.param)
+    yield request.param
+    opforge.set_num_threads(before)
+
+
+def assert_native(name, *arrays):
+    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
+    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
+
+
+def tied(shape, dtype, seed, specials=True):
+    """Small integers (many ties); for floats some NaN and -inf too, first taps of windows included."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, shape).astype(dtype)
+    if specials and np.dtype(dtype).kind == "f":
+        x[rng.random(shape) < 0.05] = np.nan
+        x[rng.random(shape) < 0.03] = -np.inf
+    return x
+
+
+def full(attrs):
+    """The attributes with max_pool's defaults filled in, as the references take them."""
+    return dict(dict(strides=[], pads=[], dilations=[], ceil_mode=False), **attrs)
+
+
+CASES = [  # (x shape, attributes)
+    ((2, 3, 21, 37), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),  # ResNet's stem
+    ((1, 2, 17, 40), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ((1, 2, 9, 45), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ((1, 2, 8, 33), dict(kernel_shape=[2, 2], strides=[1, 1], pads=[0, 1, 0, 0])),
+    ((1, 2, 11, 50), dict(kernel_shape=[3, 3], strides=[2, 2], dilations=[2, 2], pads=[2, 2, 1, 2])),
+    ((1, 2, 10, 52), dict(kernel_shape=[3, 4], strides=[3, 3], pads=[1, 2, 0, 1], ceil_mode=True)),
+    ((2, 2, 64), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ((1, 2, 5, 6, 41), dict(kernel_shape=[2, 3, 3], strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1])),
+    ((1, 1, 3, 3), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[2, 2, 2, 2], ceil_mode=True)),  # padding-only windows
+]
+
+
+@pytest.mark.parametrize("shape, attrs", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_pool_argmax_matches_reference_exactly(shape, attrs, dtype, threads):
+    x = tied(shape, dtype, seed=len(shape) + shape[-1])
+    assert_native("max_pool_with_indices", x)
+    for order in (0, 1):
+        y, indices = ops.max_pool_with_indices(x, storage_order=order, **attrs)
+        want_y, want_indices = max_pool_with_indices_reference(x, storage_order=order, **full(attrs))
+        np.testing.assert_array_equal(indices, want_indices)
+        np.testing.assert_array_equal(y, want_y)  # NaN where NaN
+    dy = np.random.default_rng(1).integers(-4, 5, y.shape).astype(dtype)  # sums exact in any order
+    assert_native("max_pool_grad", dy, x)
+    np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs),
+                                  max_pool_grad_reference(dy, x, storage_order=0, **full(attrs)))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
+def test_max_pool_indices_integers(dtype, threads):
+    x = tied((2, 2, 13, 35), dtype, seed=3) + (3 if dtype == "uint8" else 0)
+    for shape_attrs in CASES[:3]:
+        attrs = shape_attrs[1]
+        got, want = ops.max_pool_with_indices(x, **attrs), max_pool_with_indices_reference(x, storage_order=0, **full(attrs))
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_max_pool_grad_past_the_grain(threads):
+    """Many planes (the pool splits them) of the stem's shape, every window a different first maximum."""
+    x = tied((4, 16, 30, 30), "float32", seed=5, specials=False)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    dy = np.random.default_rng(6).integers(-4, 5, ops.max_pool(x, **attrs).shape).astype("float32")
+    np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs),
+                                  max_pool_grad_reference(dy, x, storage_order=0, **full(attrs)))
+
+
+def test_first_tap_nan_wins_and_later_nan_never_does():
+    x = np.array([[[[np.nan, 1, 2, 3], [4, 5, 6, np.nan]]]], np.float32)  # 1 x 1 x 2 x 4
+    y, indices = ops.max_pool_with_indices(x, kernel_shape=[2, 2], strides=[1, 1])
+    assert np.isnan(y[0, 0, 0, 0]) and indices[0, 0, 0, 0] == 0  # the first tap
+    np.testing.assert_array_equal(y[0, 0, 0, 1:], [6, 6])
+    np.testing.assert_array_equal(indices[0, 0, 0, 1:], [6, 6])  # NaN at offset 7 never wins
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 7), (2, 3, 1), (1, 2, 3, 257), (2, 70000), (1, 3, 5000, 3), (2, 3, 0, 4)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_global_average_pool_sizes(shape, dtype, threads):
+    """Planes shorter than a vector, longer than a lane block, many planes (past the grain) and empty ones."""
+    x = np.random.default_rng(7).uniform(-4, 4, shape).astype(dtype) + 3
+    if x.size:
+        assert_native("global_average_pool", x)
+    got, want = ops.global_average_pool(x), global_average_pool_reference(x) if x.size else None
+    if want is None:
+        want = np.zeros(shape[:2] + (1,) * (len(shape) - 2), dtype)
+    tolerance = dict(rtol=2e-6) if dtype == "float32" else dict(rtol=1e-13)
+    np.testing.assert_allclose(got, want, **tolerance)
+    assert got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_global_average_pool_many_planes(threads):
+    x = np.random.default_rng(8).standard_normal((16, 1024, 7, 7)).astype("float32")
+    np.testing.assert_allclose(ops.global_average_pool(x), global_average_pool_reference(x), rtol=2e-6, atol=1e-7)
