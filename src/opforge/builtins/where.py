@@ -45,14 +45,28 @@ def where_grad(saved, dout):
 
 
 WHERE = BROADCAST_HELPERS + r"""
+#include <cstring>
+#include <type_traits>
+
 // n elements of out, each input read with its own element step (1:
 // contiguous, 0: broadcast).  Both values are loaded before the choice, so
 // the all-contiguous loop is a branch-free blend the compiler vectorizes.
+// The contiguous loop chooses by bits (a mask from the condition byte), which
+// vectorizes for every element type and never branches on the data.
+typedef std::conditional<sizeof(T) == 8, uint64_t,
+        std::conditional<sizeof(T) == 4, uint32_t, std::conditional<sizeof(T) == 2, uint16_t, uint8_t>::type>::type>::type
+    Bits;
+
 static void Choose(const bool *c, int64_t ic, const T *x, int64_t ix, const T *y, int64_t iy, T *out, int64_t n) {
   if (ic == 1 && ix == 1 && iy == 1) {
+    const uint8_t *cb = reinterpret_cast<const uint8_t *>(c);
     for (int64_t i = 0; i < n; i++) {
-      const T a = x[i], b = y[i];
-      out[i] = c[i] ? a : b;
+      Bits a, b, r;
+      std::memcpy(&a, x + i, sizeof(T));
+      std::memcpy(&b, y + i, sizeof(T));
+      const Bits mask = Bits(0) - Bits(cb[i] != 0);
+      r = (a & mask) | (b & ~mask);
+      std::memcpy(out + i, &r, sizeof(T));
     }
   } else if (ic == 0) {  // one condition for the whole run: a copy of one side
     const T *from = c[0] ? x : y;
@@ -75,6 +89,12 @@ extern "C" int Where(int nparam, void **params, int *ndims, int64_t **shapes, co
   const int rank = ndims[3];
   const int64_t n = Count(rank, shapes[3]);
   if (n == 0) return 0;
+  if (Count(ndims[0], shapes[0]) == n && Count(ndims[1], shapes[1]) == n && Count(ndims[2], shapes[2]) == n) {
+    // all of the output's shape: one linear run, cut into ranges for the pool
+    opforge::parallel_for(0, n, OPFORGE_GRAIN,
+                          [&](int64_t lo, int64_t hi) { Choose(c + lo, 1, x + lo, 1, y + lo, 1, out + lo, hi - lo); });
+    return 0;
+  }
   // Rows of the coalesced output, one offset per input carried by an
   // odometer (stride 0 along the dims it is broadcast over); ranges of rows in parallel.
   std::vector<int64_t> shape(shapes[3], shapes[3] + rank);

@@ -9,11 +9,16 @@
 // into chunks of at least `grain` and runs fn(chunk_begin, chunk_end,
 // context) on the calling thread and the pool's workers, returning when all
 // chunks are done.  Workers sleep on a condition variable between calls, so
-// an idle pool takes no CPU from NumPy's or torch's BLAS threads.  A call from
+// an idle pool takes no CPU from NumPy's or torch's BLAS threads; for a short
+// while after a job (kSpin) they, and a caller waiting for them, watch for the
+// next event without sleeping, because waking a sleeping thread costs tens of
+// microseconds, as much as a short kernel's whole run, and kernels tend to come
+// back to back (a graph, a training step).  A call from
 // inside a chunk, or while another thread holds the pool, runs serially on
 // its caller: threads never pile up.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -28,6 +33,21 @@ namespace {
 
 thread_local int thread_index = 0;        // 0: a caller; workers are 1..n-1
 thread_local bool inside_a_chunk = false;
+
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// Polls `ready` until it holds or kSpin has passed; whether it held.
+template <typename Ready>
+bool SpinUntil(const Ready &ready) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int k = 0;; ++k) {
+    if (ready()) return true;
+    if ((k & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
 
 class Pool {
  public:
@@ -60,13 +80,14 @@ class Pool {
       fn_ = fn;
       context_ = context;
       next_.store(0, std::memory_order_relaxed);
-      active_ = static_cast<int>(workers_.size());
-      ++generation_;
+      active_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     Chunks();
+    if (SpinUntil([this] { return active_.load(std::memory_order_acquire) == 0; })) return true;
     std::unique_lock<std::mutex> hold(mutex_);
-    done_.wait(hold, [this] { return active_ == 0; });
+    done_.wait(hold, [this] { return active_.load(std::memory_order_acquire) == 0; });
     return true;
   }
 
@@ -84,15 +105,16 @@ class Pool {
     thread_index = index;
     uint64_t seen = 0;
     for (;;) {
+      SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });  // then sleep
       {
-        std::unique_lock<std::mutex> hold(mutex_);
-        wake_.wait(hold, [&] { return stopping_ || generation_ != seen; });
+        std::unique_lock<std::mutex> hold(mutex_);  // the job's fields were written under this lock
+        wake_.wait(hold, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
         if (stopping_) return;
-        seen = generation_;
+        seen = generation_.load(std::memory_order_relaxed);
       }
       Chunks();
       std::lock_guard<std::mutex> hold(mutex_);
-      if (--active_ == 0) done_.notify_one();
+      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.notify_one();
     }
   }
 
@@ -102,8 +124,8 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   bool stopping_ = false;
-  uint64_t generation_ = 0;
-  int active_ = 0;
+  std::atomic<uint64_t> generation_{0};  // changed under mutex_; read without it while spinning
+  std::atomic<int> active_{0};
   int64_t begin_ = 0, end_ = 0, chunks_ = 0;
   RangeFn fn_ = nullptr;
   void *context_ = nullptr;
