@@ -33,8 +33,10 @@ def comparison(name, numpy_fn, operator):
 
     reference.__name__ = f"{name}_reference"
     op.reference(reference)
-    op.kernel(function="Binary", code=_EVERY_DTYPE, dtypes=[(d, d) for d in NUMERIC],
-              name=name.title().replace("_", ""), cflags=["-fno-trapping-math", "-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
+    for isa in (None, "avx2", "avx512"):  # wider compares, and masks packed to bytes in fewer steps
+        op.kernel(function="Binary", code=_EVERY_DTYPE, dtypes=[(d, d) for d in NUMERIC], isa=isa,
+                  name=name.title().replace("_", ""),
+                  cflags=["-fno-trapping-math", "-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])
     return op
 
 
