@@ -236,7 +236,8 @@ extern "C" int LrnGrad(int nparam, void **params, int *ndims, int64_t **shapes, 
 }
 """
 for _isa in (None, "avx2"):  # vecmath.h's rules: explicit FMAs only, selects as blends
-    lrn.kernel(function="Lrn", dtypes={"x": FLOATS}, isa=_isa, code=LRN_CC, **VECMATH)
+    lrn.kernel(function="Lrn", dtypes={"x": FLOATS}, isa=_isa, code=LRN_CC,
+               include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa
 
 
@@ -256,5 +257,6 @@ def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
 
 
 for _isa in (None, "avx2"):
-    lrn_grad.kernel(function="LrnGrad", dtypes={"dy": FLOATS, "x": FLOATS}, isa=_isa, code=LRN_CC, **VECMATH)
+    lrn_grad.kernel(function="LrnGrad", dtypes={"dy": FLOATS, "x": FLOATS}, isa=_isa, code=LRN_CC,
+                    include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa

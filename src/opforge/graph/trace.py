@@ -18,6 +18,8 @@ import threading
 
 import numpy as np
 
+from ..attrs import attr_key
+from ..bounded_cache import BoundedCache
 from ..errors import TracingError
 from ..runtime import dispatch
 from ..spec import TensorSpec
@@ -62,13 +64,29 @@ def _record(op, attrs, args):
     args = [a.as_tensor(dtype) if isinstance(a, SymDim) else a for a in args]
     inputs = [a if isinstance(a, Value) or a is None else
               builder.constant(np.asarray(a, dtype) if type(a) in (int, float, bool) else a) for a in args]
-    out_specs = op.infer_specs([None if v is None else v.spec for v in inputs], attrs)
+    out_specs = _inferred([None if v is None else v.spec for v in inputs], op, attrs)
     node = Node(op, inputs, attrs, out_specs)
     builder.nodes.append(node)
     return tuple(node.outputs) if op.tuple_output else node.outputs[0]
 
 
 dispatch.INTERCEPTORS.append(_record)
+
+# Output specs by (op, its inference and check functions, input specs, attributes):
+# a function traced on every call (opforge.grad) records the same calls again.
+_INFERRED: BoundedCache[tuple[object, ...], tuple[TensorSpec, ...]] = BoundedCache(4096)
+
+
+def _inferred(specs, op, attrs):
+    try:
+        key = (op, op.infer_fn, op.check_fn, tuple(specs), attr_key(attrs))
+        cached = _INFERRED.get(key)
+    except TypeError:  # an unhashable attribute value: infer afresh
+        return op.infer_specs(specs, attrs)
+    if cached is None:
+        cached = tuple(op.infer_specs(specs, attrs))
+        _INFERRED.put(key, cached)
+    return list(cached)
 
 
 def _input_spec(k, arg):
