@@ -9,11 +9,11 @@
 // into chunks of at least `grain` and runs fn(chunk_begin, chunk_end,
 // context) on the calling thread and the pool's workers, returning when all
 // chunks are done.  Workers sleep on a condition variable between calls, so
-// an idle pool takes no CPU from NumPy's or torch's BLAS threads; for a short
-// while after a job (kSpin) they, and a caller waiting for them, watch for the
-// next event without sleeping, because waking a sleeping thread costs tens of
-// microseconds, as much as a short kernel's whole run, and kernels tend to come
-// back to back (a graph, a training step).  A call from
+// an idle pool takes no CPU from NumPy's or torch's BLAS threads (workers that
+// spun for the next job took cores from OpenBLAS's threads in a model's
+// matmuls).  A caller done with its chunks polls for the workers' end for a
+// short while (kSpin) before sleeping: waking it would cost tens of
+// microseconds, as much as a short kernel's whole run.  A call from
 // inside a chunk, or while another thread holds the pool, runs serially on
 // its caller: threads never pile up.
 #include <algorithm>
@@ -105,7 +105,6 @@ class Pool {
     thread_index = index;
     uint64_t seen = 0;
     for (;;) {
-      SpinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; });  // then sleep
       {
         std::unique_lock<std::mutex> hold(mutex_);  // the job's fields were written under this lock
         wake_.wait(hold, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
