@@ -5,6 +5,8 @@ and AVX2 builds) sums each (n, c) plane in vector lanes, block by block into
 a double, and runs the planes on opforge's pool; the gradient is mean's, over
 the spatial axes.
 """
+from pathlib import Path
+
 import numpy as np
 
 import opforge
@@ -56,54 +58,12 @@ GLOBAL_AVERAGE_POOL_CC = r"""
 
 typedef OPFORGE_T T;
 
+#include "lanes.h"
+
 namespace {
 
-// Vectors of 32 bytes (GCC's vector extensions: one AVX register, two SSE ones).
-typedef T V __attribute__((vector_size(32)));
-const int kLanes = sizeof(V) / sizeof(T);
-// Lane sums run over at most this many elements before they are added into a double: a float32
-// lane then holds at most 128 terms, and a plane's mean stays within a few ulps of the exact one.
-const int64_t kBlock = 4096;
 // Planes run on opforge's pool in ranges of about this many elements.
 const int64_t kParallelWork = 1 << 15;
-
-inline V Load(const T *p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// The sum of a vector's lanes, as a tree of halves.
-template <typename W>
-inline T SumLanes(W v) {
-  if constexpr (sizeof(W) / sizeof(T) == 8) {
-    auto h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-    auto q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
-    return q[0] + q[1];
-  } else {
-    auto h = __builtin_shufflevector(v, v, 0, 1) + __builtin_shufflevector(v, v, 2, 3);
-    return h[0] + h[1];
-  }
-}
-
-double PlaneSum(const T *x, int64_t n) {
-  double total = 0;
-  int64_t i = 0;
-  while (n - i >= kLanes) {
-    const int64_t end = i + std::min(kBlock, (n - i) / kLanes * kLanes);
-    V a = {}, b = {}, c = {}, d = {};  // four chains: the adds' latency overlaps
-    for (; i + 4 * kLanes <= end; i += 4 * kLanes) {
-      a += Load(x + i);
-      b += Load(x + i + kLanes);
-      c += Load(x + i + 2 * kLanes);
-      d += Load(x + i + 3 * kLanes);
-    }
-    for (; i < end; i += kLanes) a += Load(x + i);
-    total += SumLanes((a + b) + (c + d));
-  }
-  for (; i < n; i++) total += x[i];
-  return total;
-}
 
 }  // namespace
 
@@ -121,7 +81,7 @@ extern "C" int GlobalAveragePool(int nparam, void **params, int *ndims, int64_t 
   }
   try {
     opforge::parallel_for(0, planes, std::max<int64_t>(1, kParallelWork / size), [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; p++) y[p] = static_cast<T>(PlaneSum(x + p * size, size) / size);
+      for (int64_t p = lo; p < hi; p++) y[p] = static_cast<T>(LaneSum(x + p * size, size, [](auto v) { return v; }) / size);
     });
   } catch (...) {  // (the pool): nothing crosses the ABI
     return 2;
@@ -131,5 +91,6 @@ extern "C" int GlobalAveragePool(int nparam, void **params, int *ndims, int64_t 
 """
 for _isa in (None, "avx2"):  # (its vectors are 32 bytes: AVX-512 gains nothing)
     global_average_pool.kernel(function="GlobalAveragePool", dtypes={"x": FLOATS}, isa=_isa,
-                               cflags=["-Wno-psabi"], code=GLOBAL_AVERAGE_POOL_CC)
+                               cflags=["-Wno-psabi"], include_dirs=[str(Path(__file__).parent)],
+                               code=GLOBAL_AVERAGE_POOL_CC)
 del _isa

@@ -11,6 +11,8 @@ element type added block by block into a double, and writes y in the
 element type; it broadcasts scale and bias itself; without a
 bias the NumPy reference runs.  The gradient covers all three outputs and every input.
 """
+from pathlib import Path
+
 import numpy as np
 
 import opforge
@@ -104,6 +106,8 @@ LAYER_NORM_CC = r"""
 
 typedef OPFORGE_T T;
 
+#include "lanes.h"
+
 namespace {
 
 // For each element of the normalised dims (x's dims from axis on), the offset of the element of a
@@ -136,53 +140,8 @@ bool Broadcast(int rank, const int64_t *x, int64_t axis, int ndim, const int64_t
   return true;
 }
 
-// Vectors of 32 bytes (GCC's vector extensions: one AVX register, two SSE ones).
-typedef T V __attribute__((vector_size(32)));
-const int kLanes = sizeof(V) / sizeof(T);
-// Lane sums of the squares run over at most this many elements before they are added into a double
-// (a float32 lane then holds at most 128 terms).
-const int64_t kBlock = 4096;
 // Rows run on opforge's pool in ranges of about this many elements.
 const int64_t kParallelWork = 1 << 15;
-
-inline V Load(const T *p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-
-template <typename E, typename W>
-inline E SumLanes(W v) {  // a tree of halves (E: the lanes' type)
-  if constexpr (sizeof(W) / sizeof(E) == 8) {
-    auto h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-    auto q = __builtin_shufflevector(h, h, 0, 1) + __builtin_shufflevector(h, h, 2, 3);
-    return q[0] + q[1];
-  } else {
-    auto h = __builtin_shufflevector(v, v, 0, 1) + __builtin_shufflevector(v, v, 2, 3);
-    return h[0] + h[1];
-  }
-}
-
-// The sum of f(x[i]) over a row: four chains of vector lanes, block by block into a double.
-template <typename F>
-double RowSum(const T *x, int64_t n, F f) {
-  double total = 0;
-  int64_t i = 0;
-  while (n - i >= kLanes) {
-    const int64_t end = i + std::min(kBlock, (n - i) / kLanes * kLanes);
-    V a = {}, b = {}, c = {}, d = {};
-    for (; i + 4 * kLanes <= end; i += 4 * kLanes) {
-      a += f(Load(x + i));
-      b += f(Load(x + i + kLanes));
-      c += f(Load(x + i + 2 * kLanes));
-      d += f(Load(x + i + 3 * kLanes));
-    }
-    for (; i < end; i += kLanes) a += f(Load(x + i));
-    total += SumLanes<T>((a + b) + (c + d));
-  }
-  for (; i < n; i++) total += f(x[i]);
-  return total;
-}
 
 // The sum of a row with every element in double (the mean must be closer than T's rounding: a row far
 // from zero would otherwise centre on a mean off by more than the reference allows).
@@ -242,7 +201,7 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
         // Squares about m, the mean rounded to T: sum (x - mean)^2 = sum (x - m)^2 - n (mean - m)^2.
         const T m = static_cast<T>(mean);
         const double shift = mean - m;
-        const double squares = RowSum(xr, inner, [m](auto v) {
+        const double squares = LaneSum(xr, inner, [m](auto v) {
           const auto c = v - m;
           return c * c;
         });
@@ -262,5 +221,5 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
 """
 for _isa in (None, "avx2"):
     layer_norm.kernel(function="LayerNorm", dtypes={"x": FLOATS, "scale": FLOATS, "bias": FLOATS}, isa=_isa,
-                      cflags=["-Wno-psabi"], code=LAYER_NORM_CC)
+                      cflags=["-Wno-psabi"], include_dirs=[str(Path(__file__).parent)], code=LAYER_NORM_CC)
 del _isa
