@@ -81,7 +81,7 @@ def test_native_kernel_variants():
     assert names == {
         "add": sorted(f"Add<{d},{d}>" for d in NUMERIC),
         "mul": sorted(f"Mul<{d},{d}>" for d in NUMERIC),
-        "reduce_sum": sorted(f"ReduceSum<{d}>" for d in NUMERIC),
+        "reduce_sum": sorted(f"ReduceSum{i}<{d}>" for d in NUMERIC for i in VECMATH_ISAS),
         "softmax": sorted(f"Softmax{i}<{d}>" for d in FLOATS for i in VECMATH_ISAS),
         "exp": sorted(f"Exp{i}<{d}>" for d in FLOATS for i in VECMATH_ISAS),
         "tanh": sorted(f"Tanh{i}<{d}>" for d in FLOATS for i in VECMATH_ISAS),
@@ -187,7 +187,7 @@ def test_reduce_sum(dtype, shape, keep_dims, data):
     rank = len(shape)
     chosen = data.draw(st.lists(st.integers(0, max(rank - 1, 0)), unique=True, max_size=rank))
     axes = [a - rank if data.draw(st.booleans()) else a for a in chosen]  # negative axes too
-    got = check(reduce_sum, [x], kernel=f"ReduceSum<{dtype}>", axes=axes, keep_dims=keep_dims)
+    got = check(reduce_sum, [x], kernel=vecmath_kernel("ReduceSum", dtype), axes=axes, keep_dims=keep_dims)
     want = np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims)
     if dtype.startswith("int"):
         np.testing.assert_array_equal(got, want)
@@ -198,7 +198,7 @@ def test_reduce_sum(dtype, shape, keep_dims, data):
 @pytest.mark.parametrize("keep_dims", [False, True])
 def test_reduce_sum_axes(dtype, axes, keep_dims):
     x = np.arange(24).reshape(2, 3, 4).astype(dtype)
-    got = check(reduce_sum, [x], kernel=f"ReduceSum<{dtype}>", axes=axes, keep_dims=keep_dims)
+    got = check(reduce_sum, [x], kernel=vecmath_kernel("ReduceSum", dtype), axes=axes, keep_dims=keep_dims)
     np.testing.assert_array_equal(got, np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims))
 
 
@@ -214,7 +214,7 @@ def test_reduce_sum_over_an_empty_axis_is_zero(keep_dims):
 
 def test_reduce_sum_scalar_and_defaults():
     x = np.array(2.5, np.float64)
-    assert check(reduce_sum, [x], kernel="ReduceSum<float64>") == 2.5
+    assert check(reduce_sum, [x], kernel=vecmath_kernel("ReduceSum", "float64")) == 2.5
     assert check(reduce_sum, [x], keep_dims=True).shape == ()
     assert check(reduce_sum, [np.arange(6.0).reshape(2, 3)]).shape == ()  # default: every axis
 
