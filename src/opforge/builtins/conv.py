@@ -124,8 +124,9 @@ def windows(x, kernel_shape, out, strides, pads, dilations):
     spatial = len(kernel_shape)
     padded = np.pad(x, [(0, 0), (0, 0)] + [(pads[j], pads[spatial + j]) for j in range(spatial)])
     for k in np.ndindex(*kernel_shape):
-        yield k, padded[(..., *(slice(k[j] * dilations[j], k[j] * dilations[j] + (out[j] - 1) * strides[j] + 1,
-                                      strides[j]) for j in range(spatial)))]
+        window = tuple(slice(k[j] * dilations[j], k[j] * dilations[j] + (out[j] - 1) * strides[j] + 1, strides[j])
+                       for j in range(spatial))
+        yield k, padded[(Ellipsis,) + window]
 
 
 @conv.reference(fallback=True)
@@ -139,7 +140,7 @@ def conv_reference(x, w, b, *, strides, pads, dilations, group):
     weights = w.reshape(group, m // group, w.shape[1], *w.shape[2:])
     for k, window in windows(x, w.shape[2:], out, strides, pads, dilations):
         grouped = window.reshape(n, group, w.shape[1], *out)
-        y += np.einsum("ngc...,gmc->ngm...", grouped, weights[(..., *k)])
+        y += np.einsum("ngc...,gmc->ngm...", grouped, weights[(Ellipsis,) + tuple(k)])
     y = y.reshape(n, m, *out)
     if b is not None:
         y += b.reshape(m, *[1] * spatial)
@@ -626,7 +627,7 @@ def conv_weight_grad_reference(x, dy, *, kernel_shape, strides, pads, dilations,
     grads = dy.reshape(n, group, m // group, -1)
     for k, window in windows(x, kernel_shape, out, strides, pads, dilations):
         grouped = window.reshape(n, group, c // group, -1)
-        dw[(..., *k)] = np.einsum("ngcl,ngml->gmc", grouped, grads)
+        dw[(Ellipsis,) + tuple(k)] = np.einsum("ngcl,ngml->gmc", grouped, grads)
     return dw.reshape(m, c // group, *kernel_shape)
 
 

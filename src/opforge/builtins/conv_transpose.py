@@ -83,10 +83,12 @@ def conv_transpose_reference(x, w, b, *, strides, pads, dilations, group, output
     grouped = x.reshape(n, group, c // group, *x.shape[2:])
     weights = w.reshape(group, c // group, m_group, *w.shape[2:])
     for k in np.ndindex(*w.shape[2:]):
-        window = padded[(..., *(slice(k[j] * dilations[j], k[j] * dilations[j] + (x.shape[2 + j] - 1) * strides[j] + 1,
-                                      strides[j]) for j in range(spatial)))]
-        window += np.einsum("ngc...,gcm->ngm...", grouped, weights[(..., *k)])
-    y = padded[(..., *(slice(pads[j], pads[j] + out[j]) for j in range(spatial)))].reshape(n, group * m_group, *out)
+        taps = tuple(slice(k[j] * dilations[j], k[j] * dilations[j] + (x.shape[2 + j] - 1) * strides[j] + 1, strides[j])
+                     for j in range(spatial))
+        window = padded[(Ellipsis,) + taps]
+        window += np.einsum("ngc...,gcm->ngm...", grouped, weights[(Ellipsis,) + tuple(k)])
+    inside = tuple(slice(pads[j], pads[j] + out[j]) for j in range(spatial))
+    y = padded[(Ellipsis,) + inside].reshape(n, group * m_group, *out)
     if b is not None:
         y = y + b.reshape(-1, *[1] * spatial)
     return np.ascontiguousarray(y)

@@ -110,5 +110,6 @@ extern "C" int Gelu(int nparam, void **params, int *ndims, int64_t **shapes, con
 }
 """
 for _isa in VECMATH_ISAS:
-    gelu.kernel(function="Gelu", code=GELU, dtypes={"x": ["float32", "float64"]}, isa=_isa, **VECMATH)
+    gelu.kernel(function="Gelu", code=GELU, dtypes={"x": ["float32", "float64"]}, isa=_isa,
+                include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa

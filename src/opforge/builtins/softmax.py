@@ -207,6 +207,7 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
 }
 """
 for _isa in VECMATH_ISAS:
-    softmax.kernel(function="Softmax", code=SOFTMAX, dtypes={"x": ["float32", "float64"]}, isa=_isa, **VECMATH)
+    softmax.kernel(function="Softmax", code=SOFTMAX, dtypes={"x": ["float32", "float64"]}, isa=_isa,
+                   include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa
 softmax.kernel(source=gpu_source("softmax.cu", "SoftmaxGpu"), device="gpu", dtypes=same_dtypes(GPU_FLOATS))

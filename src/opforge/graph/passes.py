@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import DTypeError, NoKernelError, ShapeError
 from ..runtime.dispatch import launcher_for, select_kernel
 from ..spec import TensorSpec
-from .ir import Node, constant_node
+from .ir import Node, Value, constant_node
 
 
 def infer_shapes(graph, input_specs=None):
@@ -60,7 +60,7 @@ def fold_constants(graph) -> int:
     """Evaluate nodes whose inputs are all constants; replace them by constants.
     Only ops declared ``no_side_effect``, and only in the plain layout."""
     folded = 0
-    replacement = {}
+    replacement: dict[int, Value] = {}
     nodes = []
     for node in graph.nodes:
         node.inputs = [replacement.get(v.id, v) if v is not None else None for v in node.inputs]
@@ -90,7 +90,7 @@ def fold_batch_norm_into_conv(graph) -> int:
     the bias (if any) and the four statistics are constants: per output channel
     a = scale / sqrt(var + epsilon), w' = w * a, b' = (b - mean) * a + bias,
     computed in float64 and cast back.  Returns the number of batch_norms folded."""
-    readers = {}
+    readers: dict[int, int] = {}  # value id -> how many places read it
     for node in graph.nodes:
         for v in node.inputs:
             if v is not None:
