@@ -21,3 +21,20 @@ def fresh():
     yield names
     for name in names:
         opforge.registry.unregister(name)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Runs the test once on one thread and once on two (opforge's pool), restoring the size after."""
+    before = opforge.get_num_threads()
+    opforge.set_num_threads(request.param)
+    yield request.param
+    opforge.set_num_threads(before)
+
+
+@pytest.fixture
+def set_threads():
+    """opforge.set_num_threads for the test to call; the pool's size is restored after."""
+    before = opforge.get_num_threads()
+    yield opforge.set_num_threads
+    opforge.set_num_threads(before)

@@ -164,3 +164,13 @@ def random_weights(model, seed=0):
     del changed.graph.node[:]
     changed.graph.node.extend(kept)
     return changed
+
+
+def assert_native(name, *arrays):
+    """The op's native kernel takes these inputs (else a NumPy fallback would pass any test)."""
+    from opforge import TensorSpec
+    from opforge.operator import PyKernel
+    from opforge.runtime.dispatch import select_kernel
+
+    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
+    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"

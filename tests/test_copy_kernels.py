@@ -5,21 +5,11 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge import TensorSpec
 from opforge.builtins.pad import pad_grad_reference, pad_reference
 from opforge.builtins.topk import topk_reference
-from opforge.operator import PyKernel
-from opforge.runtime.dispatch import select_kernel
+from helpers import assert_native
 
 ops = opforge.ops
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = opforge.get_num_threads()
-    opforge.set_num_threads(request.param)
-    yield request.param
-    opforge.set_num_threads(before)
 
 
 def data(shape, dtype, seed=0):
@@ -27,12 +17,6 @@ def data(shape, dtype, seed=0):
     if np.dtype(dtype).kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     return rng.integers(-100, 100, shape).astype(dtype)
-
-
-def native(name, *arrays):
-    """The op's native kernel takes these inputs (a NumPy fallback would pass any test)."""
-    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
-    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
 
 
 def same(got, want):
@@ -52,7 +36,7 @@ PADS = {  # pads on a (3, 70, 301, 33) tensor: borders on every axis, crops, a 1
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int8"])
 def test_pad_constant_copies_rows_and_fills_borders(pads, dtype, threads):
     x = data((3, 70, 301, 33), dtype)
-    native("pad", x)
+    assert_native("pad", x)
     same(ops.pad(x, pads=PADS[pads], value=-2.5), pad_reference(x, pads=PADS[pads], mode="constant", value=-2.5))
 
 
@@ -68,7 +52,7 @@ def test_pad_grad_constant_is_dy_shifted_back(pads, threads):
     x = data((3, 70, 301, 33), "float32")
     y_shape = [n + PADS[pads][k] + PADS[pads][4 + k] for k, n in enumerate(x.shape)]
     dy = data(y_shape, "float32", seed=1)
-    native("pad_grad", dy, x)
+    assert_native("pad_grad", dy, x)
     same(ops.pad_grad(dy, x, pads=PADS[pads]), pad_grad_reference(dy, x, pads=PADS[pads], mode="constant", value=0))
 
 
@@ -98,7 +82,7 @@ def test_slice_and_its_gradient(case, dtype, threads):
     for k, (s, e) in enumerate(zip(starts, ends)):
         index[axes[k] % 4] = slice(s, e, steps[k] if steps else 1)
     index = tuple(index)
-    native("slice", x)
+    assert_native("slice", x)
     same(ops.slice(x, starts=starts, ends=ends, axes=axes, steps=steps), x[index].copy())
     dy = data(x[index].shape, dtype, seed=3)
     want = np.zeros_like(x)
@@ -110,7 +94,7 @@ def test_slice_and_its_gradient(case, dtype, threads):
                                             ((257, 1), [257, 1031]), ((3,), [2, 1, 70001, 3])])
 def test_expand_on_threads(x_shape, shape, threads):
     x = data(x_shape, "float64")
-    native("expand", x)
+    assert_native("expand", x)
     same(ops.expand(x, shape=shape), np.broadcast_to(x, np.broadcast_shapes(x_shape, tuple(shape))).copy())
 
 
@@ -138,7 +122,7 @@ def test_concat_short_and_long_rows(axis, lengths, other, threads):
         shape.insert(axis % (len(other) + 1), n)
         shapes.append(shape)
     xs = [data(s, "float32", seed=k) for k, s in enumerate(shapes)]
-    native("concat", *xs)
+    assert_native("concat", *xs)
     same(ops.concat(*xs, axis=axis), np.concatenate(xs, axis=axis))
 
 
@@ -163,7 +147,7 @@ def test_topk_selection_matches_the_stable_sort(shape, axis, k, dtype, largest, 
     if x.dtype.kind == "f":
         x[rng.random(shape) < 0.05] = np.nan
         x[rng.random(shape) < 0.02] = -np.inf
-    native("topk", x)
+    assert_native("topk", x)
     values, indices = ops.topk(x, k=k, axis=axis, largest=largest)
     want_values, want_indices = topk_reference(x, k=k, axis=axis, largest=largest, sorted=True)
     np.testing.assert_array_equal(values, want_values)

@@ -124,13 +124,6 @@ def references():
     opforge.set_isa_cap(None)
 
 
-@pytest.fixture
-def threads():
-    before = opforge.get_num_threads()
-    yield opforge.set_num_threads
-    opforge.set_num_threads(before)
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", list(BOUNDS))
@@ -185,7 +178,7 @@ def test_softmax_special_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_results_do_not_depend_on_the_thread_count(dtype, threads):
+def test_results_do_not_depend_on_the_thread_count(dtype, set_threads):
     rng = np.random.default_rng(11)
     x = (rng.standard_normal(300_001) * 20).astype(dtype)  # ranges for several threads, an odd tail
     calls = [lambda: ops.exp(x), lambda: ops.log(x), lambda: ops.pow(np.abs(x), x / 8),
@@ -194,9 +187,9 @@ def test_results_do_not_depend_on_the_thread_count(dtype, threads):
              lambda: ops.softmax(x[None, :300_000]),                 # one long row, split by blocks
              lambda: ops.softmax(x[:300_000].reshape(600, 500)),     # rows split across threads
              lambda: ops.softmax(x[:300_000].reshape(60, 50, 100), axis=1)]  # lanes of a middle axis
-    threads(1)
+    set_threads(1)
     one = [call() for call in calls]
-    threads(2)
+    set_threads(2)
     two = [call() for call in calls]
     for k, (a, b) in enumerate(zip(one, two)):
         assert np.array_equal(a, b, equal_nan=True), f"call {k} changed with the thread count"

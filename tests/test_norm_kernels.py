@@ -5,27 +5,12 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge import TensorSpec
 from opforge.builtins.layer_norm import layer_norm_reference
 from opforge.builtins.lrn import lrn_grad_reference, lrn_reference
-from opforge.operator import PyKernel
-from opforge.runtime.dispatch import select_kernel
+from helpers import assert_native
 
 ops = opforge.ops
 TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-7, atol=1e-10)}
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = opforge.get_num_threads()
-    opforge.set_num_threads(request.param)
-    yield request.param
-    opforge.set_num_threads(before)
-
-
-def assert_native(name, *arrays):
-    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
-    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
 
 
 def normal(shape, dtype, seed, loc=0.0, scale=1.0):

@@ -45,16 +45,9 @@ def who_wrote(fresh):
     return op
 
 
-@pytest.fixture
-def threads():
-    before = opforge.get_num_threads()
-    yield opforge.set_num_threads
-    opforge.set_num_threads(before)
-
-
-def test_ranges_run_on_every_thread_and_cover_the_range_once(who_wrote, threads):
+def test_ranges_run_on_every_thread_and_cover_the_range_once(who_wrote, set_threads):
     x = np.arange(64.0)
-    threads(2)
+    set_threads(2)
     seen = set()
     for _ in range(20):  # a busy machine may leave one thread descheduled for a whole call: try again
         writers = (who_wrote(x) - x) / 100
@@ -63,19 +56,19 @@ def test_ranges_run_on_every_thread_and_cover_the_range_once(who_wrote, threads)
         if seen == {0.0, 1.0}:
             break
     assert seen == {0.0, 1.0}  # both took ranges
-    threads(1)
+    set_threads(1)
     np.testing.assert_array_equal(who_wrote(x), x)  # serial: all by the caller
 
 
-def test_an_exception_in_a_range_is_a_kernel_error(who_wrote, threads):
-    threads(2)
+def test_an_exception_in_a_range_is_a_kernel_error(who_wrote, set_threads):
+    set_threads(2)
     with pytest.raises(opforge.KernelError, match="a range failed"):
         who_wrote(np.full(32, -1.0))
     np.testing.assert_array_equal(who_wrote(np.zeros(8)) % 100, np.zeros(8))  # the pool still works
 
 
-def test_kernels_on_several_python_threads_share_the_pool(who_wrote, threads):
-    threads(2)
+def test_kernels_on_several_python_threads_share_the_pool(who_wrote, set_threads):
+    set_threads(2)
     x = np.arange(40.0)
     results, errors = [], []
 
@@ -94,8 +87,8 @@ def test_kernels_on_several_python_threads_share_the_pool(who_wrote, threads):
     assert not errors and len(results) == 80 and all(results)
 
 
-def test_the_pools_size(threads):
-    threads(3)
+def test_the_pools_size(set_threads):
+    set_threads(3)
     assert opforge.get_num_threads() == 3
     for bad in (0, -2, 1.5, "2", True):
         with pytest.raises(opforge.OpforgeError, match="positive int"):
@@ -109,8 +102,8 @@ def test_the_pools_size(threads):
     assert done.stdout.strip() == str(len(os.sched_getaffinity(0)))
 
 
-def test_a_forked_child_makes_its_own_pool(who_wrote, threads):
-    threads(2)
+def test_a_forked_child_makes_its_own_pool(who_wrote, set_threads):
+    set_threads(2)
     x = np.arange(16.0)
     who_wrote(x)  # the parent's pool exists
     child = os.fork()
@@ -124,14 +117,14 @@ def test_a_forked_child_makes_its_own_pool(who_wrote, threads):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-def test_set_num_threads_sets_openblas_threads_too(threads):
+def test_set_num_threads_sets_openblas_threads_too(set_threads):
     from opforge.runtime import blas
 
     if not blas.available():
         pytest.skip(f"OpenBLAS: {blas.reject_reason()}")
     handle = blas.load()
     for count in (1, 3, 2):
-        threads(count)
+        set_threads(count)
         assert handle.scipy_openblas_get_num_threads() == count
     x = np.random.default_rng(0).standard_normal((200, 300)).astype(np.float32)
     np.testing.assert_allclose(opforge.ops.matmul(x, x.T), x @ x.T, rtol=1e-4, atol=1e-4)

@@ -6,26 +6,11 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge import TensorSpec
 from opforge.builtins.global_average_pool import global_average_pool_reference
 from opforge.builtins.max_pool import max_pool_grad_reference, max_pool_with_indices_reference
-from opforge.operator import PyKernel
-from opforge.runtime.dispatch import select_kernel
+from helpers import assert_native
 
 ops = opforge.ops
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = opforge.get_num_threads()
-    opforge.set_num_threads(request.param)
-    yield request.param
-    opforge.set_num_threads(before)
-
-
-def assert_native(name, *arrays):
-    kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
-    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
 
 
 def tied(shape, dtype, seed, specials=True):

@@ -5,20 +5,10 @@ import numpy as np
 import pytest
 
 import opforge
-from opforge import TensorSpec
-from opforge.operator import PyKernel
-from opforge.runtime.dispatch import select_kernel
+from helpers import assert_native
 
 ops = opforge.ops
 N = 3 * 65536 + 7  # past every grain, not a multiple of any vector width or block
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = opforge.get_num_threads()
-    opforge.set_num_threads(request.param)
-    yield request.param
-    opforge.set_num_threads(before)
 
 
 def data(shape, dtype, seed=0, low=-4, high=4):
@@ -26,13 +16,6 @@ def data(shape, dtype, seed=0, low=-4, high=4):
     if np.dtype(dtype).kind == "f":
         return rng.uniform(low, high, shape).astype(dtype)
     return rng.integers(low, high + 1, shape).astype(dtype)
-
-
-def assert_native(name, *arrays, **attrs):
-    """The op's native kernel takes these inputs (else a NumPy fallback would pass any test)."""
-    specs = [TensorSpec(a.shape, str(a.dtype)) for a in arrays]
-    kernel = select_kernel(opforge.lookup(name), specs)
-    assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
 
 
 UNARY = {  # op: (call, NumPy, dtypes, input range)

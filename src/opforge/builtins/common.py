@@ -45,6 +45,8 @@ def zeros_like(x, dtype):
 
 FLOATS = ["float32", "float64"]
 NUMERIC = FLOATS + ["int32", "int64"]
+# The ISA variants of vectorized CPU kernels: SSE2 (every x86-64), then 8 and 16 floats a vector.
+SIMD_ISAS = (None, "avx2", "avx512")
 
 # GPU kernels: .cu sources beside the op files, each one library for every
 # dtype it lists (the element type is picked from the dtype name at run time,

@@ -9,7 +9,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST
-from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.builtins.common import NUMERIC, SIMD_ISAS, every_dtype
 
 # op name -> (NumPy function, C++ operator)
 COMPARISONS = {
@@ -33,7 +33,7 @@ def comparison(name, numpy_fn, operator):
 
     reference.__name__ = f"{name}_reference"
     op.reference(reference)
-    for isa in (None, "avx2", "avx512"):  # wider compares, and masks packed to bytes in fewer steps
+    for isa in SIMD_ISAS:  # wider compares, and masks packed to bytes in fewer steps
         op.kernel(function="Binary", code=_EVERY_DTYPE, dtypes=[(d, d) for d in NUMERIC], isa=isa,
                   name=name.title().replace("_", ""),
                   cflags=["-fno-trapping-math", "-DOPFORGE_T_y=bool", f"-DOPFORGE_BINARY(x,y)=((x) {operator} (y))"])

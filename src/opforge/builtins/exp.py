@@ -16,7 +16,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
+from opforge.builtins.common import GPU_FLOATS, SIMD_ISAS, gpu_source, same_dtypes
 
 exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Exponential, elementwise (floating-point inputs).")
@@ -46,7 +46,6 @@ def exp_grad(saved, dy):
 # vector body and the scalar tail round alike) and no FP-trap semantics (else
 # g++ will not turn the selects into vector blends below AVX).
 VECMATH = dict(include_dirs=[str(Path(__file__).parent)], cflags=["-ffp-contract=off", "-fno-trapping-math"])
-VECMATH_ISAS = (None, "avx2", "avx512")  # SSE2 (every x86-64), 8 and 16 floats a vector
 
 # y = f(x) for vecmath.h's array function VECMATH_FN, over the thread pool in
 # ranges of 32768 elements (about 10 us of work or more: worth a thread).
@@ -74,7 +73,7 @@ extern "C" int VECMATH_KERNEL(int nparam, void **params, int *ndims, int64_t **s
 def vecmath_kernels(op, kernel, fn):
     """One kernel per float dtype and ISA: ``kernel`` applying vecmath.h's ``fn``."""
     code = VECMATH_UNARY.replace("VECMATH_KERNEL", kernel).replace("VECMATH_FN", fn)
-    for isa in VECMATH_ISAS:
+    for isa in SIMD_ISAS:
         op.kernel(function=kernel, code=code, dtypes={"x": ["float32", "float64"]}, isa=isa, **VECMATH)
 
 

@@ -26,9 +26,9 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import floating_point
+from opforge.builtins.common import SIMD_ISAS, floating_point
 from opforge.builtins.erf import erf_reference
-from opforge.builtins.exp import VECMATH, VECMATH_ISAS
+from opforge.builtins.exp import VECMATH
 
 APPROXIMATIONS = ("none", "tanh")
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -109,7 +109,7 @@ extern "C" int Gelu(int nparam, void **params, int *ndims, int64_t **shapes, con
   return 0;
 }
 """
-for _isa in VECMATH_ISAS:
+for _isa in SIMD_ISAS:
     gelu.kernel(function="Gelu", code=GELU, dtypes={"x": ["float32", "float64"]}, isa=_isa,
                 include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa

@@ -10,8 +10,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import FLOATS, floating_point
-from opforge.builtins.exp import VECMATH_ISAS
+from opforge.builtins.common import FLOATS, SIMD_ISAS, floating_point
 
 hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta=0.5) -> Tensor y",
                           traits=["no_side_effect", "elementwise"],
@@ -63,7 +62,7 @@ extern "C" int HardSigmoid(int nparam, void **params, int *ndims, int64_t **shap
   return 0;
 }
 """
-for _isa in VECMATH_ISAS:
+for _isa in SIMD_ISAS:
     hard_sigmoid.kernel(function="HardSigmoid", code=HARD_SIGMOID, dtypes={"x": FLOATS}, isa=_isa,
                         cflags=["-ffp-contract=off"])  # (alpha * x + beta rounded twice, as the reference)
 del _isa

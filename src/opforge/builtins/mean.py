@@ -8,8 +8,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import FLOATS, every_dtype, floating_point, known_dims, zeros_like
-from opforge.builtins.reduce_sum import REDUCE_ISAS, REDUCE_SUM, kept_axes, reduce_sum_check, spread
+from opforge.builtins.common import FLOATS, SIMD_ISAS, every_dtype, floating_point, known_dims, zeros_like
+from opforge.builtins.reduce_sum import REDUCE_SUM, kept_axes, reduce_sum_check, spread
 from opforge.sbp import split
 from opforge.spec import UNKNOWN_RANK
 
@@ -55,6 +55,6 @@ def mean_grad(saved, dy, *, axes, keep_dims):
     return spread(opforge.ops.div(dy, count), x, axes, keep_dims)
 
 
-for isa in REDUCE_ISAS:
+for isa in SIMD_ISAS:
     mean.kernel(function="ReduceSum", code=every_dtype(REDUCE_SUM, "ReduceSum", FLOATS), dtypes=[(d,) for d in FLOATS],
                 name="Mean", cflags=["-DOPFORGE_MEAN=1"], isa=isa)

@@ -8,7 +8,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
+from opforge.builtins.common import GPU_NUMERIC, NUMERIC, SIMD_ISAS, every_dtype, gpu_source, same_dtypes
 from opforge.builtins.maximum import split_by
 
 minimum = opforge.op("minimum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
@@ -29,7 +29,7 @@ def minimum_grad(saved, dy):
     return sum_to(da, saved.a), sum_to(db, saved.b)
 
 
-for _isa in (None, "avx2", "avx512"):  # wider vectors for the NaN-aware select
+for _isa in SIMD_ISAS:  # wider vectors for the NaN-aware select
     minimum.kernel(function="Binary", code=every_dtype(BINARY_BROADCAST, "Binary", NUMERIC),
                    dtypes=[(d, d) for d in NUMERIC], name="Minimum", isa=_isa,
                    cflags=["-fno-trapping-math", "-DOPFORGE_BINARY(x,y)=((x) != (x) || (x) < (y) ? (x) : (y))"])

@@ -19,7 +19,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST
-from opforge.builtins.common import every_dtype
+from opforge.builtins.common import SIMD_ISAS, every_dtype
 
 mod = opforge.op("mod(Tensor a, Tensor b, *, bool fmod=False) -> Tensor y",
                  traits=["no_side_effect", "elementwise", "no_grad"],
@@ -170,7 +170,7 @@ extern "C" int Mod(int nparam, void **params, int *ndims, int64_t **shapes, cons
 }
 """
 _CODE = every_dtype(MOD, "Mod", MOD_DTYPES)
-for _isa in (None, "avx2", "avx512"):  # (no FP-trap semantics: the selects become vector blends)
+for _isa in SIMD_ISAS:  # (no FP-trap semantics: the selects become vector blends)
     mod.kernel(function="Mod", code=_CODE, dtypes=[(d, d) for d in MOD_DTYPES], name="Mod", isa=_isa,
                cflags=["-fno-trapping-math", "-fno-math-errno"])
 del _isa, _CODE

@@ -22,8 +22,8 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
-from opforge.builtins.common import floating_point
-from opforge.builtins.exp import VECMATH, VECMATH_ISAS
+from opforge.builtins.common import SIMD_ISAS, floating_point
+from opforge.builtins.exp import VECMATH
 
 pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y",  # noqa: A001 - the op's name
                  traits=["no_side_effect", "elementwise"],
@@ -87,7 +87,7 @@ POW_CC = ("#include <cmath>\n#include \"vecmath.h\"\n#define OPFORGE_BINARY(x, y
           BINARY_BROADCAST.replace("static void Span(", "[[maybe_unused]] static void ElementSpan(", 1)
           .replace('extern "C" int Binary(', POW_SPAN + 'extern "C" int Binary(', 1))
 assert POW_CC.count("ElementSpan(") == 1 and POW_CC.count("static void Span(") == 1
-for _isa in VECMATH_ISAS:  # (-fno-math-errno: std::sqrt becomes the instruction, vectorized)
+for _isa in SIMD_ISAS:  # (-fno-math-errno: std::sqrt becomes the instruction, vectorized)
     pow.kernel(function="Binary", code=POW_CC, dtypes={"a": ["float32", "float64"], "b": ["float32", "float64"]},
                name="Pow", isa=_isa, include_dirs=VECMATH["include_dirs"],
                cflags=VECMATH["cflags"] + ["-fno-math-errno"])

@@ -8,7 +8,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes, zeros_like
+from opforge.builtins.common import GPU_NUMERIC, SIMD_ISAS, gpu_source, same_dtypes, zeros_like
 from opforge.sbp import partial_sum, split
 
 reduce_sum = opforge.op("reduce_sum(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
@@ -374,8 +374,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
 }
 """
 # One kernel per ISA (wider vectors, the same additions in the same order: the same results).
-REDUCE_ISAS = (None, "avx2", "avx512")
-for isa in REDUCE_ISAS:
+for isa in SIMD_ISAS:
     reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM,
                       isa=isa)
 reduce_sum.kernel(source=gpu_source("reduce_sum.cu", "ReduceSumGpu"), device="gpu",

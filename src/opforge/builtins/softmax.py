@@ -22,8 +22,8 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
-from opforge.builtins.exp import VECMATH, VECMATH_ISAS
+from opforge.builtins.common import GPU_FLOATS, SIMD_ISAS, gpu_source, same_dtypes
+from opforge.builtins.exp import VECMATH
 from opforge.sbp import split
 
 softmax = opforge.op("softmax(Tensor x, *, int axis=-1) -> Tensor y", traits=["no_side_effect"],
@@ -206,7 +206,7 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
   return 0;
 }
 """
-for _isa in VECMATH_ISAS:
+for _isa in SIMD_ISAS:
     softmax.kernel(function="Softmax", code=SOFTMAX, dtypes={"x": ["float32", "float64"]}, isa=_isa,
                    include_dirs=VECMATH["include_dirs"], cflags=VECMATH["cflags"])
 del _isa

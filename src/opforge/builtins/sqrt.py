@@ -10,8 +10,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, GPU_FLOATS, floating_point, gpu_source, same_dtypes
-from opforge.builtins.exp import VECMATH_ISAS
+from opforge.builtins.common import FLOATS, GPU_FLOATS, SIMD_ISAS, floating_point, gpu_source, same_dtypes
 
 sqrt = opforge.op("sqrt(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Square root, elementwise (floating-point inputs).")
@@ -30,7 +29,7 @@ def sqrt_grad(saved, dy):
     return opforge.ops.div(dy, saved.y * 2)
 
 
-for _isa in VECMATH_ISAS:
+for _isa in SIMD_ISAS:
     sqrt.kernel(function="Unary", code=UNARY_ELEMENTWISE, dtypes={"x": FLOATS}, name="Sqrt", isa=_isa,
                 cflags=["-DOPFORGE_UNARY(x)=std::sqrt(x)", "-fno-math-errno"])
 del _isa
