@@ -10,7 +10,7 @@ import opforge
 import opforge.torch as ot
 from helpers import WHICH_ISA, addresses_op, declare
 from opforge import ops
-from opforge.errors import CheckError, DTypeError, GradientError, KernelError, SchemaError
+from opforge.errors import CheckError, DTypeError, GradientError, KernelError, SchemaError, ShapeError
 
 # y = scale * x, in C++, with a gradient rule written with opforge ops.
 SCALE = r"""
@@ -251,6 +251,29 @@ def test_torch_export_keeps_the_op_with_a_dynamic_dim(scale):
     assert "ttorch.scale" in str(program.graph)
     x = torch.randn(7, 2)
     torch.testing.assert_close(program.module()(x), 3.0 * x + 1)
+
+
+def test_a_size_only_the_data_decides_traces_as_an_unbacked_size(fresh):
+    positives = declare(fresh, "ttorch::positives(Tensor x) -> Tensor y", traits=["no_side_effect"])
+    positives.def_infer(lambda x: opforge.TensorSpec([-1], x.dtype))  # how many: known only from the data
+
+    @positives.kernel
+    def _(x):
+        return x[x > 0]
+
+    ot.register(positives)
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.ttorch.positives(x) * 2
+
+    program = torch.export.export(Model(), (torch.randn(8),))
+    (length,) = next(node.meta["val"].shape for node in program.graph.nodes
+                     if node.op == "call_function" and "positives" in str(node.target))
+    assert isinstance(length, torch.SymInt)  # an unbacked size, not the example's count
+    # Running it needs every output dim before the kernel runs (opforge allocates outputs first):
+    with pytest.raises(ShapeError, match="every output dim known"):
+        program.module()(torch.randn(8))
 
 
 def test_fake_shapes_follow_symbols_through_sums_and_specialize_otherwise():
