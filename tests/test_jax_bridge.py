@@ -1,6 +1,8 @@
 """opforge ops inside JAX (opforge.jax): XLA FFI custom calls eagerly and under jax.jit,
 gradients from the rules (grad of grad), vmap, Python kernels as callbacks, typed
 errors.  jax is in the test extra (CPU), so all of this runs in CI."""
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,6 +99,19 @@ def test_several_outputs_variadic_inputs_and_numpy_constants(x64):
     np.testing.assert_allclose(np.asarray(jax.jit(lambda v: ops.matmul(v, w))(jnp.eye(2))), w)
 
 
+def test_init_and_workspaces_per_call_site(fresh):
+    # AddMulWs (tests/kernels/ops.cc): its Init asks for two workspaces sized by the input, and the
+    # kernel fails (code 5) unless it gets both, so this passes only with XLA scratch per signature
+    op = declare(fresh, "tjax::add_mul_ws(Tensor x, Tensor w) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(source=str(Path(__file__).resolve().parent / "kernels" / "ops.cc") + ":AddMulWs")
+    f = jax.jit(lambda x, w: op(x, w) * 2)
+    rng = np.random.default_rng(3)
+    for shape in [(5,), (3, 7), (5,)]:
+        x, w = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+        np.testing.assert_allclose(np.asarray(f(jnp.asarray(x), jnp.asarray(w))), 2 * ((x + w) + x * w), rtol=1e-6)
+
+
 def test_python_kernels_run_as_callbacks(fresh):
     op = declare(fresh, "tjax::python_only(Tensor x) -> Tensor y")
     op.def_infer(opforge.infer.same_as(0))
@@ -173,7 +188,6 @@ def test_jax_train_example_prints_a_decreasing_loss():
     import re
     import subprocess
     import sys
-    from pathlib import Path
 
     example = Path(__file__).resolve().parent.parent / "examples" / "jax_train.py"
     done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=600)
