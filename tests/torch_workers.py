@@ -74,6 +74,7 @@ def ddp_worker(rank, world, port, steps, out_path):
         if rank == 0:
             torch.save({"losses": losses, "grads": grads,
                         "params": [p.detach().clone() for p in model.module.parameters()]}, out_path)
+        dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -105,5 +106,6 @@ def dtensor_worker(rank, world, port, out_path):
         if rank == 0:
             torch.save({name: (tuple(str(p) for p in placements), value)
                         for name, (placements, value) in results.items()}, out_path)
+        dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
