@@ -100,6 +100,9 @@ class SymbolNotFoundError(OpforgeError, AttributeError):
 class CudaError(OpforgeError, RuntimeError):
     """The CUDA runtime is missing or reported an error."""
 
+    code: int | None = None  # the cudaError_t, where the runtime gave one
+    sticky: bool = False  # the error leaves the CUDA context unusable (the process must restart to use the GPU)
+
 
 class DeviceError(OpforgeError, TypeError):
     """One call mixes array kinds (NumPy and torch, say) or devices, hands an op arrays on a device none of

@@ -118,9 +118,10 @@ class Kernel:
         """Kernel-provided inference (e.g. a C++ InferShape); None if it has none."""
         return None
 
-    def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue],
-            out_specs: Sequence[TensorSpec]) -> Sequence[Any]:
-        """Run on the input arrays; returns the output arrays, one per output spec."""
+    def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue], out_specs: Sequence[TensorSpec],
+            in_specs: Sequence[TensorSpec | None] | None = None) -> Sequence[Any]:
+        """Run on the input arrays; returns the output arrays, one per output spec (``in_specs``: the
+        inputs' specs where the caller has them, as a graph's executor does)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

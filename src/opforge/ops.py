@@ -5,18 +5,31 @@ the schema's signature and a docstring generated from it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import registry
 from .attrs import REQUIRED
 from .errors import ArityError, AttrError
 from .operator import Op
 
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _GeneratedFunction(Protocol):
+        """What ``function_for`` makes: a function that also carries its signature and op."""
+
+        __name__: str
+        __qualname__: str
+        __signature__: inspect.Signature
+        op: Op
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
 _functions: dict[str, tuple[Op, Callable[..., Any]]] = {}  # op name -> (op, function)
 
 
-def signature_of(op) -> inspect.Signature:
+def signature_of(op: Op) -> inspect.Signature:
     """The Python signature of ``opforge.ops.<name>``: inputs, then attributes with their defaults."""
     P = inspect.Parameter
     params = []
@@ -40,7 +53,7 @@ def signature_of(op) -> inspect.Signature:
     return inspect.Signature(params)
 
 
-def docstring_of(op) -> str:
+def docstring_of(op: Op) -> str:
     """The docstring of ``opforge.ops.<name>``: schema, doc, attributes, traits and kernels."""
     lines = [getattr(op, "schema", repr(op)), ""]
     if op.doc:
@@ -60,7 +73,7 @@ def docstring_of(op) -> str:
 _MISSING = object()  # an argument the call did not give
 
 
-def function_for(op):
+def function_for(op: Op) -> Callable[..., Any]:
     """The generated Python function of an op (cached per op object)."""
     cached = _functions.get(op.name)
     if cached is not None and cached[0] is op:
@@ -103,9 +116,9 @@ def function_for(op):
               f"        return _bind_by_name(_op, {given}, {{**{by_name}, **_unknown}})\n"
               f"{fill}"
               f"    return _op({', '.join(filter(None, [tensors, attrs]))})\n")
-    namespace = {"_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults, "_MISSING": _MISSING}
+    namespace: dict[str, Any] = {"_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults, "_MISSING": _MISSING}
     exec(compile(source, f"<opforge.ops.{short}>", "exec"), namespace)
-    function = namespace["_function"]
+    function: _GeneratedFunction = namespace["_function"]
     function.__name__ = function.__qualname__ = short  # may be a Python keyword: 'mylib::def' is ops.mylib.def
     function.__module__ = __name__
     function.__signature__ = signature
@@ -115,7 +128,7 @@ def function_for(op):
     return function
 
 
-def _bind_by_name(op, given, by_name):
+def _bind_by_name(op: Op, given: Iterable[Any], by_name: dict[str, Any]) -> Any:
     """Bind a call the generated function's fast path does not take (a tensor
     given by name, a missing or extra argument, an unknown keyword) as Python
     would, but raising opforge's errors: ArityError for tensors, AttrError for
@@ -164,11 +177,12 @@ def _bind_by_name(op, given, by_name):
 class Namespace:
     """``opforge.ops.<namespace>``: the ops registered as ``namespace::name``."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix: str) -> None:
         self._prefix = prefix
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         op = registry.lookup(f"{self._prefix}{name}")
+        found: Callable[..., Any] | Namespace
         if op is not None:
             found = function_for(op)
         elif not self._prefix and any(o.name.startswith(f"{name}::") for o in registry.registered_ops()):
@@ -180,8 +194,8 @@ class Namespace:
         (globals() if self is _root else self.__dict__)[name] = found
         return found
 
-    def __dir__(self):
-        names = set()
+    def __dir__(self) -> list[str]:
+        names: set[str] = set()
         for o in registry.registered_ops():
             if o.name.startswith(self._prefix):
                 names.add(o.name[len(self._prefix):].split("::")[0])
@@ -191,7 +205,7 @@ class Namespace:
 _root = Namespace("")
 
 
-def forget(name):
+def forget(name: str) -> None:
     """Drop the cached function of op ``name`` (it was replaced or removed)."""
     _functions.pop(name, None)
     prefix, _, short = name.rpartition("::")
@@ -201,11 +215,11 @@ def forget(name):
         globals()[prefix].__dict__.pop(short, None)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     return getattr(_root, name)
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return dir(_root)
 
 

@@ -21,7 +21,11 @@ list of checks that ran.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+import numpy.typing as npt
 
 from .attrs import REQUIRED
 from .errors import AttrError, OpforgeError
@@ -32,12 +36,19 @@ from .runtime.aot import AotKernel
 from .runtime.dispatch import as_array, input_specs, select_kernel, skips_kernel
 from .spec import TensorSpec
 
+if TYPE_CHECKING:
+    from .attrs import AttrDef, AttrValue
+    from .operator import Kernel
+
+    #: A check that ran: (name, ok, detail); ok is None for a skipped one.
+    _Check = tuple[str, bool | None, str]
+
 
 class OpCheckFailure(OpforgeError, AssertionError):
     """check_op found an op that does not keep its own promises."""
 
 
-def _tolerance(dtype):
+def _tolerance(dtype: npt.DTypeLike) -> dict[str, float]:
     dtype = np.dtype(dtype)
     if dtype == np.float16:
         return dict(rtol=1e-2, atol=1e-3)
@@ -48,11 +59,11 @@ def _tolerance(dtype):
     return dict(rtol=0, atol=0)
 
 
-def _resolve(op):
+def _resolve(op: object) -> Op:
     if isinstance(op, Op):
         return op
     if hasattr(op, "op"):
-        return op.op
+        return op.op  # type: ignore[no-any-return]  # an opforge.ops function's op
     from .registry import lookup
 
     found = lookup(op) if isinstance(op, str) else None
@@ -61,7 +72,7 @@ def _resolve(op):
     return found
 
 
-def _runnable(op, kernel, specs):
+def _runnable(op: Op, kernel: Kernel, specs: Sequence[TensorSpec | None]) -> str | None:
     reason = kernel.reject_reason(op, specs)
     if reason is None and kernel.device != "cpu":
         reason = f"{kernel.device} kernels are not checked on host arrays"
@@ -74,7 +85,7 @@ def _runnable(op, kernel, specs):
 POISONS = (_native.CHECKED_POISON, 0x7F)
 
 
-def _never_written(first, second):
+def _never_written(first: npt.NDArray[Any], second: npt.NDArray[Any]) -> int:
     """Elements of an output that kept the poison in both runs."""
     if first.size == 0:
         return 0
@@ -83,7 +94,8 @@ def _never_written(first, second):
     return int(((first == POISONS[0]) & (second == POISONS[1])).any(axis=1).sum())
 
 
-def _run_poisoned(op, kernel, arrays, attrs, out_specs, record):
+def _run_poisoned(op: Op, kernel: AotKernel, arrays: Sequence[Any], attrs: Mapping[str, AttrValue],
+                  out_specs: Sequence[TensorSpec], record: Callable[[str, bool, str], None]) -> Sequence[Any]:
     """Runs a native CPU kernel twice in checked mode, outputs poisoned; records what it never wrote."""
     outputs = kernel.run(op, arrays, attrs, out_specs, poison=POISONS[0])
     again = kernel.run(op, arrays, attrs, out_specs, poison=POISONS[1])
@@ -94,12 +106,12 @@ def _run_poisoned(op, kernel, arrays, attrs, out_specs, record):
     return outputs
 
 
-def _wrong_value(attr):
+def _wrong_value(attr: AttrDef) -> object:
     return {"bool": "yes", "int": "three", "float": "half", "str": 3, "int[]": "1,2", "float[]": "1,2",
             "int[][]": 5, "float[][]": 5, "Shape": "2x2", "DType": 3}.get(attr.type)
 
 
-def check_op(op, *inputs, **attrs):
+def check_op(op: Op | str | Callable[..., Any], *inputs: Any, **attrs: Any) -> list[_Check]:
     """Check ``op`` (an Op, its name or its ``opforge.ops`` function) on these inputs and attributes.
 
     Returns the list of checks that ran, each a tuple ``(name, ok, detail)``: ``ok`` is True
@@ -107,9 +119,11 @@ def check_op(op, *inputs, **attrs):
     check fails it raises ``OpCheckFailure`` listing every failure instead.
     """
     op = _resolve(op)
+    checks: list[_Check]
+    failures: list[str]
     checks, failures = [], []
 
-    def record(name, ok, detail=""):
+    def record(name: str, ok: bool | None, detail: str = "") -> None:
         checks.append((name, ok, detail))
         if not ok:
             failures.append(f"{name}: {detail}")
@@ -124,7 +138,7 @@ def check_op(op, *inputs, **attrs):
     if reference is None:
         reference = select_kernel(op, specs)
     expected = None
-    results = {}
+    results: dict[Kernel, Sequence[Any]] = {}
     for kernel in op.kernels:
         reason = _runnable(op, kernel, specs)
         if reason is not None:
@@ -133,7 +147,7 @@ def check_op(op, *inputs, **attrs):
         if skip_empty:
             checks.append((f"kernel {kernel.name}", None, "skipped: empty input, the kernel is not called"))
             continue
-        before = [None if a is None else a.copy() for a in arrays]
+        before: list[Any] = [None if a is None else a.copy() for a in arrays]
         try:
             if isinstance(kernel, AotKernel):
                 outputs = _run_poisoned(op, kernel, arrays, resolved, out_specs, record)
@@ -158,7 +172,8 @@ def check_op(op, *inputs, **attrs):
     for kernel, outputs in results.items():
         if kernel is reference or outputs is expected:
             continue
-        for name, got, want in zip(op.outputs, outputs, expected):
+        # (expected is set: results is not empty)
+        for name, got, want in zip(op.outputs, outputs, expected):  # type: ignore[arg-type]
             ok = got.shape == want.shape and np.allclose(got, want, equal_nan=True, **_tolerance(want.dtype))
             worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) \
                 if ok is False and got.shape == want.shape and got.size else None
@@ -206,7 +221,8 @@ def check_op(op, *inputs, **attrs):
     return checks
 
 
-def gradcheck(fn_or_op, *inputs, eps=1e-6, rtol=1e-5, atol=1e-7, **attrs):
+def gradcheck(fn_or_op: Op | Callable[..., Any], *inputs: Any, eps: float = 1e-6, rtol: float = 1e-5,
+              atol: float = 1e-7, **attrs: Any) -> float:
     """Compare analytical gradients (from the ops' rules) with central finite
     differences, in float64.  ``fn_or_op`` is a function of arrays or an op
     (called with ``attrs``); every output contributes.  Raises
@@ -216,13 +232,13 @@ def gradcheck(fn_or_op, *inputs, eps=1e-6, rtol=1e-5, atol=1e-7, **attrs):
     if isinstance(fn_or_op, Op) or hasattr(fn_or_op, "op"):
         op = fn_or_op
 
-        def fn(*xs):
+        def fn(*xs: Any) -> Any:
             return op(*xs, **attrs)
     else:
         fn = fn_or_op
     xs = [np.array(x, dtype=np.float64) for x in inputs]
 
-    def flat_outputs(*arrays):
+    def flat_outputs(*arrays: Any) -> npt.NDArray[np.float64]:
         out = fn(*arrays)
         out = out if isinstance(out, tuple) else (out,)
         return np.concatenate([np.asarray(o, dtype=np.float64).ravel() for o in out])
@@ -235,6 +251,7 @@ def gradcheck(fn_or_op, *inputs, eps=1e-6, rtol=1e-5, atol=1e-7, **attrs):
     for row in range(m):
         basis = np.zeros(m)
         basis[row] = 1.0
+        cotangents: list[Any]
         cotangents, start = [], 0
         for out, size in zip(outputs, sizes):
             cotangents.append(basis[start:start + size].reshape(np.shape(out)))

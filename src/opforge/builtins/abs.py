@@ -4,11 +4,18 @@ Also the home of the unary elementwise source that sqrt.py and log.py
 compile with their own operation (OPFORGE_UNARY), as the binary ops share
 add.py's.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, NUMERIC, every_dtype, gpu_source, same_dtypes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 abs = opforge.op("abs(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],  # noqa: A001 - the op's name
                  doc="Absolute value, elementwise.")
@@ -17,12 +24,13 @@ abs.fuse_as("std::abs({x})")
 
 
 @abs.reference
-def abs_reference(x):
-    return np.abs(x)
+def abs_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.abs(x)
+    return y
 
 
 @abs.grad(save=["x"])
-def abs_grad(saved, dy):
+def abs_grad(saved: Any, dy: Any) -> Any:
     # dy * sign(x): 0 at x == 0, as in NumPy's sign and PyTorch's abs.
     ops = opforge.ops
     zero = np.zeros((), saved.x.dtype)

@@ -4,12 +4,22 @@ The template for a binary elementwise op: the output shape is the broadcast
 of the inputs (inference), and the kernel, which sees every input's and the
 output's shape, works out the broadcast itself.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 from opforge.sbp import partial_sum
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
 
 add = opforge.op("add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise sum with NumPy broadcasting; y has the dtype of a.")
@@ -18,28 +28,29 @@ add.fuse_as("{a} + {b}")
 
 
 @add.sbp
-def add_sbp(a, b):
+def add_sbp(a: TensorSpec, b: TensorSpec) -> list[dict[str, SBPValue]]:
     # Beside the elementwise splits: addends of a plus addends of b are addends of y.
     return [{"a": partial_sum, "b": partial_sum, "y": partial_sum}] if summable(a, b) else []
 
 
-def summable(*specs):
+def summable(*specs: TensorSpec) -> bool:
     """Whether partial sums pass through a linear op on inputs of these specs: one numeric dtype.
     (y takes a's dtype, so mixed dtypes round or truncate each addend; bools add as logical or.)"""
     return len({s.dtype for s in specs}) == 1 and specs[0].dtype != "bool"
 
 
 @add.reference(fallback=True)
-def add_reference(a, b):
-    return np.add(a, b).astype(a.dtype, copy=False)
+def add_reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.add(a, b).astype(a.dtype, copy=False)
+    return y
 
 
 @add.grad(save=["a", "b"])
-def add_grad(saved, dy):
+def add_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     return sum_to(dy, saved.a), sum_to(dy, saved.b)
 
 
-def sum_to(dy, like):
+def sum_to(dy: Any, like: Any) -> Any:
     """dy summed over the dims along which ``like`` was broadcast (for gradients)."""
     dy_shape, like_shape = spec_shape(dy), spec_shape(like)
     if dy_shape == like_shape:
@@ -50,7 +61,7 @@ def sum_to(dy, like):
     return opforge.ops.reshape(summed, shape=list(like_shape))
 
 
-def spec_shape(x):
+def spec_shape(x: Any) -> tuple[int, ...]:
     """The shape a rule reasons about: -1 for unknown dims (a traced value's ``shape`` holds symbolic dims)."""
     return x.spec.shape if hasattr(x, "spec") else np.shape(x)
 

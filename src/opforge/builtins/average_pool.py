@@ -7,7 +7,11 @@ the taps inside x alone.  Taps past the end padding -- the extra reach of
 (float32, float64, summing in double), the gradient ``average_pool_grad``
 spreads each dy over its window's taps.
 """
+from __future__ import annotations
+
 import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +19,11 @@ import opforge
 from opforge.builtins.common import FLOATS, floating_point
 from opforge.builtins.max_pool import (GRADIENT_DTYPES, POOL_ATTRS, gradient_op, pool_kernels, pool_params,
                                       pool_problem, pooled_dim, pooled_spec, windows)
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
 
 AVERAGE_ATTRS = f"{POOL_ATTRS}, bool count_include_pad=False"
 
@@ -25,25 +34,30 @@ is_float = floating_point("average_pool", "x")
 
 
 @average_pool.check
-def average_pool_check(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+def average_pool_check(x: TensorSpec, *, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                       dilations: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> str | None:
     is_float(x)
     return pool_problem("average_pool", x, kernel_shape, strides, pads, dilations)
 
 
 @average_pool.infer
-def average_pool_infer(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+def average_pool_infer(x: TensorSpec, *, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                       dilations: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> TensorSpec:
     return pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode)
 
 
-def axis_counts(n, out, k, s, pb, pe, d, count_include_pad):
+def axis_counts(n: int, out: int, k: int, s: int, pb: int, pe: int, d: int,
+                count_include_pad: bool) -> npt.NDArray[np.intp]:
     """Per output along one spatial dim: how many of its taps count (inside x, or inside x and its pads)."""
     low, high = (-pb, n + pe) if count_include_pad else (0, n)
     starts = np.arange(out) * s - pb
     positions = starts[:, None] + np.arange(k)[None, :] * d
-    return ((positions >= low) & (positions < high)).sum(axis=1)
+    counts: npt.NDArray[np.intp] = ((positions >= low) & (positions < high)).sum(axis=1)
+    return counts
 
 
-def pool_counts(shape, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+def pool_counts(shape: Sequence[int], kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                dilations: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> npt.NDArray[np.int64]:
     """Each window's divisor, shaped (1, 1, *out): a product of per-dim counts."""
     spatial = len(shape) - 2
     count = np.ones((1, 1), np.int64)
@@ -54,7 +68,9 @@ def pool_counts(shape, kernel_shape, strides, pads, dilations, ceil_mode, count_
 
 
 @average_pool.reference(fallback=True)
-def average_pool_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+def average_pool_reference(x: npt.NDArray[Any], *, kernel_shape: Sequence[int], strides: Sequence[int],
+                           pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
+                           count_include_pad: bool) -> npt.NDArray[Any]:
     out, tap, taps, _ = windows(x, kernel_shape, strides, pads, dilations, ceil_mode, 0)
     total = np.zeros(x.shape[:2] + tuple(out), np.float64)
     for offsets in itertools.product(*taps):
@@ -64,7 +80,7 @@ def average_pool_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mo
 
 
 @average_pool.grad(save=["x"])
-def average_pool_grad_rule(saved, dy, **attrs):
+def average_pool_grad_rule(saved: Any, dy: Any, **attrs: Any) -> Any:
     return opforge.ops.average_pool_grad(dy, saved.x, **attrs)
 
 
@@ -79,7 +95,9 @@ average_pool_grad = gradient_op("average_pool", AVERAGE_ATTRS, average_pool_chec
 
 
 @average_pool_grad.reference(fallback=True)
-def average_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad):
+def average_pool_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, kernel_shape: Sequence[int],
+                                strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                                ceil_mode: bool, count_include_pad: bool) -> npt.NDArray[Any]:
     # The adjoint of the window sums: each tap's view of a padded zeros-like-x receives every window's share.
     count = pool_counts(x.shape, kernel_shape, strides, pads, dilations, ceil_mode, count_include_pad)
     share = np.where(count > 0, dy / np.maximum(count, 1), 0)

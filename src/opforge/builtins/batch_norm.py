@@ -6,12 +6,19 @@ The kernel folds the five into one multiply-add per element (a = scale /
 sqrt(var + epsilon), b = bias - mean * a).  The gradient is a composition
 of ops: every input, the statistics included, gets one.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, floating_point, known_dims
 from opforge.spec import UNKNOWN_RANK
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 batch_norm = opforge.op("batch_norm(Tensor x, Tensor scale, Tensor bias, Tensor mean, Tensor var, *, "
                         "float epsilon=1e-05) -> Tensor y", traits=["no_side_effect"],
@@ -22,7 +29,8 @@ PARAMS = ("scale", "bias", "mean", "var")
 
 
 @batch_norm.check
-def batch_norm_check(x, scale, bias, mean, var, *, epsilon):
+def batch_norm_check(x: TensorSpec, scale: TensorSpec, bias: TensorSpec, mean: TensorSpec, var: TensorSpec, *,
+                     epsilon: float) -> str | None:
     is_float(x)
     if x.rank is not None and x.rank < 2:
         return f"input 'x' has rank {x.rank}; batch_norm needs N x C x ... (rank >= 2)"
@@ -38,24 +46,26 @@ def batch_norm_check(x, scale, bias, mean, var, *, epsilon):
 
 
 @batch_norm.infer
-def batch_norm_infer(x, *params, epsilon):
+def batch_norm_infer(x: TensorSpec, *params: TensorSpec, epsilon: float) -> TensorSpec:
     return TensorSpec(x.shape if x.rank is not None else None, x.dtype)
 
 
-def per_channel(v, rank):
+def per_channel(v: npt.NDArray[Any], rank: int) -> npt.NDArray[Any]:
     """A [C] vector shaped to broadcast along axis 1 of a rank-``rank`` tensor."""
     return v.reshape((1, -1) + (1,) * (rank - 2))
 
 
 @batch_norm.reference(fallback=True)
-def batch_norm_reference(x, scale, bias, mean, var, *, epsilon):
+def batch_norm_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], bias: npt.NDArray[Any],
+                         mean: npt.NDArray[Any], var: npt.NDArray[Any], *, epsilon: float) -> npt.NDArray[Any]:
     shaped = [per_channel(v.astype(np.float64), x.ndim) for v in (scale, bias, mean, var)]
     scale, bias, mean, var = shaped
-    return ((x - mean) / np.sqrt(var + np.float64(np.float32(epsilon))) * scale + bias).astype(x.dtype)
+    y: npt.NDArray[Any] = ((x - mean) / np.sqrt(var + np.float64(np.float32(epsilon))) * scale + bias).astype(x.dtype)
+    return y
 
 
 @batch_norm.grad(save=["x", "scale", "mean", "var"])
-def batch_norm_grad(saved, dy, *, epsilon):
+def batch_norm_grad(saved: Any, dy: Any, *, epsilon: float) -> tuple[Any, Any, Any, Any, Any]:
     ops = opforge.ops
     dims = known_dims(saved.x)
     if dims == UNKNOWN_RANK:

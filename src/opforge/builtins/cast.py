@@ -3,7 +3,10 @@
 One C++ library (cast.cc) converts between every pair of ABI dtypes: it
 reads the pair from the dtype names at run time, so it is compiled once.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,34 +14,40 @@ import opforge
 from opforge import TensorSpec
 from opforge.sbp import partial_sum
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge.dtypes import DTypeLike
+    from opforge.sbp import SBPValue
+
 cast = opforge.op("cast(Tensor x, *, DType dtype) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Elementwise conversion to dtype (NumPy's astype: floats to integers truncate; "
                       "out-of-range values are undefined).")
 
 
 @cast.infer
-def cast_infer(x, *, dtype):
+def cast_infer(x: TensorSpec, *, dtype: str) -> TensorSpec:
     return TensorSpec(x.shape, dtype, x.layout)
 
 
 @cast.reference
-def cast_reference(x, *, dtype):
+def cast_reference(x: npt.NDArray[Any], *, dtype: str) -> npt.NDArray[Any]:
     return x.astype(dtype)
 
 
-def _is_float(dtype):
+def _is_float(dtype: DTypeLike) -> bool:
     return np.dtype(dtype).kind == "f"
 
 
 @cast.sbp
-def cast_sbp(x, *, dtype):
+def cast_sbp(x: TensorSpec, *, dtype: str) -> list[dict[str, SBPValue]]:
     # Beside the elementwise splits: float to float keeps sums (up to rounding); to or from
     # integers each addend would be truncated, and bools do not add.
     return [{"x": partial_sum, "y": partial_sum}] if _is_float(x.dtype) and _is_float(dtype) else []
 
 
 @cast.grad(save=["x"])
-def cast_grad(saved, dy, *, dtype):
+def cast_grad(saved: Any, dy: Any, *, dtype: str) -> Any:
     # Only float-to-float casts carry a gradient; through integers it is zero.
     if not (_is_float(saved.x.dtype) and _is_float(dtype)):
         return None

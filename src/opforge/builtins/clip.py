@@ -8,13 +8,21 @@ float16 tensors run through the NumPy reference, which clips integers with
 the bounds rounded inwards to integers, exactly, at any magnitude.  The
 gradient passes dy where min <= x <= max.
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import FLOATS, every_dtype
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
 
 clip = opforge.op("clip(Tensor x, *, float min=-1e999, float max=1e999) -> Tensor y",
                   traits=["no_side_effect", "elementwise"],
@@ -24,7 +32,7 @@ clip.fuse_as("vecmath::AtMost(vecmath::AtLeast({x}, {min}), {max})")
 
 
 @clip.check
-def clip_check(x, *, min, max):  # noqa: A002 - the attributes' names
+def clip_check(x: TensorSpec, *, min: float, max: float) -> str | None:  # noqa: A002 - the attributes' names
     if x.dtype == "bool":
         raise opforge.DTypeError("op 'clip': input 'x' has dtype bool; clip takes numbers")
     if math.isnan(min) or math.isnan(max):
@@ -32,7 +40,7 @@ def clip_check(x, *, min, max):  # noqa: A002 - the attributes' names
     return None
 
 
-def integer_bounds(dtype, low, high):
+def integer_bounds(dtype: np.dtype[Any], low: float, high: float) -> tuple[int, int]:
     """[low, high] rounded inwards to integers inside dtype's range (Python ints: exact)."""
     info = np.iinfo(dtype)
     low = info.min if low == -math.inf else int(math.ceil(low))
@@ -41,17 +49,21 @@ def integer_bounds(dtype, low, high):
 
 
 @clip.reference(fallback=True)
-def clip_reference(x, *, min=-math.inf, max=math.inf):  # noqa: A002
+def clip_reference(x: npt.NDArray[Any], *, min: float = -math.inf,  # noqa: A002
+                   max: float = math.inf) -> npt.NDArray[Any]:  # noqa: A002
+    y: npt.NDArray[Any]
     if x.dtype.kind in "iu":
         low, high = integer_bounds(x.dtype, min, max)
-        return np.minimum(np.maximum(x, x.dtype.type(low)), x.dtype.type(high))
+        y = np.minimum(np.maximum(x, x.dtype.type(low)), x.dtype.type(high))
+        return y
     with np.errstate(over="ignore"):  # a bound beyond float16's range is an infinity there
         low, high = x.dtype.type(min), x.dtype.type(max)
-    return np.minimum(np.maximum(x, low), high)
+    y = np.minimum(np.maximum(x, low), high)
+    return y
 
 
 @clip.grad(save=["x"])
-def clip_grad(saved, dy, *, min, max):  # noqa: A002
+def clip_grad(saved: Any, dy: Any, *, min: float, max: float) -> Any:  # noqa: A002
     ops = opforge.ops
     x = saved.x
     zero = np.zeros((), dy.dtype)

@@ -1,17 +1,25 @@
 """Helpers shared by several built-in ops."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge.runtime.aot import C_TYPES  # what OPFORGE_T stands for, per dtype
 
+if TYPE_CHECKING:
+    from opforge.dtypes import DTypeLike
+    from opforge.spec import TensorSpec
 
-def floating_point(op_name, input_name):
+
+def floating_point(op_name: str, input_name: str) -> Callable[..., None]:
     """A check rejecting a non-float input (integer true division, sqrt, log
     of integers would otherwise need a dtype the op does not give)."""
 
-    def check(*specs, **attrs):
+    def check(*specs: TensorSpec, **attrs: Any) -> None:
         spec = specs[0]
         if not spec.dtype.startswith(("float", "bfloat")):
             raise opforge.DTypeError(f"op '{op_name}': input '{input_name}' has dtype {spec.dtype}; "
@@ -20,20 +28,20 @@ def floating_point(op_name, input_name):
     return check
 
 
-def known_dims(value):
+def known_dims(value: Any) -> tuple[int, ...]:
     """The shape of an array, or of a traced value with -1 for its unknown dims
     (for gradient rules, which build attributes from shapes)."""
     spec = getattr(value, "spec", None)
     return tuple(spec.shape) if spec is not None else tuple(value.shape)
 
 
-def shapes_agree(expected, given):
+def shapes_agree(expected: Sequence[int], given: Sequence[int]) -> bool:
     """Whether a gradient op's ``dy`` of shape ``given`` can be the output of shape ``expected``:
     one rank, and equal dims wherever both are known (-1 is unknown: a trace with symbolic dims)."""
     return len(expected) == len(given) and all(e == g or -1 in (e, g) for e, g in zip(expected, given))
 
 
-def zeros_like(x, dtype):
+def zeros_like(x: Any, dtype: DTypeLike) -> Any:
     """Zeros of x's shape, known at trace time or only at run time (for
     gradient rules on graphs traced with unknown dims)."""
     spec = getattr(x, "spec", None)
@@ -56,17 +64,17 @@ GPU_FLOATS = ["float16", "float32", "float64"]
 GPU_NUMERIC = GPU_FLOATS + ["int32", "int64"]
 
 
-def gpu_source(file, function):
+def gpu_source(file: str, function: str) -> str:
     """``"<builtins folder>/file:function"``, the ``source=`` of a built-in GPU kernel."""
     return f"{Path(__file__).with_name(file)}:{function}"
 
 
-def same_dtypes(dtypes, inputs=1):
+def same_dtypes(dtypes: Iterable[str], inputs: int = 1) -> list[tuple[str, ...]]:
     """Full dtype signatures with every input of one dtype, for ``op.kernel(dtypes=...)``."""
     return [(d,) * inputs for d in dtypes]
 
 
-def every_dtype(source, function, dtypes, by=0):
+def every_dtype(source: str, function: str, dtypes: Sequence[str], by: int = 0) -> str:
     """``source`` -- written for one element type ``OPFORGE_T``, as sources
     given ``dtypes={...}`` are -- made into one library for all ``dtypes``:
     a copy per dtype in a namespace of its own, and ``function`` choosing the

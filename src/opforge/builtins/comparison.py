@@ -4,12 +4,21 @@ elementwise with NumPy broadcasting; y is bool.
 Six ops, one per comparison, compiling add.py's broadcasting source (for
 every dtype in one library) with their own operation and a bool output.  Comparisons have no gradient.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST
 from opforge.builtins.common import NUMERIC, SIMD_ISAS, every_dtype
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import Op
 
 # op name -> (NumPy function, C++ operator)
 COMPARISONS = {
@@ -23,13 +32,14 @@ COMPARISONS = {
 _EVERY_DTYPE = every_dtype(BINARY_BROADCAST, "Binary", NUMERIC)
 
 
-def comparison(name, numpy_fn, operator):
+def comparison(name: str, numpy_fn: np.ufunc, operator: str) -> Op:
     op = opforge.op(f"{name}(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise", "no_grad"],
                     doc=f"Elementwise a {operator} b with NumPy broadcasting; y is bool.")
     op.def_infer(infer.broadcast(dtype="bool"))
 
-    def reference(a, b):
-        return numpy_fn(a, b)
+    def reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
+        y: npt.NDArray[np.bool_] = numpy_fn(a, b)
+        return y
 
     reference.__name__ = f"{name}_reference"
     op.reference(reference)

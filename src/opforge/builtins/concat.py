@@ -4,7 +4,10 @@ A variadic op: ``concat(a, b, c, axis=1)``.  Every input has one dtype and
 rank, and equal dims except along the axis.  The kernel (concat.cc) copies
 rows of bytes, so one library serves every dtype; the gradient slices dy.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,6 +16,9 @@ from opforge import TensorSpec
 from opforge.builtins.common import known_dims
 from opforge.spec import UNKNOWN_RANK
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 concat = opforge.op("concat(Tensor[] inputs, *, int axis=0) -> Tensor y",
                     # always_compute: an empty input among others still leaves the rest to copy
                     traits=["no_side_effect", "always_compute"],
@@ -20,7 +26,7 @@ concat = opforge.op("concat(Tensor[] inputs, *, int axis=0) -> Tensor y",
 
 
 @concat.check
-def concat_check(*inputs, axis):
+def concat_check(*inputs: TensorSpec, axis: int) -> str | None:
     if not inputs:
         return "needs at least one input"
     for k, spec in enumerate(inputs[1:], 1):
@@ -30,7 +36,8 @@ def concat_check(*inputs, axis):
     ranked = [(k, s) for k, s in enumerate(inputs) if s.rank is not None]
     if not ranked:
         return None
-    first, rank = ranked[0][0], ranked[0][1].rank
+    rank: int  # ranked specs have a known rank
+    first, rank = ranked[0][0], ranked[0][1].rank  # type: ignore[assignment]
     if rank == 0:
         return f"input 'inputs[{first}]' is 0-d; concat needs rank >= 1"
     if not -rank <= axis < rank:
@@ -47,11 +54,11 @@ def concat_check(*inputs, axis):
 
 
 @concat.infer
-def concat_infer(*inputs, axis):
+def concat_infer(*inputs: TensorSpec, axis: int) -> TensorSpec:
     ranked = [s for s in inputs if s.rank is not None]
     if not ranked:
         return TensorSpec(None, inputs[0].dtype)
-    rank = ranked[0].rank
+    rank: int = ranked[0].rank  # type: ignore[assignment]  # ranked specs have a known rank
     axis %= rank
     shape = []
     for d in range(rank):
@@ -65,12 +72,12 @@ def concat_infer(*inputs, axis):
 
 
 @concat.reference
-def concat_reference(*inputs, axis):
+def concat_reference(*inputs: npt.NDArray[Any], axis: int) -> npt.NDArray[Any]:
     return np.concatenate(inputs, axis=axis)
 
 
 @concat.grad(save=["inputs"])
-def concat_grad(saved, dy, *, axis):
+def concat_grad(saved: Any, dy: Any, *, axis: int) -> tuple[Any, ...]:
     """Each input's part of dy, sliced at its offset along the axis.  Offsets
     before an input of unknown length count from the start, those after it
     from the end, so one unknown length is fine; two are not."""

@@ -6,12 +6,20 @@ float64 -- and y has value's dtype.  The kernel fills y with the element's bytes
 (threaded; a memset when they are all zero), one library for every dtype.  The gradient of
 the value is the sum of dy.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
 from opforge.builtins.expand import HERE
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
                                # always_compute: value is never empty, but y may be (shape with a 0)
@@ -21,7 +29,7 @@ constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) 
 
 
 @constant_of_shape.check
-def constant_of_shape_check(value, *, shape):
+def constant_of_shape_check(value: TensorSpec, *, shape: Sequence[int]) -> str | None:
     bad = [d for d in shape if d < 0]
     if bad:
         return f"attribute 'shape' {list(shape)} has negative dims; dims are >= 0"
@@ -31,17 +39,17 @@ def constant_of_shape_check(value, *, shape):
 
 
 @constant_of_shape.infer
-def constant_of_shape_infer(value, *, shape):
+def constant_of_shape_infer(value: TensorSpec, *, shape: Sequence[int]) -> TensorSpec:
     return TensorSpec(shape, value.dtype)
 
 
 @constant_of_shape.reference(fallback=True)
-def constant_of_shape_reference(value, *, shape):
+def constant_of_shape_reference(value: npt.NDArray[Any], *, shape: Sequence[int]) -> npt.NDArray[Any]:
     return np.full(shape, value.reshape(-1)[0], value.dtype)
 
 
 @constant_of_shape.grad(save=["value"])
-def constant_of_shape_grad(saved, dy, *, shape):
+def constant_of_shape_grad(saved: Any, dy: Any, *, shape: Sequence[int]) -> Any:
     total = opforge.ops.reduce_sum(dy)  # every element of y is the value
     return opforge.ops.reshape(total, shape=list(known_dims(saved.value)))
 

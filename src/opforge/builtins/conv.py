@@ -26,6 +26,11 @@ The gradient: dx is ``conv_transpose`` of dy, dw is ``conv_weight_grad``
 (the same im2col, multiplied by dy; its tasks are blocks of dw, each summed
 over the batch in a fixed order), db sums dy.
 """
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -33,6 +38,9 @@ from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, known_dims
 from opforge.builtins.gemm import same_float_dtype, zeros_for_absent
 from opforge.runtime import blas
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 GEOMETRY_ATTRS = "int[] strides=[], int[] pads=[], int[] dilations=[], int group=1"
 
@@ -45,7 +53,8 @@ conv = opforge.op(f"conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}) -> 
 
 # -- geometry shared with conv_transpose and conv_weight_grad ---------------------
 
-def conv_params(op_name, spatial, strides, pads, dilations, group):
+def conv_params(op_name: str, spatial: int, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                group: int) -> tuple[list[int], list[int], list[int]]:
     """(strides, pads, dilations) with defaults filled in; AttrError for wrong lengths or values."""
     strides = list(strides) or [1] * spatial
     dilations = list(dilations) or [1] * spatial
@@ -62,20 +71,20 @@ def conv_params(op_name, spatial, strides, pads, dilations, group):
     return strides, pads, dilations
 
 
-def conv_out_dim(n, k, s, pb, pe, d):
+def conv_out_dim(n: int, k: int, s: int, pb: int, pe: int, d: int) -> int:
     """Output length of one spatial dim of a convolution (-1 when n or k is unknown)."""
     if -1 in (n, k):
         return -1
     return (n + pb + pe - ((k - 1) * d + 1)) // s + 1
 
 
-def check_grouped(op_name, channels, per_group, group, what):
+def check_grouped(op_name: str, channels: int, per_group: int, group: int, what: str) -> None:
     """ShapeError unless ``channels`` (known, or -1) is ``per_group * group``."""
     if -1 not in (channels, per_group) and channels != per_group * group:
         raise opforge.ShapeError(f"op '{op_name}': {what}")
 
 
-def spatial_rank(op_name, x, w):
+def spatial_rank(op_name: str, x: TensorSpec, w: TensorSpec) -> int | None:
     """The number of spatial dims, from x or w (None when both ranks are unknown)."""
     for name, spec in (("x", x), ("w", w)):
         if spec is not None and spec.rank is not None and spec.rank < 3:
@@ -88,7 +97,7 @@ def spatial_rank(op_name, x, w):
     return None if rank is None else rank - 2
 
 
-def check_bias(op_name, b, channels):
+def check_bias(op_name: str, b: TensorSpec | None, channels: int) -> None:
     if b is not None and b.rank is not None and (b.rank != 1 or -1 not in (b.shape[0], channels)
                                                  and b.shape[0] != channels):
         raise opforge.ShapeError(f"op '{op_name}': input 'b' has shape {list(b.shape)}; it must be [{channels}] (one "
@@ -96,7 +105,8 @@ def check_bias(op_name, b, channels):
 
 
 @conv.infer
-def conv_infer(x, w, b, *, strides, pads, dilations, group):
+def conv_infer(x: TensorSpec, w: TensorSpec, b: TensorSpec | None, *, strides: Sequence[int], pads: Sequence[int],
+               dilations: Sequence[int], group: int) -> TensorSpec:
     same_float_dtype("conv", [x, w, b], ["x", "w", "b"])
     spatial = spatial_rank("conv", x, w)
     if spatial is None:
@@ -118,7 +128,8 @@ def conv_infer(x, w, b, *, strides, pads, dilations, group):
     return TensorSpec((x_shape[0], w_shape[0], *out), x.dtype)
 
 
-def windows(x, kernel_shape, out, strides, pads, dilations):
+def windows(x: npt.NDArray[Any], kernel_shape: Sequence[int], out: Sequence[int], strides: Sequence[int],
+            pads: Sequence[int], dilations: Sequence[int]) -> Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]:
     """Per kernel offset k: the padded input seen by kernel element k at every output
     position, as ``(k, view of shape N x C x out)``."""
     spatial = len(kernel_shape)
@@ -130,7 +141,8 @@ def windows(x, kernel_shape, out, strides, pads, dilations):
 
 
 @conv.reference(fallback=True)
-def conv_reference(x, w, b, *, strides, pads, dilations, group):
+def conv_reference(x: npt.NDArray[Any], w: npt.NDArray[Any], b: npt.NDArray[Any] | None, *, strides: Sequence[int],
+                   pads: Sequence[int], dilations: Sequence[int], group: int) -> npt.NDArray[Any]:
     spatial = x.ndim - 2
     strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, group)
     out = [conv_out_dim(x.shape[2 + j], w.shape[2 + j], strides[j], pads[j], pads[spatial + j], dilations[j])
@@ -147,7 +159,8 @@ def conv_reference(x, w, b, *, strides, pads, dilations, group):
     return y
 
 
-def output_padding_for(x_dims, w_dims, strides, pads, dilations):
+def output_padding_for(x_dims: Sequence[int], w_dims: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                       dilations: Sequence[int]) -> list[int]:
     """The conv_transpose output_padding that gives back x's spatial dims from conv's output."""
     spatial = len(x_dims) - 2
     strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, 1)
@@ -159,7 +172,8 @@ def output_padding_for(x_dims, w_dims, strides, pads, dilations):
 
 
 @conv.grad(save=["x", "w", "b"])
-def conv_grad(saved, dy, *, strides, pads, dilations, group):
+def conv_grad(saved: Any, dy: Any, *, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+              group: int) -> tuple[Any, Any, Any]:
     x_dims, w_dims = known_dims(saved.x), known_dims(saved.w)
     geometry = dict(strides=strides, pads=pads, dilations=dilations, group=group)
     dx = opforge.ops.conv_transpose(dy, saved.w, None, **geometry,
@@ -601,7 +615,8 @@ conv_weight_grad = opforge.op(f"conv_weight_grad(Tensor x, Tensor dy, *, int[] k
 
 
 @conv_weight_grad.infer
-def conv_weight_grad_infer(x, dy, *, kernel_shape, strides, pads, dilations, group):
+def conv_weight_grad_infer(x: TensorSpec, dy: TensorSpec, *, kernel_shape: Sequence[int], strides: Sequence[int],
+                           pads: Sequence[int], dilations: Sequence[int], group: int) -> TensorSpec:
     same_float_dtype("conv_weight_grad", [x, dy], ["x", "dy"])
     spatial = spatial_rank("conv_weight_grad", x, dy)
     if spatial is not None and len(kernel_shape) != spatial:
@@ -618,7 +633,9 @@ def conv_weight_grad_infer(x, dy, *, kernel_shape, strides, pads, dilations, gro
 
 
 @conv_weight_grad.reference(fallback=True)
-def conv_weight_grad_reference(x, dy, *, kernel_shape, strides, pads, dilations, group):
+def conv_weight_grad_reference(x: npt.NDArray[Any], dy: npt.NDArray[Any], *, kernel_shape: Sequence[int],
+                               strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                               group: int) -> npt.NDArray[Any]:
     spatial = x.ndim - 2
     strides, pads, dilations = conv_params("conv_weight_grad", spatial, strides, pads, dilations, group)
     n, c, m = x.shape[0], x.shape[1], dy.shape[1]

@@ -13,6 +13,11 @@ parts of each sample's output channels, which write disjoint parts of y
 (OpenBLAS on each task's own thread, as in conv).  The gradient: dx is conv of dy, dw is
 ``conv_weight_grad`` with the roles of x and dy swapped, db sums dy.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -22,6 +27,9 @@ from opforge.builtins.conv import CONV_COMMON, GEOMETRY_ATTRS, check_bias, check
 from opforge.builtins.gemm import same_float_dtype, zeros_for_absent
 from opforge.runtime import blas
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 conv_transpose = opforge.op(f"conv_transpose(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}, "
                             "int[] output_padding=[]) -> Tensor y",
                             traits=["no_side_effect", "always_compute"],  # (as conv's)
@@ -29,7 +37,8 @@ conv_transpose = opforge.op(f"conv_transpose(Tensor x, Tensor w, Tensor? b, *, {
                                 "of M; pads are begin pads then end pads, output_padding adds to the end.")
 
 
-def transposed_dims(x_shape, w_shape, strides, pads, dilations, output_padding):
+def transposed_dims(x_shape: Sequence[int], w_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                    dilations: Sequence[int], output_padding: Sequence[int]) -> list[int]:
     spatial = len(x_shape) - 2
     out = []
     for j in range(spatial):
@@ -39,7 +48,7 @@ def transposed_dims(x_shape, w_shape, strides, pads, dilations, output_padding):
     return out
 
 
-def output_padding_of(spatial, output_padding):
+def output_padding_of(spatial: int, output_padding: Sequence[int]) -> list[int]:
     output_padding = list(output_padding) or [0] * spatial
     if len(output_padding) != spatial or any(p < 0 for p in output_padding):
         raise opforge.AttrError(f"op 'conv_transpose': attribute 'output_padding' is {output_padding}; it needs "
@@ -48,7 +57,9 @@ def output_padding_of(spatial, output_padding):
 
 
 @conv_transpose.infer
-def conv_transpose_infer(x, w, b, *, strides, pads, dilations, group, output_padding):
+def conv_transpose_infer(x: TensorSpec, w: TensorSpec, b: TensorSpec | None, *, strides: Sequence[int],
+                         pads: Sequence[int], dilations: Sequence[int], group: int,
+                         output_padding: Sequence[int]) -> TensorSpec:
     same_float_dtype("conv_transpose", [x, w, b], ["x", "w", "b"])
     spatial = spatial_rank("conv_transpose", x, w)
     if spatial is None:
@@ -72,7 +83,9 @@ def conv_transpose_infer(x, w, b, *, strides, pads, dilations, group, output_pad
 
 
 @conv_transpose.reference(fallback=True)
-def conv_transpose_reference(x, w, b, *, strides, pads, dilations, group, output_padding):
+def conv_transpose_reference(x: npt.NDArray[Any], w: npt.NDArray[Any], b: npt.NDArray[Any] | None, *,
+                             strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int], group: int,
+                             output_padding: Sequence[int]) -> npt.NDArray[Any]:
     spatial = x.ndim - 2
     strides, pads, dilations = conv_params("conv_transpose", spatial, strides, pads, dilations, group)
     output_padding = output_padding_of(spatial, output_padding)
@@ -95,7 +108,8 @@ def conv_transpose_reference(x, w, b, *, strides, pads, dilations, group, output
 
 
 @conv_transpose.grad(save=["x", "w", "b"])
-def conv_transpose_grad(saved, dy, *, strides, pads, dilations, group, output_padding):
+def conv_transpose_grad(saved: Any, dy: Any, *, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+                        group: int, output_padding: Sequence[int]) -> tuple[Any, Any, Any]:
     geometry = dict(strides=strides, pads=pads, dilations=dilations, group=group)
     dx = opforge.ops.conv(dy, saved.w, None, **geometry)
     dw = opforge.ops.conv_weight_grad(dy, saved.x, kernel_shape=list(known_dims(saved.w)[2:]), **geometry)

@@ -4,10 +4,17 @@ How graphs traced with unknown dims compute with them: the tracer records
 ``x.shape[0]`` as this op.  The kernel reads only x's shape, never its data
 (so it runs on empty x too), and writes the size in the output's dtype.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 dim = opforge.op('dim(Tensor x, *, int axis, DType dtype="int64") -> Tensor y',
                  traits=["no_side_effect", "always_compute"],
@@ -17,7 +24,7 @@ DTYPES = ["int32", "int64", "float32", "float64"]
 
 
 @dim.check
-def dim_check(x, *, axis, dtype):
+def dim_check(x: TensorSpec, *, axis: int, dtype: str) -> str | None:
     if dtype not in DTYPES:
         raise opforge.DTypeError(f"op 'dim': attribute 'dtype' is {dtype}; expected one of {', '.join(DTYPES)}")
     if x.rank is not None and not -x.rank <= axis < x.rank:
@@ -27,17 +34,17 @@ def dim_check(x, *, axis, dtype):
 
 
 @dim.infer
-def dim_infer(x, *, axis, dtype):
+def dim_infer(x: TensorSpec, *, axis: int, dtype: str) -> TensorSpec:
     return TensorSpec((), dtype)
 
 
 @dim.reference
-def dim_reference(x, *, axis, dtype):
+def dim_reference(x: npt.NDArray[Any], *, axis: int, dtype: str) -> npt.NDArray[Any]:
     return np.asarray(x.shape[axis], dtype)
 
 
 @dim.grad()
-def dim_grad(saved, dy, *, axis, dtype):
+def dim_grad(saved: Any, dy: Any, *, axis: int, dtype: str) -> None:
     return None  # a size does not change with x's values: no gradient reaches x (x * x.shape[0] differentiates)
 
 

@@ -11,7 +11,10 @@ Accuracy (max error over a dense sweep of the whole range, against a float64
 reference for float32 and math.erf / mpmath for float64; every ISA variant):
 float32 <= 3 ulp, float64 <= 4 ulp (from math.erf, itself within 1 ulp).
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +22,9 @@ import opforge
 from opforge import infer
 from opforge.builtins.common import floating_point
 from opforge.builtins.exp import vecmath_kernels
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 erf = opforge.op("erf(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Gauss error function, elementwise (floating-point inputs).")
@@ -30,12 +36,12 @@ _ERF = np.frompyfunc(math.erf, 1, 1)
 
 
 @erf.reference(fallback=True)
-def erf_reference(x):
+def erf_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.asarray(_ERF(x.astype(np.float64)), dtype=np.float64).astype(x.dtype, copy=False)
 
 
 @erf.grad(save=["x"])
-def erf_grad(saved, dy):
+def erf_grad(saved: Any, dy: Any) -> Any:
     ops = opforge.ops
     x = saved.x
     return dy * ops.mul(ops.exp(ops.neg(x * x)), np.asarray(2 / math.sqrt(math.pi), x.dtype))

@@ -10,13 +10,21 @@ reference for float32 and a long double one for float64; every ISA variant):
 float32 <= 1.5 ulp, float64 <= 1.5 ulp.  inf, -inf, NaN, overflow (inf),
 underflow (through the subnormals to 0) and subnormal inputs as NumPy.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, SIMD_ISAS, gpu_source, same_dtypes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import Op, TensorSpec
 
 exp = opforge.op("exp(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Exponential, elementwise (floating-point inputs).")
@@ -25,7 +33,7 @@ exp.fuse_as("vecmath::Exp({x})")
 
 
 @exp.check
-def exp_check(x):
+def exp_check(x: TensorSpec) -> None:
     # Without this, integer inputs would fall through to the reference and
     # come back truncated to integers.
     if not x.dtype.startswith(("float", "bfloat")):
@@ -33,19 +41,21 @@ def exp_check(x):
 
 
 @exp.reference(fallback=True)
-def exp_reference(x):
-    return np.exp(x).astype(x.dtype, copy=False)
+def exp_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.exp(x).astype(x.dtype, copy=False)
+    return y
 
 
 @exp.grad(save=["y"])
-def exp_grad(saved, dy):
+def exp_grad(saved: Any, dy: Any) -> Any:
     return dy * saved.y
 
 
 # What every vecmath.h kernel is compiled with: explicit FMAs only (so the
 # vector body and the scalar tail round alike) and no FP-trap semantics (else
 # g++ will not turn the selects into vector blends below AVX).
-VECMATH = dict(include_dirs=[str(Path(__file__).parent)], cflags=["-ffp-contract=off", "-fno-trapping-math"])
+VECMATH: dict[str, Any] = dict(include_dirs=[str(Path(__file__).parent)],
+                               cflags=["-ffp-contract=off", "-fno-trapping-math"])
 
 # y = f(x) for vecmath.h's array function VECMATH_FN, over the thread pool in
 # ranges of 32768 elements (about 10 us of work or more: worth a thread).
@@ -70,7 +80,7 @@ extern "C" int VECMATH_KERNEL(int nparam, void **params, int *ndims, int64_t **s
 """
 
 
-def vecmath_kernels(op, kernel, fn):
+def vecmath_kernels(op: Op, kernel: str, fn: str) -> None:
     """One kernel per float dtype and ISA: ``kernel`` applying vecmath.h's ``fn``."""
     code = VECMATH_UNARY.replace("VECMATH_KERNEL", kernel).replace("VECMATH_FN", fn)
     for isa in SIMD_ISAS:

@@ -6,7 +6,11 @@ moves elements as bytes (one library for every dtype) with elements.h's
 strided copy, as tile.py does.  The
 gradient sums dy over the broadcast axes.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,11 +18,14 @@ import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import known_dims
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 expand = opforge.op("expand(Tensor x, *, Shape shape) -> Tensor y", traits=["no_side_effect"],
                     doc="Broadcast x with shape (NumPy rules, both ways: a 1 in shape keeps x's dim).")
 
 
-def broadcast_dims(x_shape, shape, op_name="expand"):
+def broadcast_dims(x_shape: Sequence[int], shape: Sequence[int], op_name: str = "expand") -> list[int]:
     """The broadcast of x's dims (-1: unknown) with ``shape``; ShapeError where they clash."""
     rank = max(len(x_shape), len(shape))
     a = (1,) * (rank - len(x_shape)) + tuple(x_shape)
@@ -36,7 +43,7 @@ def broadcast_dims(x_shape, shape, op_name="expand"):
 
 
 @expand.check
-def expand_check(x, *, shape):
+def expand_check(x: TensorSpec, *, shape: Sequence[int]) -> str | None:
     if any(d < 0 for d in shape):
         return f"attribute 'shape' {list(shape)} has negative dims; dims are >= 0"
     if x.rank is not None:
@@ -45,19 +52,20 @@ def expand_check(x, *, shape):
 
 
 @expand.infer
-def expand_infer(x, *, shape):
+def expand_infer(x: TensorSpec, *, shape: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     return TensorSpec(broadcast_dims(x.shape, shape), x.dtype)
 
 
 @expand.reference(fallback=True)
-def expand_reference(x, *, shape):
-    return np.broadcast_to(x, broadcast_dims(x.shape, shape)).copy()
+def expand_reference(x: npt.NDArray[Any], *, shape: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.broadcast_to(x, broadcast_dims(x.shape, shape)).copy()
+    return y
 
 
 @expand.grad(save=["x"])
-def expand_grad(saved, dy, *, shape):
+def expand_grad(saved: Any, dy: Any, *, shape: Sequence[int]) -> Any:
     dims = known_dims(saved.x)
     out = broadcast_dims(dims, shape)
     lead = len(out) - len(dims)

@@ -6,13 +6,19 @@ returns non-zero: KernelError), never a silent read.  The kernel copies rows
 of bytes, one library for every data dtype (int32 or int64 indices).  The
 gradient is ``gather_grad``: dy scatter-added into zeros of data's shape.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, every_dtype, shapes_agree
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 INDEX_DTYPES = ("int32", "int64")
 gather = opforge.op("gather(Tensor data, Tensor indices, *, int axis=0) -> Tensor y",
@@ -22,7 +28,7 @@ gather = opforge.op("gather(Tensor data, Tensor indices, *, int axis=0) -> Tenso
                         "the end): y's shape is data's with that axis replaced by indices' shape.")
 
 
-def gather_problem(data, indices, axis, op_name="gather"):
+def gather_problem(data: TensorSpec, indices: TensorSpec, axis: int, op_name: str = "gather") -> str | None:
     if indices.dtype not in INDEX_DTYPES:
         raise opforge.DTypeError(f"op '{op_name}': input 'indices' has dtype {indices.dtype}; expected int32 or int64")
     if data.rank is not None:
@@ -35,11 +41,11 @@ def gather_problem(data, indices, axis, op_name="gather"):
 
 
 @gather.check
-def gather_check(data, indices, *, axis):
+def gather_check(data: TensorSpec, indices: TensorSpec, *, axis: int) -> str | None:
     return gather_problem(data, indices, axis)
 
 
-def gathered_shape(data, indices, axis):
+def gathered_shape(data: TensorSpec, indices: TensorSpec, axis: int) -> tuple[int, ...] | None:
     if data.rank is None or indices.rank is None:
         return None
     axis %= data.rank
@@ -47,11 +53,11 @@ def gathered_shape(data, indices, axis):
 
 
 @gather.infer
-def gather_infer(data, indices, *, axis):
+def gather_infer(data: TensorSpec, indices: TensorSpec, *, axis: int) -> TensorSpec:
     return TensorSpec(gathered_shape(data, indices, axis), data.dtype)
 
 
-def checked_indices(indices, size, op_name):
+def checked_indices(indices: npt.NDArray[Any], size: int, op_name: str) -> npt.NDArray[Any]:
     """indices made non-negative; IndexError-like ShapeError when one is outside -size..size-1."""
     bad = (indices < -size) | (indices >= size)
     if bad.any():
@@ -61,12 +67,12 @@ def checked_indices(indices, size, op_name):
 
 
 @gather.reference(fallback=True)
-def gather_reference(data, indices, *, axis):
+def gather_reference(data: npt.NDArray[Any], indices: npt.NDArray[Any], *, axis: int) -> npt.NDArray[Any]:
     return np.take(data, checked_indices(indices, data.shape[axis], "gather"), axis=axis)
 
 
 @gather.grad(save=["data", "indices"])
-def gather_grad(saved, dy, *, axis):
+def gather_grad(saved: Any, dy: Any, *, axis: int) -> tuple[Any, None]:
     return opforge.ops.gather_grad(dy, saved.indices, saved.data, axis=axis), None
 
 
@@ -127,7 +133,7 @@ gather_grad_op = opforge.op("gather_grad(Tensor dy, Tensor indices, Tensor data,
 
 
 @gather_grad_op.check
-def gather_grad_check(dy, indices, data, *, axis):
+def gather_grad_check(dy: TensorSpec, indices: TensorSpec, data: TensorSpec, *, axis: int) -> str | None:
     if dy.dtype != data.dtype:
         raise opforge.DTypeError(f"op 'gather_grad': inputs 'dy' ({dy.dtype}) and 'data' ({data.dtype}) must have "
                                  "one dtype")
@@ -139,12 +145,13 @@ def gather_grad_check(dy, indices, data, *, axis):
 
 
 @gather_grad_op.infer
-def gather_grad_infer(dy, indices, data, *, axis):
+def gather_grad_infer(dy: TensorSpec, indices: TensorSpec, data: TensorSpec, *, axis: int) -> TensorSpec:
     return TensorSpec(data.shape, dy.dtype)
 
 
 @gather_grad_op.reference(fallback=True)
-def gather_grad_reference(dy, indices, data, *, axis):
+def gather_grad_reference(dy: npt.NDArray[Any], indices: npt.NDArray[Any], data: npt.NDArray[Any], *,
+                          axis: int) -> npt.NDArray[Any]:
     axis %= data.ndim
     dx = np.zeros_like(data)
     at = checked_indices(indices, data.shape[axis], "gather_grad").reshape(-1)
@@ -155,7 +162,7 @@ def gather_grad_reference(dy, indices, data, *, axis):
 
 
 @gather_grad_op.grad(save=["indices"])
-def _(saved, ddx, *, axis):
+def _(saved: Any, ddx: Any, *, axis: int) -> tuple[Any, None, None]:
     return opforge.ops.gather(ddx, saved.indices, axis=axis), None, None
 
 

@@ -20,7 +20,10 @@ times where the result is small, as in any evaluation of the formula at the
 input's precision, so over the whole range float32 <= 256 ulp and float64
 <= 2048 ulp (in the far negative tail).
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +32,11 @@ from opforge import infer
 from opforge.builtins.common import SIMD_ISAS, floating_point
 from opforge.builtins.erf import erf_reference
 from opforge.builtins.exp import VECMATH
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
 
 APPROXIMATIONS = ("none", "tanh")
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -42,7 +50,7 @@ is_float = floating_point("gelu", "x")
 
 
 @gelu.check
-def gelu_check(x, *, approximate):
+def gelu_check(x: TensorSpec, *, approximate: str) -> str | None:
     is_float(x)
     if approximate not in APPROXIMATIONS:
         return f"approximate is {approximate!r}; expected one of {', '.join(map(repr, APPROXIMATIONS))}"
@@ -50,24 +58,24 @@ def gelu_check(x, *, approximate):
 
 
 @gelu.reference(fallback=True)
-def gelu_reference(x, *, approximate="none"):
+def gelu_reference(x: npt.NDArray[Any], *, approximate: str = "none") -> npt.NDArray[Any]:
     wide = x.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # -inf * 0 -> NaN, x ** 3 -> inf: as the kernel
         return (wide * gelu_cdf(wide, approximate)).astype(x.dtype)
 
 
-def gelu_cdf(wide, approximate):
+def gelu_cdf(wide: npt.NDArray[np.float64], approximate: str) -> npt.NDArray[np.float64]:
     if approximate == "tanh":
         return 0.5 * (1 + np.tanh(SQRT_2_OVER_PI * (wide + CUBIC * wide ** 3)))
     return 0.5 * (1 + erf_reference(wide / math.sqrt(2)))
 
 
 @gelu.grad(save=["x"])
-def gelu_grad(saved, dy, *, approximate):
+def gelu_grad(saved: Any, dy: Any, *, approximate: str) -> Any:
     ops = opforge.ops
     x = saved.x
 
-    def c(value):
+    def c(value: float) -> npt.NDArray[Any]:
         return np.asarray(value, x.dtype)
 
     if approximate == "tanh":  # d/dx of 0.5 x (1 + t), t = tanh(k (x + c x^3))

@@ -8,12 +8,23 @@ c runs a small Python kernel that passes zeros instead (see
 ``zeros_for_absent``).  The gradient is gemm again, with the transposes
 swapped.
 """
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, known_dims
 from opforge.runtime import blas
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import Op
+    from opforge.operator import KernelDTypes
 
 gemm = opforge.op("gemm(Tensor a, Tensor b, Tensor? c, *, float alpha=1.0, float beta=1.0, bool trans_a=False, "
                   "bool trans_b=False) -> Tensor y",
@@ -23,9 +34,9 @@ gemm = opforge.op("gemm(Tensor a, Tensor b, Tensor? c, *, float alpha=1.0, float
                       "and c broadcast to the product's shape (ONNX Gemm).")
 
 
-def same_float_dtype(op_name, specs, names):
+def same_float_dtype(op_name: str, specs: Sequence[TensorSpec | None], names: Sequence[str]) -> None:
     """DTypeError unless every present spec has the first one's float dtype (float16 runs the reference)."""
-    first = specs[0].dtype
+    first = specs[0].dtype  # type: ignore[union-attr]  # the first is a required input
     if first not in FLOATS + ["float16"]:
         raise opforge.DTypeError(f"op '{op_name}': input '{names[0]}' has dtype {first}; {op_name} takes float16, "
                                  "float32 or float64")
@@ -35,7 +46,7 @@ def same_float_dtype(op_name, specs, names):
                                      f"has {first}; {op_name} takes one dtype")
 
 
-def gemm_dims(a, b, trans_a, trans_b):
+def gemm_dims(a: TensorSpec, b: TensorSpec, trans_a: bool, trans_b: bool) -> tuple[int, int]:
     """(m, k) of op(a) and (k, n) of op(b); ShapeError for a rank other than 2 or unequal k."""
     for name, spec in (("a", a), ("b", b)):
         if spec.rank is not None and spec.rank != 2:
@@ -52,7 +63,8 @@ def gemm_dims(a, b, trans_a, trans_b):
 
 
 @gemm.infer
-def gemm_infer(a, b, c, *, alpha, beta, trans_a, trans_b):
+def gemm_infer(a: TensorSpec, b: TensorSpec, c: TensorSpec | None, *, alpha: float, beta: float, trans_a: bool,
+               trans_b: bool) -> TensorSpec:
     same_float_dtype("gemm", [a, b, c], ["a", "b", "c"])
     m, n = gemm_dims(a, b, trans_a, trans_b)
     if c is not None and c.rank is not None:
@@ -67,16 +79,17 @@ def gemm_infer(a, b, c, *, alpha, beta, trans_a, trans_b):
 
 
 @gemm.reference(fallback=True)
-def gemm_reference(a, b, c, *, alpha, beta, trans_a, trans_b):
+def gemm_reference(a: npt.NDArray[Any], b: npt.NDArray[Any], c: npt.NDArray[Any] | None, *, alpha: float,
+                   beta: float, trans_a: bool, trans_b: bool) -> npt.NDArray[Any]:
     dtype = a.dtype
-    y = (a.T if trans_a else a) @ (b.T if trans_b else b) * dtype.type(np.float32(alpha))
+    y: npt.NDArray[Any] = (a.T if trans_a else a) @ (b.T if trans_b else b) * dtype.type(np.float32(alpha))
     if c is not None:
         y = y + dtype.type(np.float32(beta)) * c
     return y.astype(dtype, copy=False)
 
 
 @gemm.grad(save=["a", "b", "c"])
-def gemm_grad(saved, dy, *, alpha, beta, trans_a, trans_b):
+def gemm_grad(saved: Any, dy: Any, *, alpha: float, beta: float, trans_a: bool, trans_b: bool) -> tuple[Any, Any, Any]:
     a, b, g = saved.a, saved.b, opforge.ops.gemm
     # y = alpha a' b': da' = alpha dy b'^T, db' = alpha a'^T dy; a transposed operand takes the transpose.
     if trans_a:
@@ -98,16 +111,16 @@ def gemm_grad(saved, dy, *, alpha, beta, trans_a, trans_b):
     return da, db, opforge.ops.reduce_sum(dc, axes=axes, keep_dims=True) if axes else dc
 
 
-def zeros_for_absent(op, index, zeros, dtypes):
+def zeros_for_absent(op: Op, index: int, zeros: Callable[..., Any], dtypes: KernelDTypes) -> None:
     """Add a Python kernel for calls that leave optional input ``index`` out: it
     calls ``op`` again with ``zeros(*arrays, **attrs)`` there, so the BLAS kernel (a native
     kernel, which needs every input) runs.  Needs OpenBLAS as that kernel does."""
-    def fill(*arrays, **attrs):
+    def fill(*arrays: Any, **attrs: Any) -> Any:
         if arrays[index] is not None:  # the native kernel refused these inputs: the reference's turn
-            return op.reference_kernel.fn(*arrays, **attrs)
-        arrays = list(arrays)
-        arrays[index] = zeros(*arrays, **attrs)
-        return op(*arrays, **attrs)
+            return op.reference_kernel.fn(*arrays, **attrs)  # type: ignore[union-attr]  # a PyKernel: op.reference's
+        given = list(arrays)  # a list of its own (arrays is a tuple)
+        given[index] = zeros(*given, **attrs)
+        return op(*given, **attrs)
 
     fill.__name__ = f"{op.name}_without_{op.inputs[index].name}"
     op.kernel(fill, dtypes=dtypes)

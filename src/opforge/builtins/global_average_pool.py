@@ -5,7 +5,10 @@ and AVX2 builds) sums each (n, c) plane in vector lanes, block by block into
 a double, and runs the planes on opforge's pool; the gradient is mean's, over
 the spatial axes.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +18,9 @@ from opforge.builtins.common import FLOATS, floating_point, known_dims
 from opforge.builtins.mean import mean_grad
 from opforge.spec import UNKNOWN_RANK
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 global_average_pool = opforge.op("global_average_pool(Tensor x) -> Tensor y", traits=["no_side_effect"],
                                  doc="ONNX GlobalAveragePool: the mean of each (n, c) plane of an N x C x ... "
                                      "tensor, keeping the spatial dims as 1.")
@@ -22,7 +28,7 @@ is_float = floating_point("global_average_pool", "x")
 
 
 @global_average_pool.check
-def global_average_pool_check(x):
+def global_average_pool_check(x: TensorSpec) -> str | None:
     is_float(x)
     if x.rank is not None and x.rank < 2:
         return f"input 'x' has rank {x.rank}; global_average_pool needs N, C and spatial dims (rank >= 2)"
@@ -30,19 +36,19 @@ def global_average_pool_check(x):
 
 
 @global_average_pool.infer
-def global_average_pool_infer(x):
+def global_average_pool_infer(x: TensorSpec) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     return TensorSpec(list(x.shape[:2]) + [1] * (x.rank - 2), x.dtype)
 
 
 @global_average_pool.reference(fallback=True)
-def global_average_pool_reference(x):
+def global_average_pool_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
 
 
 @global_average_pool.grad(save=["x"])
-def global_average_pool_grad(saved, dy):
+def global_average_pool_grad(saved: Any, dy: Any) -> Any:
     dims = known_dims(saved.x)
     if dims == UNKNOWN_RANK:
         raise opforge.ShapeError("op 'global_average_pool': its gradient needs the rank of input 'x'; it is unknown")

@@ -6,11 +6,18 @@ does.  The gradient is dy * alpha where the line is not clamped (0 < y < 1).
 The kernel is compiled per float dtype and instruction set (the clamp a
 vector min/max) and splits large arrays across opforge's thread pool.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import FLOATS, SIMD_ISAS, floating_point
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 hard_sigmoid = opforge.op("hard_sigmoid(Tensor x, *, float alpha=0.2, float beta=0.5) -> Tensor y",
                           traits=["no_side_effect", "elementwise"],
@@ -21,14 +28,15 @@ hard_sigmoid.check(floating_point("hard_sigmoid", "x"))
 
 
 @hard_sigmoid.reference(fallback=True)
-def hard_sigmoid_reference(x, *, alpha=0.2, beta=0.5):
+def hard_sigmoid_reference(x: npt.NDArray[Any], *, alpha: float = 0.2, beta: float = 0.5) -> npt.NDArray[Any]:
     # The kernels' arithmetic: alpha and beta as 32-bit floats, then in x's dtype.
     line = x.dtype.type(np.float32(alpha)) * x + x.dtype.type(np.float32(beta))
-    return np.clip(line, 0, 1).astype(x.dtype, copy=False)
+    y: npt.NDArray[Any] = np.clip(line, 0, 1)
+    return y.astype(x.dtype, copy=False)
 
 
 @hard_sigmoid.grad(save=["y"])
-def hard_sigmoid_grad(saved, dy, *, alpha, beta):
+def hard_sigmoid_grad(saved: Any, dy: Any, *, alpha: float, beta: float) -> Any:
     ops = opforge.ops
     y = saved.y
     zero = np.zeros((), dy.dtype)

@@ -11,7 +11,10 @@ element type added block by block into a double, and writes y in the
 element type; it broadcasts scale and bias itself; without a
 bias the NumPy reference runs.  The gradient covers all three outputs and every input.
 """
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +24,9 @@ from opforge.builtins.add import sum_to
 from opforge.builtins.common import FLOATS, floating_point, known_dims, zeros_like
 from opforge.spec import UNKNOWN_RANK
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 layer_norm = opforge.op("layer_norm(Tensor x, Tensor scale, Tensor? bias=None, *, int axis=-1, float epsilon=1e-05)"
                         " -> (Tensor y, Tensor mean, Tensor inv_std_dev)", traits=["no_side_effect"],
                         doc="Layer normalization over the dims from axis on: (x - mean) / sqrt(var + epsilon) "
@@ -29,7 +35,8 @@ is_float = floating_point("layer_norm", "x")
 
 
 @layer_norm.check
-def layer_norm_check(x, scale, bias, *, axis, epsilon):
+def layer_norm_check(x: TensorSpec, scale: TensorSpec, bias: TensorSpec | None, *, axis: int,
+                     epsilon: float) -> str | None:
     is_float(x)
     for name, spec in (("scale", scale), ("bias", bias)):
         if spec is not None and spec.dtype != x.dtype:
@@ -51,7 +58,8 @@ def layer_norm_check(x, scale, bias, *, axis, epsilon):
 
 
 @layer_norm.infer
-def layer_norm_infer(x, scale, bias, *, axis, epsilon):
+def layer_norm_infer(x: TensorSpec, scale: TensorSpec, bias: TensorSpec | None, *, axis: int,
+                     epsilon: float) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
     if x.rank is None:
         return TensorSpec(None, x.dtype), TensorSpec(None, x.dtype), TensorSpec(None, x.dtype)
     axis %= max(x.rank, 1)
@@ -60,7 +68,8 @@ def layer_norm_infer(x, scale, bias, *, axis, epsilon):
 
 
 @layer_norm.reference(fallback=True)
-def layer_norm_reference(x, scale, bias=None, *, axis, epsilon):
+def layer_norm_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], bias: npt.NDArray[Any] | None = None, *,
+                         axis: int, epsilon: float) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
     axes = tuple(range(axis % max(x.ndim, 1), x.ndim))
     wide = x.astype(np.float64)
     mean = wide.mean(axis=axes, keepdims=True)
@@ -70,7 +79,7 @@ def layer_norm_reference(x, scale, bias=None, *, axis, epsilon):
 
 
 @layer_norm.grad(save=["x", "scale", "bias", "mean", "inv_std_dev"])
-def layer_norm_grad(saved, dy, dmean, dinv, *, axis, epsilon):
+def layer_norm_grad(saved: Any, dy: Any, dmean: Any, dinv: Any, *, axis: int, epsilon: float) -> tuple[Any, Any, Any]:
     ops = opforge.ops
     dims = known_dims(saved.x)
     if dims == UNKNOWN_RANK:

@@ -14,11 +14,18 @@ alpha crosses the ABI as a 32-bit float, so in float64 the kernels multiply
 by ``float(alpha)`` rounded to single precision (relative difference from the
 reference <= 6e-8).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 leaky_relu = opforge.op("leaky_relu(Tensor x, *, float alpha=0.01) -> Tensor y",
                         traits=["no_side_effect", "elementwise"],
@@ -28,9 +35,10 @@ leaky_relu.fuse_as("{x} > T(0) ? {x} : T(float({alpha})) * {x}")  # as one C++ e
 
 
 @leaky_relu.reference(fallback=True)
-def leaky_relu_reference(x, alpha=0.01):
+def leaky_relu_reference(x: npt.NDArray[Any], alpha: float = 0.01) -> npt.NDArray[Any]:
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 -> nan, overflow -> inf: silent, like the kernels
-        return np.where(x > 0, x, alpha * x).astype(x.dtype, copy=False)
+        y: npt.NDArray[Any] = np.where(x > 0, x, alpha * x)
+        return y.astype(x.dtype, copy=False)
 
 
 LEAKY_RELU_CC = r"""
@@ -244,7 +252,7 @@ leaky_relu.kernel(source=gpu_source("elementwise.cu", "LeakyReluGpu"), device="g
 
 # The gradient is an op too (OneFlow's leaky_relu / leaky_relu_grad pair).
 @leaky_relu.grad(save=["x"])
-def leaky_relu_grad_rule(saved, dy, *, alpha):
+def leaky_relu_grad_rule(saved: Any, dy: Any, *, alpha: float) -> Any:
     return opforge.ops.leaky_relu_grad(dy, saved.x, alpha=alpha)
 
 
@@ -255,12 +263,12 @@ leaky_relu_grad.def_infer(infer.same_as(0))
 
 
 @leaky_relu_grad.reference(fallback=True)
-def leaky_relu_grad_reference(dy, x, alpha=0.01):
+def leaky_relu_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], alpha: float = 0.01) -> npt.NDArray[Any]:
     return np.where(x > 0, dy, np.float32(alpha) * dy).astype(dy.dtype, copy=False)
 
 
 @leaky_relu_grad.grad(save=["x"])
-def _(saved, ddx, *, alpha):
+def _(saved: Any, ddx: Any, *, alpha: float) -> tuple[Any, None]:
     return opforge.ops.leaky_relu_grad(ddx, saved.x, alpha=alpha), None
 
 

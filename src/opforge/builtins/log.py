@@ -11,12 +11,19 @@ float32 <= 1 ulp, float64 <= 1 ulp.  log(+-0) = -inf, negative inputs
 (-inf included) give NaN, log(inf) = inf, NaN stays NaN and subnormal inputs
 are computed, not flushed, as NumPy does.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, floating_point, gpu_source, same_dtypes
 from opforge.builtins.exp import vecmath_kernels
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 log = opforge.op("log(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Natural logarithm, elementwise (floating-point inputs).")
@@ -26,12 +33,13 @@ log.check(floating_point("log", "x"))
 
 
 @log.reference
-def log_reference(x):
-    return np.log(x).astype(x.dtype, copy=False)
+def log_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.log(x)
+    return y.astype(x.dtype, copy=False)
 
 
 @log.grad(save=["x"])
-def log_grad(saved, dy):
+def log_grad(saved: Any, dy: Any) -> Any:
     return opforge.ops.div(dy, saved.x)
 
 

@@ -10,6 +10,10 @@ The gradient is ``lrn_grad``: with d = bias + alpha / size * S,
 ``dx_k = dy_k d_k^-beta - 2 alpha beta / size * x_k * sum over the channels c
 whose window holds k of dy_c x_c d_c^(-beta-1)``.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -17,6 +21,11 @@ from opforge import infer
 from opforge.builtins.common import FLOATS, floating_point
 from opforge.builtins.exp import VECMATH
 from opforge.builtins.max_pool import gradient_op
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
 
 LRN_ATTRS = "int size, float alpha=0.0001, float beta=0.75, float bias=1.0"
 lrn = opforge.op(f"lrn(Tensor x, *, {LRN_ATTRS}) -> Tensor y",
@@ -27,7 +36,7 @@ is_float = floating_point("lrn", "x")
 
 
 @lrn.check
-def lrn_check(x, *, size, alpha, beta, bias):
+def lrn_check(x: TensorSpec, *, size: int, alpha: float, beta: float, bias: float) -> str | None:
     is_float(x)
     if size < 1:
         return f"'size' is {size}; it must be >= 1"
@@ -36,7 +45,7 @@ def lrn_check(x, *, size, alpha, beta, bias):
     return None
 
 
-def window_sums(values, size, transposed=False):
+def window_sums(values: npt.NDArray[Any], size: int, transposed: bool = False) -> npt.NDArray[Any]:
     """Per channel c, the sum of ``values`` over its window c - before .. c + after (clipped); transposed: over
     the channels whose windows hold c (c - after .. c + before)."""
     channels = values.shape[1]
@@ -49,19 +58,20 @@ def window_sums(values, size, transposed=False):
     return total
 
 
-def denominators(x, size, alpha, bias):
+def denominators(x: npt.NDArray[Any], size: int, alpha: float, bias: float) -> npt.NDArray[Any]:
     """d = bias + alpha / size * (the window sums of x^2), with the attributes as the kernel receives them."""
     alpha, bias = (np.float64(np.float32(v)) for v in (alpha, bias))
     return bias + alpha / size * window_sums(np.square(x.astype(np.float64)), size)
 
 
 @lrn.reference(fallback=True)
-def lrn_reference(x, *, size, alpha, beta, bias):
-    return (x / denominators(x, size, alpha, bias) ** np.float64(np.float32(beta))).astype(x.dtype)
+def lrn_reference(x: npt.NDArray[Any], *, size: int, alpha: float, beta: float, bias: float) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = x / denominators(x, size, alpha, bias) ** np.float64(np.float32(beta))
+    return y.astype(x.dtype)
 
 
 @lrn.grad(save=["x"])
-def lrn_grad_rule(saved, dy, **attrs):
+def lrn_grad_rule(saved: Any, dy: Any, **attrs: Any) -> Any:
     return opforge.ops.lrn_grad(dy, saved.x, **attrs)
 
 
@@ -248,12 +258,14 @@ lrn_grad = gradient_op("lrn", LRN_ATTRS, lrn_check, infer.same_as(0), doc="Gradi
 
 
 @lrn_grad.reference(fallback=True)
-def lrn_grad_reference(dy, x, *, size, alpha, beta, bias):
+def lrn_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, size: int, alpha: float, beta: float,
+                       bias: float) -> npt.NDArray[Any]:
     d = denominators(x, size, alpha, bias)
     alpha, beta = np.float64(np.float32(alpha)), np.float64(np.float32(beta))
     dy64, x64 = dy.astype(np.float64), x.astype(np.float64)
     spread = window_sums(dy64 * x64 * d ** (-beta - 1), size, transposed=True)
-    return (dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread).astype(dy.dtype)
+    dx: npt.NDArray[Any] = dy64 * d ** -beta - 2 * alpha * beta / size * x64 * spread
+    return dx.astype(dy.dtype)
 
 
 for _isa in (None, "avx2"):

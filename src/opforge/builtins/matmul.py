@@ -9,6 +9,11 @@ gemm once per batch entry, or once in all when b has a single matrix; it is
 selected only where OpenBLAS is installed (``opforge.runtime.blas``), else
 the NumPy reference runs (np.matmul is BLAS too).
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -16,13 +21,19 @@ from opforge.builtins.common import FLOATS, gpu_source, known_dims, same_dtypes
 from opforge.runtime import blas, cublas
 from opforge.sbp import broadcast, elementwise_splits, partial_sum, split
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
+
 matmul = opforge.op("matmul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"],
                     doc="Matrix product of the last two dims, batched over leading dims that are equal or 1 "
                         "(broadcast); y has the dtype of a.")
 
 
 @matmul.def_infer
-def matmul_infer(a, b):
+def matmul_infer(a: TensorSpec, b: TensorSpec) -> TensorSpec:
     for name, spec in (("a", a), ("b", b)):
         if spec.rank is not None and spec.rank < 2:
             raise opforge.ShapeError(f"op 'matmul': input '{name}' has rank {spec.rank} (shape {list(spec.shape)}); "
@@ -35,6 +46,7 @@ def matmul_infer(a, b):
     # Equal ranks, so a known rank on either side fixes the other's: fill an
     # unknown-rank input with -1 dims.
     rank = a.rank if a.rank is not None else b.rank
+    assert rank is not None  # (for the type checker: both ranks unknown returned above)
     a_shape = a.shape if a.rank is not None else (-1,) * rank
     b_shape = b.shape if b.rank is not None else (-1,) * rank
     *a_batch, m, k = a_shape
@@ -55,7 +67,7 @@ def matmul_infer(a, b):
 
 
 @matmul.sbp
-def matmul_sbp(a, b):
+def matmul_sbp(a: TensorSpec, b: TensorSpec) -> list[dict[str, SBPValue]]:
     # OneFlow's: rows of a, or columns of b, split the product; splitting the shared dim k gives
     # partial products; either operand's addends times the other give addends.  Batch dims split
     # as an elementwise op's (a batch dim of 1 is broadcast).
@@ -63,11 +75,11 @@ def matmul_sbp(a, b):
     if rank is not None and rank < 2:
         return []  # inference rejects it
     row, col = (-2, -1) if rank is None else (rank - 2, rank - 1)
-    signatures = [{"a": split(row), "b": broadcast, "y": split(row)},
-                  {"a": broadcast, "b": split(col), "y": split(col)},
-                  {"a": split(col), "b": split(row), "y": partial_sum},
-                  {"a": partial_sum, "b": broadcast, "y": partial_sum},
-                  {"a": broadcast, "b": partial_sum, "y": partial_sum}]
+    signatures: list[dict[str, SBPValue]] = [{"a": split(row), "b": broadcast, "y": split(row)},
+                                             {"a": broadcast, "b": split(col), "y": split(col)},
+                                             {"a": split(col), "b": split(row), "y": partial_sum},
+                                             {"a": partial_sum, "b": broadcast, "y": partial_sum},
+                                             {"a": broadcast, "b": partial_sum, "y": partial_sum}]
     if a.rank is not None and b.rank is not None:
         signatures += [{"a": on_a, "b": on_b, "y": split(axis)}
                        for axis, (on_a, on_b) in elementwise_splits(a.shape[:-2], b.shape[:-2])]
@@ -75,11 +87,12 @@ def matmul_sbp(a, b):
 
 
 @matmul.reference(fallback=True)
-def matmul_reference(a, b):
-    return np.matmul(a, b).astype(a.dtype, copy=False)
+def matmul_reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.matmul(a, b)
+    return y.astype(a.dtype, copy=False)
 
 
-def unbroadcast(grad, own, other):
+def unbroadcast(grad: Any, own: Sequence[int], other: Sequence[int]) -> Any:
     """``grad`` summed over the batch axes where ``own`` (an input's dims) is 1 and
     ``other`` (the other input's) is not: the axes the forward pass broadcast.
     An unknown dim counts as not broadcast."""
@@ -90,7 +103,7 @@ def unbroadcast(grad, own, other):
 
 
 @matmul.grad(save=["a", "b"])
-def matmul_grad(saved, dy):
+def matmul_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     transpose = opforge.ops.transpose
     a_dims, b_dims = known_dims(saved.a), known_dims(saved.b)
     da = opforge.ops.matmul(dy, transpose(saved.b))

@@ -14,8 +14,12 @@ The kernels (pool.cc, shared with average_pool) take float32, float64,
 int8, uint8, int32 and int64; other dtypes run the NumPy reference.  The
 gradient is ``max_pool_grad``: dy added at each window's (first) maximum.
 """
+from __future__ import annotations
+
 import itertools
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,13 +27,18 @@ import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, shapes_agree
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import Op
+
 POOL_ATTRS = "int[] kernel_shape, int[] strides=[], int[] pads=[], int[] dilations=[], bool ceil_mode=False"
 MAX_ATTRS = f"{POOL_ATTRS}, int storage_order=0"
 POOL_CC = str(Path(__file__).with_name("pool.cc"))
 POOL_DTYPES = ["float32", "float64", "int8", "uint8", "int32", "int64"]
 
 
-def pool_kernels(op, function, dtypes):
+def pool_kernels(op: Op, function: str, dtypes: Sequence[Sequence[str]]) -> None:
     """pool.cc's ``function`` as ``op``'s kernel, built plain and for AVX2.  -fno-trapping-math lets g++
     turn the loops' compare-and-select into vector blends."""
     for isa in (None, "avx2"):
@@ -43,7 +52,8 @@ max_pool = opforge.op(f"max_pool(Tensor x, *, {MAX_ATTRS}) -> Tensor y", traits=
 
 # -- geometry shared by the pooling ops ---------------------------------------------
 
-def pool_params(spatial, kernel_shape, strides, pads, dilations):
+def pool_params(spatial: int, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                dilations: Sequence[int]) -> list[tuple[int, int, int, int, int]]:
     """Per spatial dim: (k, s, pad begin, pad end, d), defaults filled in."""
     strides = list(strides) or [1] * spatial
     dilations = list(dilations) or [1] * spatial
@@ -51,7 +61,7 @@ def pool_params(spatial, kernel_shape, strides, pads, dilations):
     return [(kernel_shape[j], strides[j], pads[j], pads[spatial + j], dilations[j]) for j in range(spatial)]
 
 
-def pooled_dim(n, k, s, pb, pe, d, ceil_mode):
+def pooled_dim(n: int, k: int, s: int, pb: int, pe: int, d: int, ceil_mode: bool) -> int:
     """Output length of one spatial dim (-1 when n is unknown)."""
     if n == -1:
         return -1
@@ -64,7 +74,8 @@ def pooled_dim(n, k, s, pb, pe, d, ceil_mode):
     return out
 
 
-def pool_problem(name, x, kernel_shape, strides, pads, dilations):
+def pool_problem(name: str, x: TensorSpec, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                 dilations: Sequence[int]) -> str | None:
     """What is wrong with a pooling op's attributes for input spec x, or None."""
     if not kernel_shape:
         return "'kernel_shape' is empty; give one size per spatial dim"
@@ -92,7 +103,8 @@ def pool_problem(name, x, kernel_shape, strides, pads, dilations):
     return None
 
 
-def pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode, dtype=None):
+def pooled_spec(x: TensorSpec, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                dilations: Sequence[int], ceil_mode: bool, dtype: str | None = None) -> TensorSpec:
     dtype = dtype or x.dtype
     if x.rank is None:
         return TensorSpec(None, dtype)
@@ -101,7 +113,9 @@ def pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode, dtype=None
                       dtype)
 
 
-def windows(x, kernel_shape, strides, pads, dilations, ceil_mode, fill):
+def windows(x: npt.NDArray[Any], kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+            dilations: Sequence[int], ceil_mode: bool, fill: float
+            ) -> tuple[list[int], Callable[[Sequence[int]], npt.NDArray[Any]], list[range], npt.NDArray[Any]]:
     """For the reference kernels: the output's spatial shape; a function giving, for one tap (an offset per
     spatial dim), the view of x padded with ``fill`` (its ends widened for ceil_mode) that the tap reads for
     every output; the taps; and the padded x itself (the views write through to it)."""
@@ -113,8 +127,8 @@ def windows(x, kernel_shape, strides, pads, dilations, ceil_mode, fill):
         widths.append((pb, max(pe, (o - 1) * s + (k - 1) * d + 1 - n - pb, 0)))
     padded = np.pad(x, widths, constant_values=fill)
 
-    def tap(offsets):
-        index = [np.s_[:], np.s_[:]]
+    def tap(offsets: Sequence[int]) -> npt.NDArray[Any]:
+        index: list[slice] = [np.s_[:], np.s_[:]]
         for t, o, (k, s, pb, pe, d) in zip(offsets, out, params):
             index.append(np.s_[t * d: t * d + (o - 1) * s + 1: s])
         return padded[tuple(index)]
@@ -122,11 +136,12 @@ def windows(x, kernel_shape, strides, pads, dilations, ceil_mode, fill):
     return out, tap, [range(k) for k in kernel_shape], padded
 
 
-def lowest(dtype):
+def lowest(dtype: np.dtype[Any]) -> float:
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
-def max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode):
+def max_pool_argmax(x: npt.NDArray[Any], kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                    dilations: Sequence[int], ceil_mode: bool) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     """The maximum of every window and its flat spatial offset in x (-1 for a window of padding only)."""
     spatial_size = int(np.prod(x.shape[2:]))
     positions = np.arange(spatial_size, dtype=np.int64).reshape((1, 1) + x.shape[2:])
@@ -143,24 +158,27 @@ def max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode):
 
 
 @max_pool.check
-def max_pool_check(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+def max_pool_check(x: TensorSpec, *, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                   dilations: Sequence[int], ceil_mode: bool, storage_order: int) -> str | None:
     if storage_order not in (0, 1):
         return f"'storage_order' is {storage_order}; it is 0 (row-major) or 1 (column-major)"
     return pool_problem("max_pool", x, kernel_shape, strides, pads, dilations)
 
 
 @max_pool.infer
-def max_pool_infer(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+def max_pool_infer(x: TensorSpec, *, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                   dilations: Sequence[int], ceil_mode: bool, storage_order: int) -> TensorSpec:
     return pooled_spec(x, kernel_shape, strides, pads, dilations, ceil_mode)
 
 
 @max_pool.reference(fallback=True)
-def max_pool_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+def max_pool_reference(x: npt.NDArray[Any], *, kernel_shape: Sequence[int], strides: Sequence[int], pads: Sequence[int],
+                       dilations: Sequence[int], ceil_mode: bool, storage_order: int) -> npt.NDArray[Any]:
     return max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)[0]
 
 
 @max_pool.grad(save=["x"])
-def max_pool_grad_rule(saved, dy, **attrs):
+def max_pool_grad_rule(saved: Any, dy: Any, **attrs: Any) -> Any:
     return opforge.ops.max_pool_grad(dy, saved.x, **attrs)
 
 
@@ -177,13 +195,15 @@ max_pool_with_indices.check(max_pool_check)
 
 
 @max_pool_with_indices.infer
-def max_pool_with_indices_infer(x, **attrs):
+def max_pool_with_indices_infer(x: TensorSpec, **attrs: Any) -> tuple[TensorSpec, TensorSpec]:
     y = max_pool_infer(x, **attrs)
     return y, TensorSpec(y.shape if y.rank is not None else None, "int64")
 
 
 @max_pool_with_indices.reference(fallback=True)
-def max_pool_with_indices_reference(x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+def max_pool_with_indices_reference(x: npt.NDArray[Any], *, kernel_shape: Sequence[int], strides: Sequence[int],
+                                    pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
+                                    storage_order: int) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     best, at = max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)
     if storage_order == 1 and x.ndim > 2:  # the same position counted with the first spatial dim fastest
         coords = np.unravel_index(np.maximum(at, 0), x.shape[2:])
@@ -197,10 +217,11 @@ pool_kernels(max_pool_with_indices, "MaxPoolIndices", [(d,) for d in POOL_DTYPES
 
 # -- the gradient -----------------------------------------------------------------
 
-def gradient_check(name, check, infer):
+def gradient_check(name: str, check: Callable[..., str | None],
+                   infer: Callable[..., TensorSpec]) -> Callable[..., str | None]:
     """The check of the gradient op of ``name`` (inputs dy, x): one dtype, attributes valid for x (``check``),
     and dy shaped as the op's output for x (``infer``)."""
-    def gradient_check_fn(dy, x, **attrs):
+    def gradient_check_fn(dy: TensorSpec, x: TensorSpec, **attrs: Any) -> str | None:
         if dy.dtype != x.dtype:
             raise opforge.DTypeError(f"op '{name}_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must have "
                                      f"one dtype")
@@ -214,7 +235,7 @@ def gradient_check(name, check, infer):
     return gradient_check_fn
 
 
-def shaped_like_x(dy, x, **attrs):
+def shaped_like_x(dy: TensorSpec, x: TensorSpec, **attrs: Any) -> TensorSpec:
     """Inference of a gradient op (inputs dy, x): dx has x's shape and dy's dtype."""
     return TensorSpec(x.shape if x.rank is not None else None, dy.dtype)
 
@@ -222,7 +243,8 @@ def shaped_like_x(dy, x, **attrs):
 GRADIENT_DTYPES = [(d, d) for d in FLOATS]  # (dy, x) of the gradient kernels
 
 
-def gradient_op(name, attrs, check, infer, doc, traits=("no_side_effect", "always_compute")):
+def gradient_op(name: str, attrs: str, check: Callable[..., str | None], infer: Callable[..., TensorSpec], doc: str,
+                traits: Iterable[str] = ("no_side_effect", "always_compute")) -> Op:
     """``{name}_grad(dy, x, *, attrs) -> dx``, the gradient op of ``name`` whose dx has x's shape: its check
     (``gradient_check`` of ``check`` and ``infer``) and inference (``shaped_like_x``).  always_compute: an
     empty dy still gives x's zeros."""
@@ -237,7 +259,9 @@ max_pool_grad = gradient_op("max_pool", MAX_ATTRS, max_pool_check, max_pool_infe
 
 
 @max_pool_grad.reference(fallback=True)
-def max_pool_grad_reference(dy, x, *, kernel_shape, strides, pads, dilations, ceil_mode, storage_order):
+def max_pool_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, kernel_shape: Sequence[int],
+                            strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int], ceil_mode: bool,
+                            storage_order: int) -> npt.NDArray[Any]:
     _, at = max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)
     planes = x.shape[0] * x.shape[1]
     dx = np.zeros((planes, int(np.prod(x.shape[2:]))), dy.dtype)

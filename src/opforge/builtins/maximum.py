@@ -3,12 +3,19 @@
 Compiles add.py's broadcasting source with its own operation; a NaN on
 either side gives NaN, as np.maximum does.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
 from opforge.builtins.common import GPU_NUMERIC, NUMERIC, SIMD_ISAS, every_dtype, gpu_source, same_dtypes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 maximum = opforge.op("maximum(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Elementwise maximum with NumPy broadcasting (NaN propagates); y has the dtype of a.")
@@ -17,11 +24,12 @@ maximum.fuse_as("{a} != {a} || {a} > {b} ? {a} : {b}")
 
 
 @maximum.reference
-def maximum_reference(a, b):
-    return np.maximum(a, b).astype(a.dtype, copy=False)
+def maximum_reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.maximum(a, b)
+    return y.astype(a.dtype, copy=False)
 
 
-def split_by(chosen, tied, dy):
+def split_by(chosen: Any, tied: Any, dy: Any) -> tuple[Any, Any]:
     """The gradients of a two-way choice: dy goes where the first input was
     chosen, half of it to each side of a tie (as in PyTorch)."""
     ops = opforge.ops
@@ -32,7 +40,7 @@ def split_by(chosen, tied, dy):
 
 
 @maximum.grad(save=["a", "b"])
-def maximum_grad(saved, dy):
+def maximum_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     ops = opforge.ops
     da, db = split_by(ops.greater(saved.a, saved.b), ops.equal(saved.a, saved.b), dy)
     return sum_to(da, saved.a), sum_to(db, saved.b)

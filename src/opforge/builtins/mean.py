@@ -4,6 +4,11 @@ reduce_sum's attributes, check and source (compiled with OPFORGE_MEAN, so
 the sums are divided by their counts); the mean of nothing is NaN, as in
 NumPy.  The gradient is reduce_sum's, divided by the counts.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -12,6 +17,12 @@ from opforge.builtins.common import FLOATS, SIMD_ISAS, every_dtype, floating_poi
 from opforge.builtins.reduce_sum import REDUCE_SUM, kept_axes, reduce_sum_check, spread
 from opforge.sbp import split
 from opforge.spec import UNKNOWN_RANK
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
 
 mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                   # always_compute: an empty x gives NaN means, which the kernel computes
@@ -23,19 +34,19 @@ is_float = floating_point("mean", "x")
 
 
 @mean.check
-def mean_check(x, *, axes, keep_dims):
+def mean_check(x: TensorSpec, *, axes: Sequence[int], keep_dims: bool) -> str | None:
     is_float(x)
     return reduce_sum_check(x, axes=axes, keep_dims=keep_dims)
 
 
 @mean.sbp
-def mean_sbp(x, *, axes, keep_dims):
+def mean_sbp(x: TensorSpec, *, axes: Sequence[int], keep_dims: bool) -> list[dict[str, SBPValue]]:
     # A split on a kept axis stays a split; the mean over a split axis would need each slice's count.
     return [{"x": split(x_axis), "y": split(y_axis)} for x_axis, y_axis in kept_axes(x, axes, keep_dims)]
 
 
 @mean.reference
-def mean_reference(x, *, axes, keep_dims):
+def mean_reference(x: npt.NDArray[Any], *, axes: Sequence[int], keep_dims: bool) -> npt.NDArray[Any]:
     with np.errstate(invalid="ignore", divide="ignore"):  # an empty mean is NaN, without a warning
         total = np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims, dtype=np.float64)
         count = np.sum(np.ones_like(x, np.float64), axis=tuple(axes) if axes else None, keepdims=keep_dims)
@@ -43,7 +54,7 @@ def mean_reference(x, *, axes, keep_dims):
 
 
 @mean.grad(save=["x"])
-def mean_grad(saved, dy, *, axes, keep_dims):
+def mean_grad(saved: Any, dy: Any, *, axes: Sequence[int], keep_dims: bool) -> Any:
     x = saved.x
     shape = known_dims(x)
     if -1 not in shape and shape != UNKNOWN_RANK:

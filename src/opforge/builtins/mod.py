@@ -14,12 +14,19 @@ double), so the remainder is fmod's, bit for bit, and the loop vectorizes.  A
 block of elements holding a larger quotient, a zero or non-finite divisor or
 dividend takes fmod.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST
 from opforge.builtins.common import SIMD_ISAS, every_dtype
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 mod = opforge.op("mod(Tensor a, Tensor b, *, bool fmod=False) -> Tensor y",
                  traits=["no_side_effect", "elementwise", "no_grad"],
@@ -29,9 +36,10 @@ mod.def_infer(infer.broadcast())
 
 
 @mod.reference(fallback=True)
-def mod_reference(a, b, fmod=False):
+def mod_reference(a: npt.NDArray[Any], b: npt.NDArray[Any], fmod: bool = False) -> npt.NDArray[Any]:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (np.fmod(a, b) if fmod else np.mod(a, b)).astype(a.dtype, copy=False)
+        y: npt.NDArray[Any] = np.fmod(a, b) if fmod else np.mod(a, b)
+        return y.astype(a.dtype, copy=False)
 
 
 MOD_DTYPES = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]

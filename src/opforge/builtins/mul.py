@@ -2,6 +2,10 @@
 
 Compiles add.py's broadcasting source with its own operation.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -10,6 +14,12 @@ from opforge.builtins.add import BINARY_BROADCAST, BINARY_DTYPES, GPU_BINARY_DTY
 from opforge.builtins.common import gpu_source
 from opforge.sbp import broadcast, partial_sum
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
+
 mul = opforge.op("mul(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect", "elementwise"],
                  doc="Elementwise product with NumPy broadcasting; y has the dtype of a.")
 mul.def_infer(infer.broadcast())
@@ -17,7 +27,7 @@ mul.fuse_as("{a} * {b}")
 
 
 @mul.sbp
-def mul_sbp(a, b):
+def mul_sbp(a: TensorSpec, b: TensorSpec) -> list[dict[str, SBPValue]]:
     # Beside the elementwise splits: linear in each operand while the other is whole.
     if not summable(a, b):
         return []
@@ -25,12 +35,13 @@ def mul_sbp(a, b):
 
 
 @mul.reference(fallback=True)
-def mul_reference(a, b):
-    return np.multiply(a, b).astype(a.dtype, copy=False)
+def mul_reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.multiply(a, b)
+    return y.astype(a.dtype, copy=False)
 
 
 @mul.grad(save=["a", "b"])
-def mul_grad(saved, dy):
+def mul_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     return sum_to(dy * saved.b, saved.a), sum_to(dy * saved.a, saved.b)
 
 

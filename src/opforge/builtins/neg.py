@@ -1,10 +1,17 @@
 """neg: y = -x."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
 from opforge.sbp import partial_sum
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 neg = opforge.op("neg(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], doc="Elementwise negation.")
 neg.def_infer(infer.same_as(0))
@@ -13,12 +20,13 @@ neg.sbp([{"x": partial_sum, "y": partial_sum}])  # beside the elementwise splits
 
 
 @neg.reference(fallback=True)
-def neg_reference(x):
-    return np.negative(x)
+def neg_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.negative(x)
+    return y
 
 
 @neg.grad()
-def _(saved, dy):
+def _(saved: Any, dy: Any) -> Any:
     return opforge.ops.neg(dy)
 
 

@@ -11,12 +11,20 @@ and 64-bit integer kernels receive it rounded to single precision (the
 reference does the same).  The gradient is ``pad_grad``: dy summed back onto
 the elements each output came from.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.expand import HERE
 from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 MODES = ("constant", "reflect", "edge", "wrap")
 PAD_ATTRS = 'int[] pads, str mode="constant", float value=0.0'
@@ -28,7 +36,7 @@ pad = opforge.op(f"pad(Tensor x, *, {PAD_ATTRS}) -> Tensor y", traits=["no_side_
 
 
 @pad.check
-def pad_check(x, *, pads, mode, value):
+def pad_check(x: TensorSpec, *, pads: Sequence[int], mode: str, value: float) -> str | None:
     if mode not in MODES:
         return f"'mode' is {mode!r}; it is one of {', '.join(MODES)}"
     if x.rank is None:
@@ -46,13 +54,13 @@ def pad_check(x, *, pads, mode, value):
 
 
 @pad.infer
-def pad_infer(x, *, pads, mode, value):
+def pad_infer(x: TensorSpec, *, pads: Sequence[int], mode: str, value: float) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     return TensorSpec([-1 if n == -1 else n + pads[k] + pads[x.rank + k] for k, n in enumerate(x.shape)], x.dtype)
 
 
-def source_index(n, begin, end, mode):
+def source_index(n: int, begin: int, end: int, mode: str) -> npt.NDArray[np.int64]:
     """For each output position along one axis, the input position it copies (-1: the constant).
     Negative pads crop first; the mode then pads what is left."""
     low, size = max(0, -begin), n - max(0, -begin) - max(0, -end)
@@ -69,7 +77,8 @@ def source_index(n, begin, end, mode):
     return np.where(i >= size, 2 * (size - 1) - i, i) + low
 
 
-def gather_index(x_shape, pads, mode):
+def gather_index(x_shape: Sequence[int], pads: Sequence[int],
+                 mode: str) -> tuple[tuple[npt.NDArray[Any], ...], npt.NDArray[np.bool_]]:
     """An index (np.ix_) taking every output's source from x, and the mask of constant outputs."""
     rank = len(x_shape)
     maps = [source_index(n, pads[k], pads[rank + k], mode) for k, n in enumerate(x_shape)]
@@ -79,23 +88,23 @@ def gather_index(x_shape, pads, mode):
     return np.ix_(*[np.maximum(m, 0) for m in maps]), constant
 
 
-def single(value):
+def single(value: float) -> float:
     return float(np.float32(value))  # as the kernels receive it
 
 
 @pad.reference(fallback=True)
-def pad_reference(x, *, pads, mode, value):
+def pad_reference(x: npt.NDArray[Any], *, pads: Sequence[int], mode: str, value: float) -> npt.NDArray[Any]:
     index, constant = gather_index(x.shape, pads, mode)
     fill = np.asarray(single(value)).astype(x.dtype)
     if x.size == 0:
         return np.full(constant.shape, fill, x.dtype)
-    y = x[index] if x.ndim else x.copy()
+    y: npt.NDArray[Any] = x[index] if x.ndim else x.copy()
     y[constant] = fill
     return y
 
 
 @pad.grad(save=["x"])
-def pad_grad_rule(saved, dy, *, pads, mode, value):
+def pad_grad_rule(saved: Any, dy: Any, *, pads: Sequence[int], mode: str, value: float) -> Any:
     return opforge.ops.pad_grad(dy, saved.x, pads=pads, mode=mode, value=value)
 
 
@@ -309,7 +318,8 @@ pad_grad = gradient_op("pad", PAD_ATTRS, pad_check, pad_infer,
 
 
 @pad_grad.reference(fallback=True)
-def pad_grad_reference(dy, x, *, pads, mode, value):
+def pad_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, pads: Sequence[int], mode: str,
+                       value: float) -> npt.NDArray[Any]:
     dx = np.zeros(x.shape, dy.dtype)
     if x.size == 0:
         return dx

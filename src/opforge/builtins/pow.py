@@ -17,6 +17,10 @@ from the subnormals to overflow, against a float64 reference for float32 and
 a long double one for float64; every ISA variant): float32 <= 1 ulp, float64
 <= 2 ulp.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -24,6 +28,9 @@ from opforge import infer
 from opforge.builtins.add import BINARY_BROADCAST, sum_to
 from opforge.builtins.common import SIMD_ISAS, floating_point
 from opforge.builtins.exp import VECMATH
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 pow = opforge.op("pow(Tensor a, Tensor b) -> Tensor y",  # noqa: A001 - the op's name
                  traits=["no_side_effect", "elementwise"],
@@ -34,12 +41,13 @@ pow.check(floating_point("pow", "a"))
 
 
 @pow.reference
-def pow_reference(a, b):
-    return np.power(a, b).astype(a.dtype, copy=False)
+def pow_reference(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.power(a, b)
+    return y.astype(a.dtype, copy=False)
 
 
 @pow.grad(save=["a", "b", "y"])
-def pow_grad(saved, dy):
+def pow_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     ops = opforge.ops
     a, b, y = saved.a, saved.b, saved.y
     one = np.ones((), a.dtype)

@@ -4,12 +4,23 @@ The template for a reduction with attributes: a check that rejects bad axes
 before anything runs, the library's reduce inference, and a kernel reading
 the attributes through ``AotExtra``.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, SIMD_ISAS, gpu_source, same_dtypes, zeros_like
 from opforge.sbp import partial_sum, split
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
 
 reduce_sum = opforge.op("reduce_sum(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
                         traits=["no_side_effect"],
@@ -19,7 +30,7 @@ reduce_sum.def_infer(infer.reduce("axes", "keep_dims"))
 
 
 @reduce_sum.check
-def reduce_sum_check(x, *, axes, keep_dims):
+def reduce_sum_check(x: TensorSpec, *, axes: Sequence[int], keep_dims: bool) -> str | None:
     if x.rank is None:  # unknown rank: nothing to check against yet
         return None
     for axis in axes:
@@ -34,24 +45,25 @@ def reduce_sum_check(x, *, axes, keep_dims):
 
 
 @reduce_sum.sbp
-def reduce_sum_sbp(x, *, axes, keep_dims):
+def reduce_sum_sbp(x: TensorSpec, *, axes: Sequence[int], keep_dims: bool) -> list[dict[str, SBPValue]]:
     # A split on a kept axis stays a split; on a reduced axis each device sums its slice: addends of y.
     # Addends of x sum to addends of y.  (Bools do not add: their sum is cast back to bool.)
-    signatures = [{"x": split(x_axis), "y": split(y_axis)} for x_axis, y_axis in kept_axes(x, axes, keep_dims)]
+    signatures: list[dict[str, SBPValue]] = [{"x": split(x_axis), "y": split(y_axis)}
+                                             for x_axis, y_axis in kept_axes(x, axes, keep_dims)]
     if x.dtype != "bool":
         signatures += [{"x": split(axis), "y": partial_sum} for axis in reduced_axes(x, axes)]
         signatures.append({"x": partial_sum, "y": partial_sum})
     return signatures
 
 
-def reduced_axes(x, axes):
+def reduced_axes(x: TensorSpec, axes: Sequence[int]) -> list[int]:
     """The axes of x that ``axes`` reduces: all of them when empty; none known for an unknown rank."""
     if x.rank is None:
         return []
     return infer.normalize_axes(axes, x.rank, "reduce_sum") or list(range(x.rank))
 
 
-def kept_axes(x, axes, keep_dims):
+def kept_axes(x: TensorSpec, axes: Sequence[int], keep_dims: bool) -> list[tuple[int, int]]:
     """(x's axis, y's axis) for each axis of x a reduction keeps; none known for an unknown rank."""
     if x.rank is None:
         return []
@@ -61,16 +73,17 @@ def kept_axes(x, axes, keep_dims):
 
 
 @reduce_sum.reference(fallback=True)
-def reduce_sum_reference(x, *, axes, keep_dims):
-    return np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims).astype(x.dtype, copy=False)
+def reduce_sum_reference(x: npt.NDArray[Any], *, axes: Sequence[int], keep_dims: bool) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.sum(x, axis=tuple(axes) if axes else None, keepdims=keep_dims)
+    return y.astype(x.dtype, copy=False)
 
 
 @reduce_sum.grad(save=["x"])
-def reduce_sum_grad(saved, dy, *, axes, keep_dims):
+def reduce_sum_grad(saved: Any, dy: Any, *, axes: Sequence[int], keep_dims: bool) -> Any:
     return spread(dy, saved.x, axes, keep_dims)
 
 
-def spread(dy, x, axes, keep_dims):
+def spread(dy: Any, x: Any, axes: Sequence[int], keep_dims: bool) -> Any:
     """dy, the reduced shape, broadcast back over x's shape -- every input
     element contributed once.  Shapes come from x at run time, so graphs
     traced with unknown dims differentiate too."""

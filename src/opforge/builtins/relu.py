@@ -4,11 +4,18 @@ The template for a built-in op: the schema, the inference, a C++ kernel
 compiled once per dtype (OPFORGE_T is the element type), and the NumPy
 reference the kernel is tested against.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_NUMERIC, gpu_source, same_dtypes
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 relu = opforge.op("relu(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Rectified linear unit, elementwise.")
@@ -17,12 +24,13 @@ relu.fuse_as("{x} > T(0) || {x} != {x} ? {x} : T(0)")
 
 
 @relu.reference(fallback=True)
-def relu_reference(x):
-    return np.maximum(x, 0).astype(x.dtype, copy=False)
+def relu_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.maximum(x, 0)
+    return y.astype(x.dtype, copy=False)
 
 
 @relu.grad(save=["y"])
-def relu_grad(saved, dy):
+def relu_grad(saved: Any, dy: Any) -> Any:
     return opforge.ops.relu_grad(dy, saved.y)
 
 
@@ -65,12 +73,12 @@ relu_grad_op.def_infer(infer.same_as(0))
 
 
 @relu_grad_op.reference(fallback=True)
-def relu_grad_reference(dy, y):
+def relu_grad_reference(dy: npt.NDArray[Any], y: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return np.where(y > 0, dy, 0).astype(dy.dtype, copy=False)
 
 
 @relu_grad_op.grad(save=["y"])
-def _(saved, ddx):
+def _(saved: Any, ddx: Any) -> tuple[Any, None]:
     return opforge.ops.relu_grad(ddx, saved.y), None
 
 

@@ -5,42 +5,51 @@ channels by 16 (N, C/16, H, W, 16), zero-padding C to a multiple of 16, so
 that vector kernels read 16 channels of one pixel contiguously.  The layout
 pass inserts this op where a producer and its consumer disagree.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.spec import LAYOUTS
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 reorder = opforge.op("reorder(Tensor x, *, str layout='nchw16c') -> Tensor y", traits=["no_side_effect"],
                      doc="Convert x to the given layout ('ndarray' or 'nchw16c').")
 
 
 @reorder.check
-def _(x, *, layout):
+def _(x: TensorSpec, *, layout: str) -> str | None:
     if layout not in LAYOUTS:
         return f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"
     if x.layout == layout:  # the kernel converts from the other layout
         return f"x is already in layout {layout}"
     if layout == "nchw16c" and x.rank is not None and x.rank != 4:
         return f"nchw16c needs a 4-d NCHW tensor, got rank {x.rank}"
+    return None
 
 
 @reorder.infer
-def _(x, *, layout):
+def _(x: TensorSpec, *, layout: str) -> TensorSpec:
     return TensorSpec(x.shape, x.dtype, layout)
 
 
 @reorder.grad()
-def _(saved, dy, *, layout):
+def _(saved: Any, dy: Any, *, layout: str) -> Any:
     return opforge.ops.reorder(dy, layout="ndarray" if layout == "nchw16c" else "nchw16c")
 
 
-def to_blocked(x):
+def to_blocked(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """NumPy reference of ndarray -> nchw16c, as the flat padded buffer."""
     n, c, h, w = x.shape
     padded = np.zeros((n, -(-c // 16) * 16, h, w), x.dtype)
     padded[:, :c] = x
-    return padded.reshape(n, -1, 16, h, w).transpose(0, 1, 3, 4, 2).copy()
+    blocked: npt.NDArray[Any] = padded.reshape(n, -1, 16, h, w).transpose(0, 1, 3, 4, 2).copy()
+    return blocked
 
 
 reorder.kernel(function="Reorder", dtypes={"x": ["float32", "float64"]}, layout="any", code=r"""

@@ -3,7 +3,11 @@
 Row-major data needs no movement, so the kernel is squeeze.cc's (threaded)
 copy; its gradient reshapes back.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,11 +15,14 @@ import opforge
 from opforge import TensorSpec
 from opforge.errors import ShapeError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 reshape = opforge.op("reshape(Tensor x, *, Shape shape) -> Tensor y", traits=["no_side_effect"],
                      doc="Row-major reshape; one entry of shape may be -1.")
 
 
-def resolve_shape(x_shape, shape, op_name="reshape"):
+def resolve_shape(x_shape: Sequence[int], shape: Sequence[int], op_name: str = "reshape") -> tuple[int, ...]:
     """The target shape with its -1 filled in (or -1 kept when x's size is unknown)."""
     if list(shape).count(-1) > 1:
         raise ShapeError(f"op '{op_name}': at most one -1 in shape {list(shape)}")
@@ -33,17 +40,18 @@ def resolve_shape(x_shape, shape, op_name="reshape"):
 
 
 @reshape.infer
-def _(x, *, shape):
+def _(x: TensorSpec, *, shape: Sequence[int]) -> TensorSpec:
     return TensorSpec(resolve_shape(x.shape, shape), x.dtype)
 
 
 @reshape.reference(fallback=True)
-def reshape_reference(x, *, shape):
-    return x.reshape(shape).copy()
+def reshape_reference(x: npt.NDArray[Any], *, shape: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = x.reshape(shape).copy()
+    return y
 
 
 @reshape.grad(save=["x"])
-def _(saved, dy, *, shape):
+def _(saved: Any, dy: Any, *, shape: Sequence[int]) -> Any:
     return opforge.ops.reshape(dy, shape=list(saved.x.spec.shape))
 
 

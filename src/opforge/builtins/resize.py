@@ -24,7 +24,11 @@ Floating-point; the C++ kernel (float32, float64) builds the same tap
 tables.  The gradient is ``resize_grad``: dy sent back through the taps
 (the transposed weights), one axis at a time, by the same kernel source.
 """
+from __future__ import annotations
+
 import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -32,6 +36,12 @@ import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, floating_point
 from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    #: A resampled axis of ``tables``: (axis, weights [out, in], nearest index or None).
+    Table: TypeAlias = tuple[int, npt.NDArray[np.float64], list[int] | None]
 
 MODES = ("nearest", "linear", "cubic")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -50,8 +60,10 @@ is_float = floating_point("resize", "x")
 
 
 @resize.check
-def resize_check(x, *, scales, sizes, axes, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
-                 exclude_outside, extrapolation_value, antialias, roi, keep_aspect_ratio_policy):
+def resize_check(x: TensorSpec, *, scales: Sequence[float], sizes: Sequence[int], axes: Sequence[int], mode: str,
+                 coordinate_transformation_mode: str, nearest_mode: str, cubic_coeff_a: float,
+                 exclude_outside: bool, extrapolation_value: float, antialias: bool, roi: Sequence[float],
+                 keep_aspect_ratio_policy: str) -> str | None:
     is_float(x)
     for name, value, allowed in (("mode", mode, MODES), ("coordinate_transformation_mode",
                                  coordinate_transformation_mode, TRANSFORMS),
@@ -79,7 +91,8 @@ def resize_check(x, *, scales, sizes, axes, mode, coordinate_transformation_mode
     return None
 
 
-def plan(shape, scales, sizes, axes, roi, transform, policy):
+def plan(shape: Sequence[int], scales: Sequence[float], sizes: Sequence[int], axes: Sequence[int],
+         roi: Sequence[float], transform: str, policy: str) -> list[tuple[int, int, float | None, float, float]]:
     """Per resized axis: (axis, output length, coordinate scale, roi start, roi end).  Unknown lengths -1."""
     rank = len(shape)
     axes = [a % rank for a in axes] if axes else list(range(rank))
@@ -107,8 +120,9 @@ def plan(shape, scales, sizes, axes, roi, transform, policy):
 
 
 @resize.infer
-def resize_infer(x, *, scales, sizes, axes, coordinate_transformation_mode, keep_aspect_ratio_policy, roi,
-                 **rest):
+def resize_infer(x: TensorSpec, *, scales: Sequence[float], sizes: Sequence[int], axes: Sequence[int],
+                 coordinate_transformation_mode: str, keep_aspect_ratio_policy: str, roi: Sequence[float],
+                 **rest: Any) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     shape = list(x.shape)
@@ -118,7 +132,7 @@ def resize_infer(x, *, scales, sizes, axes, coordinate_transformation_mode, keep
     return TensorSpec(shape, x.dtype)
 
 
-def coordinate(o, n, m, scale, start, end, transform):
+def coordinate(o: int, n: int, m: int, scale: float, start: float, end: float, transform: str) -> float:
     """The input coordinate of output position o (n in, m out)."""
     if transform == "half_pixel":
         return (o + 0.5) / scale - 0.5
@@ -140,7 +154,7 @@ def coordinate(o, n, m, scale, start, end, transform):
     return 0.5 * (start + end) * (n - 1)
 
 
-def nearest(c, nearest_mode):
+def nearest(c: float, nearest_mode: str) -> int:
     if nearest_mode == "floor":
         return math.floor(c)
     if nearest_mode == "ceil":
@@ -150,7 +164,7 @@ def nearest(c, nearest_mode):
     return math.floor(c + 0.5)
 
 
-def cubic_weight(t, a):
+def cubic_weight(t: float, a: float) -> float:
     t = abs(t)
     if t <= 1:
         return ((a + 2) * t - (a + 3)) * t * t + 1
@@ -159,8 +173,9 @@ def cubic_weight(t, a):
     return 0.0
 
 
-def taps(n, m, scale, start, end, *, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
-         exclude_outside, antialias, **rest):
+def taps(n: int, m: int, scale: float, start: float, end: float, *, mode: str, coordinate_transformation_mode: str,
+         nearest_mode: str, cubic_coeff_a: float, exclude_outside: bool, antialias: bool,
+         **rest: Any) -> list[tuple[list[tuple[int, float]], bool]]:
     """Per output position along one axis: ([(input index, weight), ...], extrapolated?)."""
     rows = []
     for o in range(m):
@@ -188,7 +203,9 @@ def taps(n, m, scale, start, end, *, mode, coordinate_transformation_mode, neare
     return rows
 
 
-def tables(shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs):
+def tables(shape: Sequence[int], scales: Sequence[float], sizes: Sequence[int], axes: Sequence[int],
+           roi: Sequence[float], keep_aspect_ratio_policy: str,
+           attrs: Mapping[str, Any]) -> tuple[list[Table], npt.NDArray[np.bool_]]:
     """Per resampled axis that is not an identity: (axis, weights [out, in], nearest index or None); and the
     mask (broadcastable to the output) of positions outside the roi."""
     # float attributes cross the ABI as 32-bit floats: the reference rounds them the same way
@@ -199,7 +216,8 @@ def tables(shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs):
     for axis, m, scale, start, end in plan(shape, scales, sizes, axes, roi, attrs["coordinate_transformation_mode"],
                                            keep_aspect_ratio_policy):
         n = shape[axis]
-        rows = taps(n, m, scale, start, end, **attrs) if n else []
+        # (scale is None only where n is 0 or unknown, and an array's n is known)
+        rows = taps(n, m, scale, start, end, **attrs) if n else []  # type: ignore[arg-type]
         weights = np.zeros((m, n))
         for o, (entries, _) in enumerate(rows):
             for i, w in entries:
@@ -214,7 +232,9 @@ def tables(shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs):
 
 
 @resize.reference(fallback=True)
-def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value, **attrs):
+def resize_reference(x: npt.NDArray[Any], *, scales: Sequence[float], sizes: Sequence[int], axes: Sequence[int],
+                     roi: Sequence[float], keep_aspect_ratio_policy: str, extrapolation_value: float,
+                     **attrs: Any) -> npt.NDArray[Any]:
     y = x.astype(np.float64)
     resampled, outside = tables(x.shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs)
     for axis, weights, index in resampled:
@@ -227,7 +247,7 @@ def resize_reference(x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, e
 
 
 @resize.grad(save=["x"])
-def resize_grad_rule(saved, dy, **attrs):
+def resize_grad_rule(saved: Any, dy: Any, **attrs: Any) -> Any:
     return opforge.ops.resize_grad(dy, saved.x, **attrs)
 
 
@@ -565,8 +585,9 @@ resize_grad = gradient_op("resize", RESIZE_ATTRS, resize_check, resize_infer,
 
 
 @resize_grad.reference(fallback=True)
-def resize_grad_reference(dy, x, *, scales, sizes, axes, roi, keep_aspect_ratio_policy, extrapolation_value,
-                          **attrs):
+def resize_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, scales: Sequence[float], sizes: Sequence[int],
+                          axes: Sequence[int], roi: Sequence[float], keep_aspect_ratio_policy: str,
+                          extrapolation_value: float, **attrs: Any) -> npt.NDArray[Any]:
     resampled, outside = tables(x.shape, scales, sizes, axes, roi, keep_aspect_ratio_policy, attrs)
     dx = np.where(np.broadcast_to(outside, dy.shape), 0, dy.astype(np.float64))
     for axis, weights, _ in reversed(resampled):

@@ -5,10 +5,17 @@
 kernel reads only x's shape, never its data (so it runs on empty x too).
 A size does not change with x's values: no gradient reaches x.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 INT64_MAX = 2**63 - 1
 shape = opforge.op(f"shape(Tensor x, *, int start=0, int end={INT64_MAX}) -> Tensor y",
@@ -17,25 +24,25 @@ shape = opforge.op(f"shape(Tensor x, *, int start=0, int end={INT64_MAX}) -> Ten
                        "rank) as a 1-D int64 tensor.")
 
 
-def shape_range(rank, start, end):
+def shape_range(rank: int, start: int, end: int) -> range:
     """The dims start:end of a rank-``rank`` tensor takes (ONNX clamping, which is Python's)."""
     return range(rank)[start:end]
 
 
 @shape.infer
-def shape_infer(x, *, start, end):
+def shape_infer(x: TensorSpec, *, start: int, end: int) -> TensorSpec:
     if x.rank is None:
         return TensorSpec([-1], "int64")
     return TensorSpec([len(shape_range(x.rank, start, end))], "int64")
 
 
 @shape.reference
-def shape_reference(x, *, start, end):
+def shape_reference(x: npt.NDArray[Any], *, start: int, end: int) -> npt.NDArray[np.int64]:
     return np.asarray([x.shape[d] for d in shape_range(x.ndim, start, end)], np.int64)
 
 
 @shape.grad()
-def shape_grad(saved, dy, *, start, end):
+def shape_grad(saved: Any, dy: Any, *, start: int, end: int) -> None:
     return None  # sizes do not depend on x's values
 
 

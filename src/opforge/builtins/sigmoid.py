@@ -12,12 +12,19 @@ Accuracy (max error over a dense sweep of the whole range, against a float64
 reference for float32 and a long double one for float64; every ISA variant):
 float32 <= 3 ulp, float64 <= 3 ulp.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, floating_point, gpu_source, same_dtypes
 from opforge.builtins.exp import vecmath_kernels
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 sigmoid = opforge.op("sigmoid(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                      doc="Logistic sigmoid 1 / (1 + exp(-x)), elementwise (floating-point inputs).")
@@ -27,14 +34,15 @@ sigmoid.check(floating_point("sigmoid", "x"))
 
 
 @sigmoid.reference(fallback=True)
-def sigmoid_reference(x):
+def sigmoid_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
     wide = x.astype(np.promote_types(x.dtype, np.float32), copy=False)  # float16's exp overflows from 11.1 on
     with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x: 1 / inf = 0, as intended
-        return (1 / (1 + np.exp(-wide))).astype(x.dtype, copy=False)
+        y: npt.NDArray[Any] = 1 / (1 + np.exp(-wide))
+        return y.astype(x.dtype, copy=False)
 
 
 @sigmoid.grad(save=["y"])
-def sigmoid_grad(saved, dy):
+def sigmoid_grad(saved: Any, dy: Any) -> Any:
     y = saved.y
     return dy * (y * (np.ones((), y.dtype) - y))
 

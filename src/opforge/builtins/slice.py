@@ -6,13 +6,22 @@ ends count from the end and are clamped to the dim; steps may be negative
 which scatters dy back into zeros of x's shape; both kernels are slice.cc,
 one library for every dtype.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import shapes_agree
+
+if TYPE_CHECKING:
+    import builtins  # (in this module, ``slice`` is the op)
+
+    import numpy.typing as npt
 
 SCHEMA_ATTRS = "int[] starts, int[] ends, int[] axes=[], int[] steps=[]"
 slice = opforge.op(f"slice(Tensor x, *, {SCHEMA_ATTRS}) -> Tensor y",  # noqa: A001 - the op's name
@@ -21,7 +30,8 @@ slice = opforge.op(f"slice(Tensor x, *, {SCHEMA_ATTRS}) -> Tensor y",  # noqa: A
                        "from the end, out-of-range ones are clamped; steps may be negative, not 0.")
 
 
-def slice_problem(x, starts, ends, axes, steps):
+def slice_problem(x: TensorSpec, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                  steps: Sequence[int]) -> str | None:
     """What is wrong with the attributes for input spec ``x``, or None."""
     if len(ends) != len(starts):
         return f"'starts' has {len(starts)} entries and 'ends' {len(ends)}; they must match"
@@ -44,18 +54,20 @@ def slice_problem(x, starts, ends, axes, steps):
 
 
 @slice.check
-def slice_check(x, *, starts, ends, axes, steps):
+def slice_check(x: TensorSpec, *, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                steps: Sequence[int]) -> str | None:
     return slice_problem(x, starts, ends, axes, steps)
 
 
-def sliced_dim(dim, start, end, step):
+def sliced_dim(dim: int, start: int, end: int, step: int) -> int:
     """How many elements start:end:step takes from a dim of size ``dim`` (-1: unknown)."""
     if dim == -1:
         return -1
     return len(range(dim)[start:end:step])  # Python slices clamp as ONNX does
 
 
-def sliced_shape(shape, starts, ends, axes, steps):
+def sliced_shape(shape: Sequence[int], starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                 steps: Sequence[int]) -> list[int]:
     out = list(shape)
     for k, (start, end) in enumerate(zip(starts, ends)):
         axis = (axes[k] if axes else k) % len(shape)
@@ -64,26 +76,30 @@ def sliced_shape(shape, starts, ends, axes, steps):
 
 
 @slice.infer
-def slice_infer(x, *, starts, ends, axes, steps):
+def slice_infer(x: TensorSpec, *, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                steps: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     return TensorSpec(sliced_shape(x.shape, starts, ends, axes, steps), x.dtype)
 
 
-def index_of(x, starts, ends, axes, steps):
-    index = [np.s_[:]] * x.ndim
+def index_of(x: npt.NDArray[Any], starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+             steps: Sequence[int]) -> tuple[builtins.slice, ...]:
+    index: list[builtins.slice] = [np.s_[:]] * x.ndim
     for k, (start, end) in enumerate(zip(starts, ends)):
         index[(axes[k] if axes else k) % x.ndim] = np.s_[start:end:steps[k] if steps else 1]
     return tuple(index)
 
 
 @slice.reference
-def slice_reference(x, *, starts, ends, axes, steps):
-    return x[index_of(x, starts, ends, axes, steps)].copy()
+def slice_reference(x: npt.NDArray[Any], *, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                    steps: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = x[index_of(x, starts, ends, axes, steps)].copy()
+    return y
 
 
 @slice.grad(save=["x"])
-def slice_grad(saved, dy, **attrs):
+def slice_grad(saved: Any, dy: Any, **attrs: Any) -> Any:
     return opforge.ops.slice_grad(dy, saved.x, **attrs)
 
 
@@ -99,7 +115,8 @@ slice_grad_op = opforge.op(f"slice_grad(Tensor dy, Tensor x, *, {SCHEMA_ATTRS}) 
 
 
 @slice_grad_op.check
-def slice_grad_check(dy, x, *, starts, ends, axes, steps):
+def slice_grad_check(dy: TensorSpec, x: TensorSpec, *, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+                     steps: Sequence[int]) -> str | None:
     if dy.dtype != x.dtype:
         raise opforge.DTypeError(f"op 'slice_grad': inputs 'dy' ({dy.dtype}) and 'x' ({x.dtype}) must have one dtype")
     problem = slice_problem(x, starts, ends, axes, steps)
@@ -111,19 +128,20 @@ def slice_grad_check(dy, x, *, starts, ends, axes, steps):
 
 
 @slice_grad_op.infer
-def slice_grad_infer(dy, x, **attrs):
+def slice_grad_infer(dy: TensorSpec, x: TensorSpec, **attrs: Any) -> TensorSpec:
     return TensorSpec(x.shape, dy.dtype)
 
 
 @slice_grad_op.reference
-def slice_grad_reference(dy, x, *, starts, ends, axes, steps):
+def slice_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, starts: Sequence[int], ends: Sequence[int],
+                         axes: Sequence[int], steps: Sequence[int]) -> npt.NDArray[Any]:
     dx = np.zeros_like(x)
     dx[index_of(x, starts, ends, axes, steps)] = dy
     return dx
 
 
 @slice_grad_op.grad()
-def _(saved, ddx, **attrs):
+def _(saved: Any, ddx: Any, **attrs: Any) -> tuple[Any, None]:
     return opforge.ops.slice(ddx, **attrs), None
 
 

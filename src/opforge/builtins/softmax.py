@@ -18,6 +18,10 @@ blocks along the last axis, one running sum per lane along another -- adds
 up to a few tens of ulp on rows of thousands).  tests/test_kernel_accuracy.py
 asserts 4 (|x - max| + 1) + 64 ulp on rows of 2000, every ISA variant.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -26,13 +30,19 @@ from opforge.builtins.common import GPU_FLOATS, SIMD_ISAS, gpu_source, same_dtyp
 from opforge.builtins.exp import VECMATH
 from opforge.sbp import split
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+    from opforge.sbp import SBPValue
+
 softmax = opforge.op("softmax(Tensor x, *, int axis=-1) -> Tensor y", traits=["no_side_effect"],
                      doc="Numerically stable softmax along one axis (floating-point inputs).")
 softmax.def_infer(infer.same_as(0))
 
 
 @softmax.check
-def softmax_check(x, *, axis):
+def softmax_check(x: TensorSpec, *, axis: int) -> str | None:
     # Integer inputs would otherwise reach the reference and come back truncated.
     if not x.dtype.startswith(("float", "bfloat")):
         raise opforge.DTypeError(f"op 'softmax': input 'x' has dtype {x.dtype}; softmax takes floating-point tensors")
@@ -45,7 +55,7 @@ def softmax_check(x, *, axis):
 
 
 @softmax.sbp
-def softmax_sbp(x, *, axis):
+def softmax_sbp(x: TensorSpec, *, axis: int) -> list[dict[str, SBPValue]]:
     # Each slice along `axis` is normalised on its own, so any other axis splits.
     if not x.rank:  # unknown rank, or 0-d
         return []
@@ -53,16 +63,17 @@ def softmax_sbp(x, *, axis):
 
 
 @softmax.reference(fallback=True)
-def softmax_reference(x, *, axis):
+def softmax_reference(x: npt.NDArray[Any], *, axis: int) -> npt.NDArray[Any]:
     if x.ndim == 0:
         return np.ones_like(x)
     shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty x has no max
     e = np.exp(shifted)
-    return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype, copy=False)
+    y: npt.NDArray[Any] = e / np.sum(e, axis=axis, keepdims=True)
+    return y.astype(x.dtype, copy=False)
 
 
 @softmax.grad(save=["y"])
-def softmax_grad(saved, dy, *, axis):
+def softmax_grad(saved: Any, dy: Any, *, axis: int) -> Any:
     y = saved.y
     dot = opforge.ops.reduce_sum(dy * y, axes=[axis], keep_dims=True)
     return y * (dy - dot)

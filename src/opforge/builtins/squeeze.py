@@ -3,18 +3,25 @@
 Row-major data needs no movement: the kernel (squeeze.cc, shared with
 unsqueeze) is a copy for every dtype.  The gradient is unsqueeze.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 squeeze = opforge.op("squeeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect"],
                      doc="Remove the listed axes, each of size 1 (negative axes count from the end).")
 
 
-def normalized_axes(axes, rank, tensor="input 'x'"):
+def normalized_axes(axes: Sequence[int], rank: int, tensor: str = "input 'x'") -> list[int] | str:
     """``axes`` in 0..rank-1, or the reason they are not valid axes of a rank-``rank`` tensor."""
     for axis in axes:
         if not -rank <= axis < rank:
@@ -27,7 +34,7 @@ def normalized_axes(axes, rank, tensor="input 'x'"):
 
 
 @squeeze.check
-def squeeze_check(x, *, axes):
+def squeeze_check(x: TensorSpec, *, axes: Sequence[int]) -> str | None:
     if x.rank is None:
         return None
     normalized = normalized_axes(axes, x.rank)
@@ -40,7 +47,7 @@ def squeeze_check(x, *, axes):
 
 
 @squeeze.infer
-def squeeze_infer(x, *, axes):
+def squeeze_infer(x: TensorSpec, *, axes: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     removed = normalized_axes(axes, x.rank)
@@ -48,12 +55,13 @@ def squeeze_infer(x, *, axes):
 
 
 @squeeze.reference
-def squeeze_reference(x, *, axes):
-    return np.squeeze(x, axis=tuple(axes)).copy()
+def squeeze_reference(x: npt.NDArray[Any], *, axes: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.squeeze(x, axis=tuple(axes)).copy()
+    return y
 
 
 @squeeze.grad()
-def squeeze_grad(saved, dy, *, axes):
+def squeeze_grad(saved: Any, dy: Any, *, axes: Sequence[int]) -> Any:
     # unsqueeze counts negative axes against its output's rank, which is x's.
     return opforge.ops.unsqueeze(dy, axes=axes)
 

@@ -8,7 +8,10 @@ channel-blocked (nchw16c) variant adds inputs of one 4-d shape in graphs.
 Integers wrap around on overflow, as in NumPy (the kernel adds them as
 unsigned, where C++ defines the wrap).
 """
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,13 +20,18 @@ from opforge import infer
 from opforge.builtins.add import BROADCAST_HELPERS, sum_to
 from opforge.builtins.common import FLOATS, NUMERIC, every_dtype
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
+
 sum = opforge.op("sum(Tensor[] inputs) -> Tensor y", traits=["no_side_effect"],  # noqa: A001 - the op's name
                  doc="Elementwise sum of one or more tensors of one dtype, with NumPy broadcasting.")
 sum.def_infer(infer.broadcast())
 
 
 @sum.check
-def sum_check(*inputs):
+def sum_check(*inputs: TensorSpec) -> str | None:
     if not inputs:
         return "needs at least one input"
     for k, spec in enumerate(inputs[1:], 1):
@@ -34,14 +42,14 @@ def sum_check(*inputs):
 
 
 @sum.reference(fallback=True)
-def sum_reference(*inputs):
+def sum_reference(*inputs: npt.NDArray[Any]) -> npt.NDArray[Any]:
     shape = np.broadcast_shapes(*(x.shape for x in inputs))
     total = functools.reduce(np.add, inputs[1:], np.broadcast_to(inputs[0], shape))
     return np.array(total, dtype=inputs[0].dtype)  # a copy: never a view of an input
 
 
 @sum.grad(save=["inputs"])
-def sum_grad(saved, dy):
+def sum_grad(saved: Any, dy: Any) -> tuple[Any, ...]:
     return tuple(sum_to(dy, x) for x in saved.inputs)
 
 

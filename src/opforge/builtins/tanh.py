@@ -10,12 +10,21 @@ reference for float32 and a long double one for float64; every ISA variant):
 float32 <= 3 ulp, float64 <= 3 ulp; -0.0, +-inf (+-1), NaN and subnormals as
 NumPy.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import infer
 from opforge.builtins.common import GPU_FLOATS, gpu_source, same_dtypes
 from opforge.builtins.exp import vecmath_kernels
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import TensorSpec
 
 tanh = opforge.op("tanh(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                   doc="Hyperbolic tangent, elementwise (floating-point inputs).")
@@ -24,7 +33,7 @@ tanh.fuse_as("vecmath::Tanh({x})")
 
 
 @tanh.check
-def tanh_check(x):
+def tanh_check(x: TensorSpec) -> None:
     # Without this, integer inputs would fall through to the reference and
     # come back truncated to integers.
     if not x.dtype.startswith(("float", "bfloat")):
@@ -32,12 +41,13 @@ def tanh_check(x):
 
 
 @tanh.reference(fallback=True)
-def tanh_reference(x):
-    return np.tanh(x).astype(x.dtype, copy=False)
+def tanh_reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.tanh(x)
+    return y.astype(x.dtype, copy=False)
 
 
 @tanh.grad(save=["y"])
-def tanh_grad(saved, dy):
+def tanh_grad(saved: Any, dy: Any) -> Any:
     y = saved.y
     return dy * (np.ones((), y.dtype) - y * y)
 

@@ -5,6 +5,11 @@ x broadcast along the r dims, elements.h's strided copy as in expand.py
 (bytes, one library for every dtype).  The gradient reshapes dy the same way and sums
 the r dims.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -12,12 +17,15 @@ from opforge import TensorSpec
 from opforge.builtins.common import known_dims
 from opforge.builtins.expand import HERE
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 tile = opforge.op("tile(Tensor x, *, int[] repeats) -> Tensor y", traits=["no_side_effect"],
                   doc="Repeat x repeats[d] times along each dim d (one repeat count >= 0 per dim).")
 
 
 @tile.check
-def tile_check(x, *, repeats):
+def tile_check(x: TensorSpec, *, repeats: Sequence[int]) -> str | None:
     if any(r < 0 for r in repeats):
         return f"attribute 'repeats' {list(repeats)} has negative counts; counts are >= 0"
     if x.rank is not None and len(repeats) != x.rank:
@@ -26,19 +34,20 @@ def tile_check(x, *, repeats):
 
 
 @tile.infer
-def tile_infer(x, *, repeats):
+def tile_infer(x: TensorSpec, *, repeats: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec([-1] * len(repeats), x.dtype)
     return TensorSpec([-1 if d == -1 else d * r for d, r in zip(x.shape, repeats)], x.dtype)
 
 
 @tile.reference(fallback=True)
-def tile_reference(x, *, repeats):
-    return np.tile(x, repeats) if x.ndim else x.copy()
+def tile_reference(x: npt.NDArray[Any], *, repeats: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.tile(x, repeats) if x.ndim else x.copy()
+    return y
 
 
 @tile.grad(save=["x"])
-def tile_grad(saved, dy, *, repeats):
+def tile_grad(saved: Any, dy: Any, *, repeats: Sequence[int]) -> Any:
     dims = known_dims(saved.x)
     if -1 in dims:
         raise opforge.ShapeError(f"op 'tile': its gradient needs the dims of input 'x' known; got {list(dims)}")

@@ -7,11 +7,18 @@ says; NaN counts as larger than every number.  Results are always sorted
 kernel covers float32, float64, int32 and int64; other dtypes run the NumPy
 reference.  The gradient puts dy back at the indices (``topk_grad``).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import FLOATS, NUMERIC, every_dtype
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 topk = opforge.op("topk(Tensor x, *, int k, int axis=-1, bool largest=True, bool sorted=True) "
                   "-> (Tensor values, Tensor indices)",
@@ -20,7 +27,7 @@ topk = opforge.op("topk(Tensor x, *, int k, int axis=-1, bool largest=True, bool
                       "indices; equal values keep the lower index first, NaN counts as the largest.")
 
 
-def topk_problem(x, k, axis):
+def topk_problem(x: TensorSpec, k: int, axis: int) -> str | None:
     if k < 0:
         return f"attribute 'k' is {k}; it must be >= 0"
     if x.rank is None:
@@ -36,12 +43,12 @@ def topk_problem(x, k, axis):
 
 
 @topk.check
-def topk_check(x, *, k, axis, largest, sorted):
+def topk_check(x: TensorSpec, *, k: int, axis: int, largest: bool, sorted: bool) -> str | None:
     return topk_problem(x, k, axis)
 
 
 @topk.infer
-def topk_infer(x, *, k, axis, largest, sorted):
+def topk_infer(x: TensorSpec, *, k: int, axis: int, largest: bool, sorted: bool) -> tuple[TensorSpec, TensorSpec]:
     if x.rank is None:
         return TensorSpec(None, x.dtype), TensorSpec(None, "int64")
     shape = list(x.shape)
@@ -50,7 +57,8 @@ def topk_infer(x, *, k, axis, largest, sorted):
 
 
 @topk.reference(fallback=True)
-def topk_reference(x, *, k, axis, largest, sorted):
+def topk_reference(x: npt.NDArray[Any], *, k: int, axis: int, largest: bool,
+                   sorted: bool) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     moved = np.moveaxis(x, axis, -1)
     values = moved.astype(np.uint8) if moved.dtype == np.bool_ else moved
     if values.dtype.kind == "f":  # NaN ranks first (largest) or last: a key of its own, sorted on first
@@ -66,7 +74,7 @@ def topk_reference(x, *, k, axis, largest, sorted):
 
 
 @topk.grad(save=["x", "indices"])
-def topk_grad(saved, dvalues, dindices, *, k, axis, largest, sorted):
+def topk_grad(saved: Any, dvalues: Any, dindices: Any, *, k: int, axis: int, largest: bool, sorted: bool) -> Any:
     return opforge.ops.topk_grad(dvalues, saved.indices, saved.x, axis=axis)
 
 
@@ -196,7 +204,7 @@ topk_grad_op = opforge.op("topk_grad(Tensor dvalues, Tensor indices, Tensor x, *
 
 
 @topk_grad_op.check
-def topk_grad_check(dvalues, indices, x, *, axis):
+def topk_grad_check(dvalues: TensorSpec, indices: TensorSpec, x: TensorSpec, *, axis: int) -> str | None:
     if dvalues.dtype != x.dtype:
         raise opforge.DTypeError(f"op 'topk_grad': inputs 'dvalues' ({dvalues.dtype}) and 'x' ({x.dtype}) must "
                                  "have one dtype")
@@ -211,12 +219,13 @@ def topk_grad_check(dvalues, indices, x, *, axis):
 
 
 @topk_grad_op.infer
-def topk_grad_infer(dvalues, indices, x, *, axis):
+def topk_grad_infer(dvalues: TensorSpec, indices: TensorSpec, x: TensorSpec, *, axis: int) -> TensorSpec:
     return TensorSpec(x.shape, dvalues.dtype)
 
 
 @topk_grad_op.reference(fallback=True)
-def topk_grad_reference(dvalues, indices, x, *, axis):
+def topk_grad_reference(dvalues: npt.NDArray[Any], indices: npt.NDArray[np.int64], x: npt.NDArray[Any], *,
+                        axis: int) -> npt.NDArray[Any]:
     dx = np.zeros_like(x)
     np.put_along_axis(dx, indices, dvalues, axis=axis)
     return dx

@@ -6,7 +6,11 @@ transpose.  Otherwise y's axis k is x's axis ``perm[k]`` (NumPy's
 without looking at them, so one library serves every dtype; the gradient
 transposes back with the inverse permutation.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,12 +20,17 @@ from opforge.builtins.common import gpu_source
 from opforge.errors import ShapeError
 from opforge.sbp import split
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge.sbp import SBPValue
+
 transpose = opforge.op("transpose(Tensor x, *, int[] perm=[]) -> Tensor y", traits=["no_side_effect"],
                        doc="Permute the axes: y's axis k is x's axis perm[k] (negative entries count from the "
                            "end); an empty perm swaps the last two axes of a tensor of rank >= 2.")
 
 
-def full_perm(rank, perm):
+def full_perm(rank: int, perm: Sequence[int]) -> list[int] | str:
     """``perm`` as a list of axes in 0..rank-1 (empty: the last two swapped), or the reason it is not one."""
     if not perm:
         if rank < 2:
@@ -39,7 +48,7 @@ def full_perm(rank, perm):
 
 
 @transpose.check
-def transpose_check(x, *, perm):
+def transpose_check(x: TensorSpec, *, perm: Sequence[int]) -> None:
     if x.rank is None and not perm:
         return None
     problem = full_perm(len(perm) if x.rank is None else x.rank, perm)
@@ -49,14 +58,15 @@ def transpose_check(x, *, perm):
 
 
 @transpose.infer
-def transpose_infer(x, *, perm):
+def transpose_infer(x: TensorSpec, *, perm: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec([-1] * len(perm) if perm else None, x.dtype)
-    return TensorSpec([x.shape[axis] for axis in full_perm(x.rank, perm)], x.dtype)
+    # (full_perm gives a list here: the check rejected a perm that is not one)
+    return TensorSpec([x.shape[axis] for axis in full_perm(x.rank, perm)], x.dtype)  # type: ignore[index]
 
 
 @transpose.sbp
-def transpose_sbp(x, *, perm):
+def transpose_sbp(x: TensorSpec, *, perm: Sequence[int]) -> list[dict[str, SBPValue]]:
     # y's axis k is x's axis perm[k]: a split moves with its axis.
     rank = x.rank if x.rank is not None else len(perm)
     order = full_perm(rank, perm) if rank else []  # (an unknown rank with an empty perm: nothing known)
@@ -66,12 +76,14 @@ def transpose_sbp(x, *, perm):
 
 
 @transpose.reference(fallback=True)
-def transpose_reference(x, *, perm=()):
-    return np.transpose(x, full_perm(x.ndim, perm)).copy()
+def transpose_reference(x: npt.NDArray[Any], *, perm: Sequence[int] = ()) -> npt.NDArray[Any]:
+    # (full_perm gives a list here: the op's check rejected a perm that is not one)
+    y: npt.NDArray[Any] = np.transpose(x, full_perm(x.ndim, perm)).copy()  # type: ignore[arg-type]
+    return y
 
 
 @transpose.grad()
-def transpose_grad(saved, dy, *, perm):
+def transpose_grad(saved: Any, dy: Any, *, perm: Sequence[int]) -> Any:
     if not perm:
         return opforge.ops.transpose(dy)  # swapping twice
     inverse = [0] * len(perm)

@@ -4,7 +4,11 @@ The inverse of squeeze, and its gradient; also how reduce_sum's gradient
 puts reduced axes back when their neighbours' sizes are unknown.  The
 kernel is squeeze's copy.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,13 +16,16 @@ import opforge
 from opforge import TensorSpec
 from opforge.builtins.squeeze import normalized_axes
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 unsqueeze = opforge.op("unsqueeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect"],
                        doc="Insert size-1 axes at the listed positions of the output "
                            "(negative axes count from the output's end).")
 
 
 @unsqueeze.check
-def unsqueeze_check(x, *, axes):
+def unsqueeze_check(x: TensorSpec, *, axes: Sequence[int]) -> str | None:
     if x.rank is None:
         return None
     normalized = normalized_axes(axes, x.rank + len(axes), "output 'y'")
@@ -26,7 +33,7 @@ def unsqueeze_check(x, *, axes):
 
 
 @unsqueeze.infer
-def unsqueeze_infer(x, *, axes):
+def unsqueeze_infer(x: TensorSpec, *, axes: Sequence[int]) -> TensorSpec:
     if x.rank is None:
         return TensorSpec(None, x.dtype)
     rank = x.rank + len(axes)
@@ -36,12 +43,13 @@ def unsqueeze_infer(x, *, axes):
 
 
 @unsqueeze.reference
-def unsqueeze_reference(x, *, axes):
-    return np.expand_dims(x, tuple(axes)).copy()
+def unsqueeze_reference(x: npt.NDArray[Any], *, axes: Sequence[int]) -> npt.NDArray[Any]:
+    y: npt.NDArray[Any] = np.expand_dims(x, tuple(axes)).copy()
+    return y
 
 
 @unsqueeze.grad()
-def unsqueeze_grad(saved, dy, *, axes):
+def unsqueeze_grad(saved: Any, dy: Any, *, axes: Sequence[int]) -> Any:
     return opforge.ops.squeeze(dy, axes=axes)
 
 

@@ -3,6 +3,10 @@
 The kernel walks the output with add.py's broadcasting helpers, carrying one
 offset per input, in ranges of rows on opforge's threads.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -11,6 +15,9 @@ from opforge.builtins.add import BROADCAST_HELPERS, sum_to
 from opforge.builtins.common import NUMERIC, every_dtype
 from opforge.infer import broadcast_shapes
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 where = opforge.op("where(Tensor condition, Tensor x, Tensor y) -> Tensor out",
                    traits=["no_side_effect", "elementwise"],
                    doc="Elementwise choice: x where condition is true, else y (broadcasting all three); "
@@ -18,12 +25,12 @@ where = opforge.op("where(Tensor condition, Tensor x, Tensor y) -> Tensor out",
 
 
 @where.infer
-def where_infer(condition, x, y):
+def where_infer(condition: TensorSpec, x: TensorSpec, y: TensorSpec) -> TensorSpec:
     return TensorSpec(broadcast_shapes(condition.shape, x.shape, y.shape), x.dtype)
 
 
 @where.check
-def where_check(condition, x, y):
+def where_check(condition: TensorSpec, x: TensorSpec, y: TensorSpec) -> None:
     if condition.dtype != "bool":
         raise opforge.DTypeError(f"op 'where': input 'condition' has dtype {condition.dtype}; it must be bool "
                                  "(compare with a comparison op, or cast it)")
@@ -32,12 +39,13 @@ def where_check(condition, x, y):
 
 
 @where.reference
-def where_reference(condition, x, y):
-    return np.where(condition, x, y)
+def where_reference(condition: npt.NDArray[Any], x: npt.NDArray[Any], y: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    out: npt.NDArray[Any] = np.where(condition, x, y)
+    return out
 
 
 @where.grad(save=["condition", "x", "y"])
-def where_grad(saved, dout):
+def where_grad(saved: Any, dout: Any) -> tuple[None, Any, Any]:
     ops = opforge.ops
     zero = np.zeros((), dout.dtype)
     return (None, sum_to(ops.where(saved.condition, dout, zero), saved.x),

@@ -26,12 +26,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import infer as infer_helpers
 from ..errors import OpforgeError, SchemaError
 from ..registry import op as declare
 from ..registry import unregister
 from ..spec import TensorSpec
+
+if TYPE_CHECKING:
+    from ..operator import Op
 
 _INFER_RULES: dict[str, Callable[[], Callable[..., TensorSpec]]] = {
     "same_as": infer_helpers.same_as, "broadcast": infer_helpers.broadcast, "reduce": infer_helpers.reduce}
@@ -41,7 +45,7 @@ _PYTHON_OPTIONS = ("device", "dtypes", "isa", "layout", "name")
 _KERNEL_KEYS = {"source", "python", "reference", "fallback", *_SOURCE_OPTIONS}
 
 
-def _import(reference, folder: Path, where: str):
+def _import(reference: object, folder: Path, where: str) -> Any:
     """``"module:function"``, the module looked up in ``folder`` first."""
     module_name, _, attribute = str(reference).partition(":")
     if not module_name or not attribute:
@@ -66,7 +70,7 @@ def _import(reference, folder: Path, where: str):
         raise SchemaError(f"{where}: module {module_name!r} has no {attribute!r}") from None
 
 
-def _read(path: Path):
+def _read(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -87,7 +91,7 @@ def _read(path: Path):
         raise SchemaError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
-def _declare_kernel(new, kernel, path: Path, where: str) -> None:
+def _declare_kernel(new: Op, kernel: object, path: Path, where: str) -> None:
     if not isinstance(kernel, dict):
         raise SchemaError(f"{where}: each kernel is a mapping with 'source' or 'python', got {kernel!r}")
     unknown = set(kernel) - _KERNEL_KEYS
@@ -108,14 +112,14 @@ def _declare_kernel(new, kernel, path: Path, where: str) -> None:
         raise SchemaError(f"{where}: a kernel needs 'source' or 'python'")
 
 
-def _declare(entry, path: Path, index: int, replace: bool):
+def _declare(entry: object, path: Path, index: int, replace: bool) -> Op:
     if not isinstance(entry, dict) or "schema" not in entry:
         raise SchemaError(f"{path}: op #{index + 1}: each op needs a 'schema'")
     where = f"{path}: op '{str(entry['schema']).split('(')[0].strip()}'"
     unknown = set(entry) - _OP_KEYS
     if unknown:
         raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)}; expected some of {sorted(_OP_KEYS)}")
-    new = None
+    new: Op | None = None
     try:
         new = declare(entry["schema"], traits=entry.get("traits", ()), doc=entry.get("doc"), replace=replace)
         new.defined_at = f"{path} (op #{index + 1})"
@@ -139,7 +143,7 @@ def _declare(entry, path: Path, index: int, replace: bool):
     return new
 
 
-def load_ops(path, *, replace=False):
+def load_ops(path: str | os.PathLike[str], *, replace: bool = False) -> list[Op]:
     """Declare every op in the file; returns them in file order."""
     if not isinstance(path, (str, os.PathLike)):
         raise SchemaError(f"load_ops() takes the path of a YAML or JSON file, got {path!r}")

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import dtypes as _dtypes
 from ..attrs import REQUIRED, AttrDef, check_attr
@@ -22,6 +25,14 @@ from ..runtime import build as _build
 from ..runtime.aot import AotKernel, split_func
 from ..spec import TensorSpec
 
+if TYPE_CHECKING:
+    import os
+    from pathlib import Path
+
+    from ..attrs import AttrValue
+    from ..dtypes import DTypeLike
+    from ..graph.autodiff import Saved
+
 
 #: MindSpore's context: its ``device_target`` is where an aot Custom op with
 #: no registered target runs.  ``compat.mindspore.set_context`` writes this
@@ -29,7 +40,7 @@ from ..spec import TensorSpec
 CONTEXT: dict[str, object] = {"device_target": "CPU"}
 
 
-def kernel_device(path, target) -> str:
+def kernel_device(path: Path, target: object) -> str:
     """The device an aot kernel runs on, chosen as MindSpore chooses: the
     registration's target; without one, a ``.cu`` source is GPU code, and
     anything else (a C++ source, a prebuilt library) runs on the context's
@@ -57,19 +68,21 @@ for _short, _name in [("BOOL", "bool"), ("I8", "int8"), ("I16", "int16"), ("I32"
 class CustomRegOp:
     """Registration info builder: inputs, outputs, dtype formats, attributes, target."""
 
-    def __init__(self, op_name="Custom"):
-        self._info = {"op_name": op_name, "inputs": [], "outputs": [], "attr": [], "dtype_format": [],
+    def __init__(self, op_name: str = "Custom") -> None:
+        self._info: dict[str, Any] = {"op_name": op_name, "inputs": [], "outputs": [], "attr": [], "dtype_format": [],
                       "target": None}
 
-    def input(self, index=None, name=None, param_type="required", **kwargs):
+    def input(self, index: int | None = None, name: str | None = None, param_type: str = "required",
+              **kwargs: Any) -> CustomRegOp:
         self._info["inputs"].append({"index": index, "name": name, "param_type": param_type, **kwargs})
         return self
 
-    def output(self, index=None, name=None, param_type="required", **kwargs):
+    def output(self, index: int | None = None, name: str | None = None, param_type: str = "required",
+               **kwargs: Any) -> CustomRegOp:
         self._info["outputs"].append({"index": index, "name": name, "param_type": param_type, **kwargs})
         return self
 
-    def dtype_format(self, *args):
+    def dtype_format(self, *args: tuple[str, str]) -> CustomRegOp:
         for arg in args:
             if not (isinstance(arg, tuple) and len(arg) == 2 and all(isinstance(a, str) for a in arg)):
                 raise SchemaError(f"CustomRegOp '{self._info['op_name']}': dtype_format takes DataType pairs such as "
@@ -77,11 +90,12 @@ class CustomRegOp:
         self._info["dtype_format"].append([list(a) for a in args])
         return self
 
-    def attr(self, name=None, param_type=None, value_type=None, default_value=None, **kwargs):
+    def attr(self, name: str | None = None, param_type: str | None = None, value_type: str | None = None,
+             default_value: Any = None, **kwargs: Any) -> CustomRegOp:
         if not isinstance(name, str) or not name.isidentifier():
             raise SchemaError(f"CustomRegOp '{self._info['op_name']}': an attribute needs a name that is an "
                               f"identifier, got {name!r}")
-        entry = {"name": name, "param_type": param_type, "type": value_type}
+        entry: dict[str, Any] = {"name": name, "param_type": param_type, "type": value_type}
         if default_value is not None:
             entry["default_value"] = default_value
         if "value" in kwargs:
@@ -90,13 +104,13 @@ class CustomRegOp:
         self._info["attr"].append(entry)
         return self
 
-    def target(self, target=None):
+    def target(self, target: str | None = None) -> CustomRegOp:
         if target not in ("CPU", "GPU", "Ascend", None):
             raise SchemaError(f"CustomRegOp '{self._info['op_name']}': target must be 'CPU' or 'GPU', got {target!r}")
         self._info["target"] = target
         return self
 
-    def get_op_info(self):
+    def get_op_info(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self._info.items()}
 
 
@@ -104,7 +118,7 @@ _VALUE_TYPES = {"bool": "bool", "int": "int", "float": "float", "str": "str", "l
                 "listFloat": "float[]", "listListInt": "int[][]", "listListFloat": "float[][]"}
 
 
-def _attr_defs(info):
+def _attr_defs(info: Mapping[str, Any]) -> tuple[list[AttrDef], dict[str, str]]:
     """The registration's attributes, and the kind each declares (for known value types).
 
     MindSpore hands an aot kernel each value as given: ``value=1`` declared
@@ -128,18 +142,18 @@ def _attr_defs(info):
     return attrs, kinds
 
 
-def _signatures(info):
+def _signatures(info: Mapping[str, Any]) -> list[tuple[str | None, ...]] | None:
     rows = info.get("dtype_format") or []
     signatures = [tuple(pair[0] or None for pair in row) for row in rows]
     signatures = [s for s in signatures if any(d is not None for d in s)]
     return [tuple(None if d is None else _dtypes.normalize(d) for d in s) for s in signatures] or None
 
 
-def _shape_list(shape):
+def _shape_list(shape: Sequence[int]) -> list[int]:
     return list(shape) if shape != (-2,) else [-2]
 
 
-def _registration(func, reg_info):
+def _registration(func: object, reg_info: Any) -> dict[str, Any] | None:
     """``reg_info`` as ``get_op_info()``'s dict (or None); a malformed one is a SchemaError."""
     if isinstance(reg_info, (list, tuple)):  # one registration per target: the context's, else the first
         infos = [r.get_op_info() if isinstance(r, CustomRegOp) else r for r in reg_info]
@@ -156,7 +170,8 @@ def _registration(func, reg_info):
     return reg_info
 
 
-def _check_outputs(name, info, inputs, outputs, out_dtype):
+def _check_outputs(name: str, info: Mapping[str, Any], inputs: Sequence[InputDef], outputs: Sequence[str],
+                   out_dtype: Any) -> None:
     """out_dtype and the dtype_format rows agree with the declared inputs and outputs."""
     if isinstance(out_dtype, (tuple, list)) and len(out_dtype) != len(outputs):
         raise SchemaError(f"op '{name}': out_dtype gives {len(out_dtype)} dtype(s), and reg_info declares "
@@ -176,8 +191,10 @@ def _check_outputs(name, info, inputs, outputs, out_dtype):
 class Custom(Op):
     """MindSpore-compatible custom op: ``Custom(func, out_shape, out_dtype, func_type, bprop, reg_info)``."""
 
-    def __init__(self, func, out_shape=None, out_dtype=None, func_type="aot", bprop=None, reg_info=None, *,
-                 cflags=(), include_dirs=(), cxx11_abi=None):
+    def __init__(self, func: Any, out_shape: Any = None, out_dtype: Any = None,
+                 func_type: str = "aot", bprop: Callable[..., Any] | None = None, reg_info: Any = None, *,
+                 cflags: Iterable[str] = (), include_dirs: Iterable[str | os.PathLike[str]] = (),
+                 cxx11_abi: bool | None = None) -> None:
         """MindSpore's arguments, plus opforge's keyword-only build options for
         sources: extra compiler flags, include folders, and the libstdc++ string
         ABI (default: MindSpore's ``-D_GLIBCXX_USE_CXX11_ABI=0`` for sources, read
@@ -197,7 +214,8 @@ class Custom(Op):
         else:
             raise SchemaError(f"Custom: func_type {func_type!r} is not supported; use 'aot' (C/C++/CUDA) or 'pyfunc'")
 
-        name = info.get("op_name") if info.get("op_name") not in (None, "Custom") else default_name
+        name: str = (info.get("op_name")  # type: ignore[assignment]  # not None: checked on the next line
+                     if info.get("op_name") not in (None, "Custom") else default_name)
         if info.get("inputs"):
             inputs = [InputDef(i.get("name") or f"x{k}", optional=i.get("param_type") == "optional")
                       for k, i in enumerate(info["inputs"])]
@@ -243,13 +261,13 @@ class Custom(Op):
         if bprop is not None:
             self._attach_bprop(bprop)
 
-    def _attach_bprop(self, bprop):
+    def _attach_bprop(self, bprop: Callable[..., Any]) -> None:
         """MindSpore's ``bprop(*inputs, out, dout) -> input gradients`` as this op's
         gradient rule: a backward op whose Python kernel calls ``bprop`` on arrays."""
         n_out = len(self.outputs)
         several = self.tuple_output
 
-        def run_bprop(*arrays):
+        def run_bprop(*arrays: Any) -> tuple[npt.NDArray[Any], ...]:
             inputs, outs, douts = arrays[:-2 * n_out], arrays[-2 * n_out:-n_out], arrays[-n_out:]
             result = bprop(*inputs, outs if several else outs[0], douts if several else douts[0])
             result = result if isinstance(result, (tuple, list)) else (result,)
@@ -258,12 +276,12 @@ class Custom(Op):
                                     f"{len(inputs)} input(s)")
             return tuple(np.asarray(r) for r in result)
 
-        def infer_grads(*specs):
+        def infer_grads(*specs: TensorSpec) -> list[TensorSpec]:
             return [TensorSpec(s.shape, s.dtype) for s in specs[:-2 * n_out]]
 
-        backward_ops = {}  # one per input count: a variadic Custom may be called with any
+        backward_ops: dict[int, Op] = {}  # one per input count: a variadic Custom may be called with any
 
-        def backward_op_for(n_in):
+        def backward_op_for(n_in: int) -> Op:
             if n_in not in backward_ops:
                 op = Op(f"{self.name}_bprop", [InputDef("tensors", variadic=True)],
                         [f"d{k}" for k in range(n_in)], tuple_output=True)
@@ -272,12 +290,12 @@ class Custom(Op):
                 backward_ops[n_in] = op
             return backward_ops[n_in]
 
-        def rule(saved, *douts, **attrs):  # bprop takes tensors only, as in MindSpore
+        def rule(saved: Saved, *douts: Any, **attrs: Any) -> Any:  # bprop takes tensors only, as in MindSpore
             return backward_op_for(len(saved.inputs))(*saved.inputs, *saved.outputs, *douts)
 
         self.grad(rule, save=())
 
-    def bind(self, args, kwargs):
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, AttrValue]]:
         if self.variadic:
             with self._input_count_lock:
                 if self._input_count is None and args:
@@ -288,19 +306,20 @@ class Custom(Op):
                                  f"{self._count_source()}), got {len(args)}")
         return super().bind(args, kwargs)
 
-    def _count_source(self):
+    def _count_source(self) -> str:
         return "out_shape's parameters" if _parameter_count(self.out_shape) is not None else "its first call"
 
-    def resolve_attrs(self, values):
+    def resolve_attrs(self, values: Mapping[str, object]) -> dict[str, AttrValue]:
         for name, value in values.items():  # values keep their own type (see _attr_defs)
             if name in self._attr_kinds:
                 check_attr(self.name, AttrDef(name, self._attr_kinds[name]), value)
         return super().resolve_attrs(values)
 
-    def _infer(self, *specs, **attrs):
+    def _infer(self, *specs: TensorSpec, **attrs: Any) -> list[TensorSpec]:
         shapes_in = [_shape_list(s.shape) for s in specs]
         if self.out_shape is None:
-            shapes = [s.shape for s in self.kernels[0].infer(self, specs, attrs)]
+            # kernel 0 is the AotKernel, whose infer gives a list of specs
+            shapes = [s.shape for s in self.kernels[0].infer(self, specs, attrs)]  # type: ignore[union-attr]
         else:
             shapes = self._user("out_shape", *shapes_in) if callable(self.out_shape) else self.out_shape
             shapes = list(shapes) if self.tuple_output else [shapes]
@@ -323,7 +342,7 @@ class Custom(Op):
                 raise ShapeError(f"op '{self.name}': output '{name}': {error}") from None
         return result
 
-    def _user(self, which, *args):
+    def _user(self, which: str, *args: Any) -> Any:
         """Call the user's out_shape or out_dtype function; its own errors name the op."""
         try:
             return getattr(self, which)(*args)
@@ -333,7 +352,7 @@ class Custom(Op):
             raise InferenceError(f"op '{self.name}': {which} raised {type(error).__name__}: {error} "
                                  f"(called with {', '.join(map(str, args))})") from error
 
-    def _output_dtypes(self, specs, wanted):
+    def _output_dtypes(self, specs: Sequence[TensorSpec | None], wanted: Sequence[DTypeLike] | None) -> list[str]:
         """Each output's dtype, from the dtype_format row the input dtypes select:
         the kernel writes what that row says, so out_dtype must agree with it
         (None takes the row's).  Without a row, out_dtype, else the first input's."""
@@ -358,7 +377,7 @@ class Custom(Op):
                          f"{row_outputs[0][index]}; the kernel writes what the row says")
 
 
-def _parameter_count(fn):
+def _parameter_count(fn: object) -> int | None:
     """How many tensors a callable ``out_shape`` takes, when its signature fixes it."""
     if not callable(fn):
         return None

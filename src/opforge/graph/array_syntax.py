@@ -17,16 +17,21 @@ from __future__ import annotations
 
 import numbers
 import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 import numpy as np
 
 from ..errors import ShapeError, TracingError
 from .symbolic import SymDim, call_builtin
 
+if TYPE_CHECKING:
+    from ..spec import TensorSpec
+
 _INT64_MAX, _INT64_MIN = 2 ** 63 - 1, -2 ** 63  # slice ends meaning "past the end" either way
 
 
-def _weak(args):
+def _weak(args: list[Any]) -> list[Any]:
     """NumPy scalars (which NumPy may hand over as 0-d arrays) take the dtype of the first traced
     operand, as Python scalars do."""
     like = next((a for a in args if isinstance(a, ArraySyntax)), None)
@@ -36,12 +41,12 @@ def _weak(args):
             else a for a in args]
 
 
-def _operand(x):
+def _operand(x: object) -> bool:
     return isinstance(x, (ArraySyntax, SymDim, numbers.Number, np.ndarray, np.generic, list, tuple))
 
 
-def _binary(name, reflected=False):
-    def method(self, other):
+def _binary(name: str, reflected: bool = False) -> Callable[[ArraySyntax, object], Any]:
+    def method(self: ArraySyntax, other: object) -> Any:  # a traced value, or NotImplemented
         if not _operand(other):
             return NotImplemented  # e.g. == None is False; other types may answer themselves
         return call_builtin(name, *_weak([other, self] if reflected else [self, other]))
@@ -49,7 +54,7 @@ def _binary(name, reflected=False):
     return method
 
 
-def _raise_data_dependent(value, what):
+def _raise_data_dependent(value: ArraySyntax, what: str) -> NoReturn:
     raise TracingError(
         f"{what} of traced %{value.name} ({value.spec}) is only known at run time: Python control flow on tensor "
         "values (if, while, and/or, bool(), float(), int()) cannot be recorded in a graph. Use "
@@ -62,6 +67,16 @@ class ArraySyntax:
     __array_priority__ = 1000
     __hash__ = object.__hash__  # == records an op, so a value hashes by identity
 
+    if TYPE_CHECKING:  # what Value, the class this is mixed into, provides
+        spec: TensorSpec
+        name: str
+
+        @property
+        def dtype(self) -> str: ...
+
+        @property
+        def ndim(self) -> int | None: ...
+
     __add__, __radd__ = _binary("add"), _binary("add", True)
     __sub__, __rsub__ = _binary("sub"), _binary("sub", True)
     __mul__, __rmul__ = _binary("mul"), _binary("mul", True)
@@ -72,44 +87,44 @@ class ArraySyntax:
     __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
     __eq__, __ne__ = _binary("equal"), _binary("not_equal")
 
-    def __neg__(self):
+    def __neg__(self) -> Any:
         return call_builtin("neg", self)
 
-    def __pos__(self):
+    def __pos__(self) -> ArraySyntax:
         return self
 
-    def __abs__(self):
+    def __abs__(self) -> Any:
         return call_builtin("abs", self)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         return _getitem(self, key)
 
-    def __setitem__(self, key, item):
+    def __setitem__(self, key: object, item: object) -> NoReturn:
         raise TracingError(f"traced %{self.name} cannot be assigned to: values in a graph are immutable. Build the "
                            "result instead (opforge.ops.where to choose elementwise, opforge.ops.concat to join)")
 
-    def __bool__(self):
+    def __bool__(self) -> NoReturn:
         _raise_data_dependent(self, "the truth value")
 
-    def __float__(self):
+    def __float__(self) -> NoReturn:
         _raise_data_dependent(self, "the float value")
 
-    def __int__(self):
+    def __int__(self) -> NoReturn:
         _raise_data_dependent(self, "the int value")
 
-    def __index__(self):
+    def __index__(self) -> NoReturn:
         _raise_data_dependent(self, "the int value (as an index)")
 
-    def __complex__(self):
+    def __complex__(self) -> NoReturn:
         _raise_data_dependent(self, "the complex value")
 
-    def __round__(self, ndigits=None):
+    def __round__(self, ndigits: int | None = None) -> NoReturn:
         _raise_data_dependent(self, "round()")
 
-    def __trunc__(self):
+    def __trunc__(self) -> NoReturn:
         _raise_data_dependent(self, "math.trunc()")
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self.ndim is None or self.ndim == 0:
             raise TracingError(f"len() of traced %{self.name} ({self.spec}): it has no known leading dim")
         if self.spec.shape[0] < 0:
@@ -118,14 +133,14 @@ class ArraySyntax:
                                "arithmetic on tensors), or trace with a static leading dim")
         return self.spec.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return (self[k] for k in range(len(self)))
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: object = None, copy: object = None) -> NoReturn:
         raise TracingError(f"traced %{self.name} ({self.spec}) has no data yet, so NumPy cannot convert it to an "
                            "array: use opforge ops (or NumPy ufuncs and operators, which are recorded) on it")
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         name = UFUNCS.get(ufunc)
         if name is None or method != "__call__" or kwargs:
             call = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
@@ -134,7 +149,8 @@ class ArraySyntax:
                                f"{', '.join(sorted('np.' + u.__name__ for u in UFUNCS))}")
         return call_builtin(name, *_weak(list(inputs)))
 
-    def __array_function__(self, func, types, args, kwargs):
+    def __array_function__(self, func: Callable[..., Any], types: object, args: Sequence[Any],
+                           kwargs: dict[str, Any]) -> Any:
         handler = FUNCTIONS.get(func)
         if handler is None:
             raise TracingError(f"np.{func.__name__} on a traced value has no built-in op to record; supported: "
@@ -151,28 +167,30 @@ UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide:
 
 # -- NumPy functions: their signatures, mapped onto built-in ops --------------------
 
-def _refuse(function, **given):
+def _refuse(function: str, **given: object) -> None:
     used = [name for name, value in given.items() if value is not None and value is not np._NoValue]
     if used:
         raise TracingError(f"{function}(..., {'=..., '.join(used)}=...) on a traced value cannot be recorded: the "
                            "built-in op has no such option")
 
 
-def _axes(axis):
+def _axes(axis: Any) -> list[SupportsIndex]:  # axis=: None, an int or ints (NumPy ints too)
     return [] if axis is None else [axis] if isinstance(axis, numbers.Integral) else list(axis)
 
 
-def _np_sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+def _np_sum(a: object, axis: Any = None, dtype: object = None, out: object = None, keepdims: object = False,
+            initial: object = None, where: object = None) -> Any:
     _refuse("np.sum", dtype=dtype, out=out, initial=initial, where=where)
     return call_builtin("reduce_sum", a, axes=_axes(axis), keep_dims=bool(keepdims))
 
 
-def _np_mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
+def _np_mean(a: object, axis: Any = None, dtype: object = None, out: object = None, keepdims: object = False, *,
+             where: object = None) -> Any:
     _refuse("np.mean", dtype=dtype, out=out, where=where)
     return call_builtin("mean", a, axes=_axes(axis), keep_dims=bool(keepdims))
 
 
-def _np_where(condition, x=None, y=None):
+def _np_where(condition: object, x: object = None, y: object = None) -> Any:
     if x is None or y is None:
         raise TracingError("np.where(condition) (the indices of true elements) has a data-dependent shape and "
                            "cannot be recorded; give np.where(condition, x, y)")
@@ -180,20 +198,21 @@ def _np_where(condition, x=None, y=None):
     return call_builtin("where", condition, x, y)
 
 
-def _np_concatenate(arrays, axis=0, out=None, dtype=None, casting=None):
+def _np_concatenate(arrays: Sequence[Any], axis: SupportsIndex | None = 0, out: object = None, dtype: object = None,
+                    casting: object = None) -> Any:
     _refuse("np.concatenate", out=out, dtype=dtype, casting=casting)
     if axis is None:
         raise TracingError("np.concatenate(..., axis=None) flattens first; reshape each input, then concatenate")
     return call_builtin("concat", *_weak(list(arrays)), axis=axis)
 
 
-def _np_reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+def _np_reshape(a: object, shape: Any = None, order: str = "C", *, newshape: Any = None, copy: object = None) -> Any:
     _refuse("np.reshape", copy=copy, order=None if order == "C" else order)
     shape = newshape if shape is None else shape
     return call_builtin("reshape", a, shape=[shape] if isinstance(shape, numbers.Integral) else list(shape))
 
 
-def _np_transpose(a, axes=None):
+def _np_transpose(a: ArraySyntax, axes: Sequence[int] | None = None) -> Any:
     rank = a.ndim
     swap_last_two = None if rank is None else list(range(rank - 2)) + [rank - 1, rank - 2]
     if rank is None or rank < 2 or (axes is not None and list(axes) != swap_last_two) or \
@@ -203,13 +222,14 @@ def _np_transpose(a, axes=None):
     return call_builtin("transpose", a)
 
 
+FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]]  # NumPy function -> its recording
 FUNCTIONS = {np.sum: _np_sum, np.mean: _np_mean, np.where: _np_where, np.concatenate: _np_concatenate,
              np.reshape: _np_reshape, np.transpose: _np_transpose}
 
 
 # -- indexing: ints, slices, None, Ellipsis -> slice, squeeze, reshape -------------
 
-def _index_int(value, item, what):
+def _index_int(value: ArraySyntax, item: Any, what: str) -> int:
     """An int from an index or slice bound, or TracingError saying why it is not one."""
     if isinstance(item, SymDim):
         raise TracingError(f"{what} {item!r} of traced %{value.name} depends on an unknown dim: indices are "
@@ -226,7 +246,7 @@ def _index_int(value, item, what):
                            "...") from None
 
 
-def _slice_bounds(value, axis, dim, item):
+def _slice_bounds(value: ArraySyntax, axis: int, dim: int, item: slice) -> tuple[int, int, int] | None:
     """(start, end, step) for one axis, or None when the slice keeps the whole axis."""
     start, stop, step = (None if b is None else _index_int(value, b, "slice bound")
                          for b in (item.start, item.stop, item.step))
@@ -247,7 +267,7 @@ def _slice_bounds(value, axis, dim, item):
     return start, stop, step
 
 
-def _getitem(value, key):
+def _getitem(value: ArraySyntax, key: object) -> Any:
     items = list(key) if isinstance(key, tuple) else [key]
     rank = value.ndim
     if rank is None:
@@ -266,6 +286,9 @@ def _getitem(value, key):
     else:
         items += fill
 
+    starts: list[int]
+    ends: list[int]
+    steps: list[int]
     starts, ends, axes, steps, squeezed, inserted = [], [], [], [], [], []
     axis = kept = 0  # axis of the input; axis of the result
     for item in items:

@@ -9,6 +9,9 @@ function on the given arrays' specs and run the two graphs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ..attrs import attr_key
@@ -17,24 +20,34 @@ from ..spec import TensorSpec
 from .ir import Graph, Value
 from .trace import trace
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..attrs import AttrValue
+    from ..operator import Op
+    from .ir import Node
+
 
 class Saved:
     """What a gradient rule asked to keep: ``saved.x``, ``saved.y``...;
     ``saved.inputs`` / ``saved.outputs`` hold all of them in order."""
 
-    def __init__(self, values, inputs, outputs):
+    def __init__(self, values: Mapping[str, Any], inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         self.__dict__.update(values)
         self.inputs = inputs
         self.outputs = outputs
 
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...  # what the rule asked to keep, by name
 
-def _zeros(spec):
+
+def _zeros(spec: TensorSpec) -> npt.NDArray[Any]:
     if not spec.is_static:
         raise ShapeError(f"a zero gradient of dynamic shape {spec} is not supported; trace with static shapes")
     return np.zeros(spec.shape, spec.dtype)
 
 
-def _rule(op):
+def _rule(op: Op) -> Callable[..., Any]:
     if "no_grad" in op.traits:
         raise GradientError(f"op '{op.name}' has trait no_grad and cannot be differentiated")
     if op.grad_rule is None:
@@ -43,7 +56,7 @@ def _rule(op):
     return op.grad_rule
 
 
-def _depends_on(graph, wrt):
+def _depends_on(graph: Graph, wrt: Iterable[int]) -> set[int]:
     """Ids of the values that depend on the inputs selected by ``wrt``."""
     reached = {graph.inputs[k].id for k in wrt}
     for node in graph.nodes:
@@ -52,21 +65,24 @@ def _depends_on(graph, wrt):
     return reached
 
 
-def _replay_and_differentiate(graph, inputs, cotangents, wrt):
+def _replay_and_differentiate(graph: Graph, inputs: Sequence[Any], cotangents: Sequence[Any],
+                              wrt: Sequence[int]) -> tuple[Any, ...]:
     """Inside a trace: the forward graph replayed on ``inputs``, then its VJP
     with respect to the inputs selected by ``wrt`` (nodes off their paths are
     not differentiated, so they need no rule)."""
     return _differentiate(graph, graph.replay(inputs), cotangents, wrt)
 
 
-def _differentiate(graph, env, cotangents, wrt):
+def _differentiate(graph: Graph, env: Mapping[int, Any], cotangents: Sequence[Any],
+                   wrt: Sequence[int]) -> tuple[Any, ...]:
     """Inside a trace: the VJP of ``graph`` whose values are ``env`` (a replay's),
     with respect to the inputs selected by ``wrt``; the rules read the forward
     values from ``env``, so nothing is computed twice."""
     active = _depends_on(graph, wrt)
-    grads = {}
+    value: Value | None
+    grads: dict[int, Any] = {}  # value id -> its gradient (an array, or a traced value)
 
-    def accumulate(value, gradient):
+    def accumulate(value: Value, gradient: Any) -> None:
         if gradient is None:
             return
         grads[value.id] = gradient if value.id not in grads else grads[value.id] + gradient
@@ -102,7 +118,8 @@ def _differentiate(graph, env, cotangents, wrt):
                  for k in wrt)
 
 
-def op_backward(op, attrs, in_specs, out_specs):
+def op_backward(op: Op, attrs: Mapping[str, AttrValue], in_specs: Sequence[TensorSpec | None],
+                out_specs: Sequence[TensorSpec]) -> tuple[Graph, tuple[bool, ...]]:
     """The backward graph of one call of ``op``: inputs ``(*ins, *outs, *douts)``,
     outputs the gradients its rule gives, with no forward recomputation (the
     rule reads the saved inputs and outputs).  Returns ``(graph, present)``:
@@ -113,9 +130,10 @@ def op_backward(op, attrs, in_specs, out_specs):
     rule = _rule(op)
     n_in, n_out = len(in_specs), len(out_specs)
     names = [i.name for i in op.inputs] + list(op.outputs)
-    present = []
+    present: list[bool] = []
 
-    def pullback(*args):
+    def pullback(*args: Any) -> tuple[Any, ...]:
+        ins: Sequence[Any]
         ins, outs, douts = args[:n_in], args[n_in:n_in + n_out], args[n_in + n_out:]
         ins = [None if s is None else x for x, s in zip(ins, in_specs)]
         saved = Saved({n: x for n, x in zip(names, list(ins) + list(outs)) if n in op.grad_saves}, ins, outs)
@@ -134,7 +152,7 @@ def op_backward(op, attrs, in_specs, out_specs):
     return graph, tuple(present)
 
 
-def _indices(graph, wrt):
+def _indices(graph: Graph, wrt: int | Sequence[int] | None) -> list[int]:
     """``wrt`` (None: all, an index or indices, negative from the end) as a list of input indices."""
     n = len(graph.inputs)
     if wrt is None:
@@ -146,13 +164,13 @@ def _indices(graph, wrt):
     return [k % n for k in indices]
 
 
-def _function(name, fn):
+def _function(name: str, fn: object) -> Callable[..., Any]:
     if not callable(fn):
         raise GradientError(f"{name} differentiates a function of arrays (or a Graph), got {type(fn).__name__}")
     return fn
 
 
-def _arrays(name, arrays):
+def _arrays(name: str, arrays: Iterable[object]) -> list[npt.NDArray[Any]]:
     """The arguments as arrays: gradients are taken with respect to tensors."""
     result = []
     for k, value in enumerate(arrays):
@@ -166,7 +184,7 @@ def _arrays(name, arrays):
     return result
 
 
-def backward(graph, wrt=None):
+def backward(graph: Graph, wrt: int | Sequence[int] | None = None) -> Graph:
     """The backward graph: inputs (x..., dy...) -> gradients of the inputs
     selected by ``wrt`` (indices; default all)."""
     if not isinstance(graph, Graph):
@@ -174,7 +192,7 @@ def backward(graph, wrt=None):
     wrt = _indices(graph, wrt)
     n = len(graph.inputs)
 
-    def pullback(*args):
+    def pullback(*args: Any) -> tuple[Any, ...]:
         return _replay_and_differentiate(graph, args[:n], args[n:], wrt)
 
     specs = [v.spec for v in graph.inputs] + [v.spec for v in graph.outputs]
@@ -183,28 +201,29 @@ def backward(graph, wrt=None):
     return result
 
 
-def vjp(fn, *arrays):
+def vjp(fn: Callable[..., Any], *arrays: Any) -> tuple[Any, Callable[..., Any]]:
     """``(outputs, pullback)``: ``pullback(*cotangents)`` returns the gradient
     of every argument of ``fn``."""
-    arrays = _arrays("vjp", arrays)
+    arrays = _arrays("vjp", arrays)  # type: ignore[assignment]  # (a list now: only unpacked below)
     forward = trace(_function("vjp", fn), *arrays)
     outputs = forward(*arrays)
-    backward_graph = None
+    backward_graph: Graph | None = None
 
-    def pullback(*cotangents):
+    def pullback(*cotangents: Any) -> Any:
         nonlocal backward_graph
         if backward_graph is None:
             backward_graph = backward(forward)
         if len(cotangents) != len(forward.outputs):
             raise GradientError(f"pullback of '{forward.name}' takes {len(forward.outputs)} cotangent(s), "
                                 f"got {len(cotangents)}")
-        cotangents = [np.asarray(c, dtype=v.spec.dtype) for c, v in zip(cotangents, forward.outputs)]
+        cotangents = [np.asarray(c, dtype=v.spec.dtype)  # type: ignore[assignment]  # (a list now: only unpacked)
+                      for c, v in zip(cotangents, forward.outputs)]
         return backward_graph(*arrays, *cotangents)
 
     return outputs, pullback
 
 
-def value_and_grad(fn, argnums=0):
+def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., tuple[Any, Any]]:
     """Like ``grad``, also returning ``fn``'s value.
 
     ``fn`` is traced on every call (as JAX's grad does): arrays it reads from
@@ -216,10 +235,11 @@ def value_and_grad(fn, argnums=0):
     reads the forward part's values instead of recomputing them."""
     _function("grad", fn)
     single = isinstance(argnums, int)
-    joints = []  # (forward graph, joint graph), most recent first; a few, for alternating signatures
+    # (forward graph, joint graph), most recent first; a few, for alternating signatures
+    joints: list[tuple[Graph, Graph]] = []
 
-    def wrapped(*arrays):
-        arrays = _arrays("grad", arrays)
+    def wrapped(*arrays: Any) -> tuple[Any, Any]:
+        arrays = _arrays("grad", arrays)  # type: ignore[assignment]  # (a list now: only unpacked below)
         forward = trace(fn, *arrays)
         if forward.tuple_output or len(forward.outputs) != 1:
             raise GradientError(f"grad needs '{forward.name}' to return one tensor")
@@ -240,14 +260,14 @@ def value_and_grad(fn, argnums=0):
 JOINT_GRAPHS_KEPT = 4
 
 
-def joint_graph(forward, wrt=None):
+def joint_graph(forward: Graph, wrt: int | Sequence[int] | None = None) -> Graph:
     """One graph computing a scalar ``forward``'s value and its gradients with respect
     to the inputs selected by ``wrt``: inputs as forward's, outputs (value, *gradients).
     ``forward`` was traced on arrays, so its output's shape is known."""
     indices = _indices(forward, wrt)
     spec = forward.outputs[0].spec
 
-    def value_and_gradients(*args):
+    def value_and_gradients(*args: Any) -> tuple[Any, ...]:
         env = forward.replay(args)
         value = env[forward.outputs[0].id]
         return (value, *_differentiate(forward, env, [np.ones(spec.shape, spec.dtype)], indices))
@@ -257,12 +277,14 @@ def joint_graph(forward, wrt=None):
     return graph
 
 
-def same_graph(a, b) -> bool:
+def same_graph(a: Graph, b: Graph) -> bool:
     """Whether two traces are one graph: the same ops, attribute values and wiring,
     inputs of the same specs, and equal constants."""
     if len(a.nodes) != len(b.nodes) or len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
         return False
     position: dict[int, tuple[object, ...]] = {}  # value id -> where it comes from
+    x: Value | Node
+    y: Value | Node
     for k, (x, y) in enumerate(zip(a.inputs, b.inputs)):
         if x.spec != y.spec:
             return False
@@ -275,8 +297,9 @@ def same_graph(a, b) -> bool:
                 return False
         elif attr_key(x.attrs) != attr_key(y.attrs):
             return False
-        for u, v in zip(x.inputs, y.inputs):
-            if (u is None) != (v is None) or (u is not None and position.get(u.id) != position.get(v.id)):
+        for u, v in zip(x.inputs, y.inputs):  # (v is None exactly when u is: checked first)
+            if (u is None) != (v is None) or (
+                    u is not None and position.get(u.id) != position.get(v.id)):  # type: ignore[union-attr]
                 return False
         for j, (u, v) in enumerate(zip(x.outputs, y.outputs)):
             if u.spec != v.spec:
@@ -285,7 +308,7 @@ def same_graph(a, b) -> bool:
     return all(position.get(u.id) == position.get(v.id) for u, v in zip(a.outputs, b.outputs))
 
 
-def grad(fn, argnums=0):
+def grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., Any]:
     """``grad(fn)(*arrays)``: gradient of scalar ``fn`` with respect to the
     argument(s) ``argnums`` (an int, or a tuple giving a tuple of gradients)."""
     both = value_and_grad(fn, argnums)

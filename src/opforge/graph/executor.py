@@ -23,6 +23,7 @@ the launches are captured once into a CUDA graph and replayed with one
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,10 +40,32 @@ from ..spec import TensorSpec
 from .fusion import fuse_steps
 from .passes import infer_shapes, plan_memory
 
+if TYPE_CHECKING:  # (annotations only: nothing here runs)
+    from collections.abc import Callable, Sequence
+    from typing import Any, TypeAlias, TypeVar
+
+    import numpy.typing as npt
+
+    from ..operator import Kernel
+    from ..runtime.arrays import Placement
+    from ..runtime.cuda import DeviceBuffer
+    from ..runtime.cuda_graph import CapturedGraph
+    from .ir import Graph, Node, Value
+
+    _K = TypeVar("_K", bound=Kernel)
+    #: One op node of a plan: (node, its kernel, input specs (None: an absent optional input), output specs).
+    Step: TypeAlias = tuple[Node, _K, list[TensorSpec | None], list[TensorSpec]]
+    #: (buffer, offset): where a value lives; buffer 0 is the arena.
+    Ref: TypeAlias = tuple[int, int]
+    #: One node of a DevicePlan: (node, kernel, pointer refs, shapes, dtype names, Init's state,
+    #: output bytes to zero for empty work or None).
+    DeviceStep: TypeAlias = tuple[Node, AotKernel, tuple[Ref, ...], tuple[tuple[int, ...], ...], tuple[str, ...],
+                                  Any, tuple[int, ...] | None]
+
 MAX_PLANS = 16
 
 
-def _as_array(value):
+def _as_array(value: object) -> npt.NDArray[Any]:
     array = np.asarray(value)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
@@ -52,22 +75,23 @@ def _as_array(value):
 class Executor:
     """Runs a graph: one plan (kernels, memory) per input signature, kept for reuse."""
 
-    def __init__(self, graph):
+    def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.plans = BoundedCache(MAX_PLANS)
+        # a Plan per (ISA cap, *signature), a DevicePlan per ("cuda", device id, signature)
+        self.plans: BoundedCache[tuple[object, ...], Any] = BoundedCache(MAX_PLANS)
 
-    def plan_for(self, arrays):
+    def plan_for(self, arrays: Sequence[npt.NDArray[Any]]) -> Plan:
         key = (cpu.isa_cap(), *[(a.shape, a.dtype) for a in arrays])  # a new cap re-chooses kernels
-        plan = self.plans.get(key)
+        plan: Plan | None = self.plans.get(key)
         return plan if plan is not None else self.plans.get_or_create(key, lambda: Plan(self.graph, arrays))
 
-    def run(self, arrays, where=None):
+    def run(self, arrays: Sequence[Any], where: Placement | None = None) -> Any:
         """The graph's outputs for ``arrays``; ``where``: their Placement, if the caller knows it."""
         graph = self.graph
         if where is None and len(arrays) == len(graph.inputs):  # the common case first: aligned NumPy arrays
             key = (cpu.isa_cap(), *[(a.shape, a.dtype) if type(a) is np.ndarray and a.flags.c_contiguous
                                     and a.flags.aligned and a.dtype.isnative else None for a in arrays])
-            plan = self.plans.get(key)
+            plan: Plan | None = self.plans.get(key)
             if plan is not None:
                 outputs = plan.execute(arrays)
                 return tuple(outputs) if graph.tuple_output else outputs[0]
@@ -82,7 +106,7 @@ class Executor:
         outputs = self.plan_for(arrays).execute(arrays)
         return tuple(outputs) if graph.tuple_output else outputs[0]
 
-    def _run_placed(self, where, arrays):
+    def _run_placed(self, where: Placement, arrays: Sequence[Any]) -> Any:
         graph = self.graph
         if where.on_host:  # the NumPy path on views of the same memory
             views = where.views or [host_view(graph, k, a) for k, a in enumerate(arrays)]
@@ -94,7 +118,7 @@ class Executor:
             return tuple(outputs) if graph.tuple_output else outputs[0]
         return where.wrap_result(graph, tuple(outputs) if graph.tuple_output else outputs[0])
 
-    def _run_on_device(self, where, arrays):
+    def _run_on_device(self, where: Placement, arrays: Sequence[Any]) -> list[Any]:
         from ..runtime import cuda
         from ..runtime.device_call import device_view
 
@@ -106,11 +130,13 @@ class Executor:
             stream = cuda.current_stream(where.kind, device_id)
             views = [device_view(self.graph, k, a, stream) for k, a in enumerate(arrays)]
             key = ("cuda", device_id, tuple((v.shape, v.dtype) for v in views))
-            plan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
+            plan: DevicePlan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
             return plan.execute(views, stream)
 
 
-def plan_nodes(graph, input_specs, kernel_for):
+def plan_nodes(graph: Graph, input_specs: Sequence[TensorSpec],
+               kernel_for: Callable[[Node, list[TensorSpec | None]], _K]
+               ) -> tuple[dict[int, TensorSpec], list[Step[_K]]]:
     """({value id: concrete spec}, [(node, kernel, input specs, output specs)] per op node):
     shapes from whole-graph inference, layouts from the graph (the layout pass's choice),
     kernels from ``kernel_for(node, input specs)``."""
@@ -132,14 +158,16 @@ def plan_nodes(graph, input_specs, kernel_for):
 
 
 class Plan:
-    def __init__(self, graph, arrays):
+    steps: list[Step[Any]]  # AotKernels where every step is native (the program), else any kernels
+
+    def __init__(self, graph: Graph, arrays: Sequence[npt.NDArray[Any]]) -> None:
         self.graph = graph
         self.specs, steps = plan_nodes(graph, [TensorSpec.of(a) for a in arrays], self._kernel_for)
         self.steps, self.fused = fuse_steps(graph, steps)
         self.program = self._compile() if all(self._native(step) for step in self.steps) else None
 
     @staticmethod
-    def _kernel_for(node, in_specs):
+    def _kernel_for(node: Node, in_specs: list[TensorSpec | None]) -> Kernel:
         """The node's pinned kernel (layout pass, a loaded graph) if it can run
         here under the ISA cap; else the best kernel of the same layout."""
         pinned = node.kernel
@@ -151,7 +179,7 @@ class Plan:
         same_layout = [k for k in node.op.kernels if k.layout == pinned.layout]
         return select_kernel(node.op, in_specs, kernels=same_layout)
 
-    def _native(self, step):
+    def _native(self, step: Step[Any]) -> bool:
         node, kernel, in_specs, out_specs = step
         if not (isinstance(kernel, AotKernel) and kernel.device == "cpu"):
             return False
@@ -159,26 +187,26 @@ class Plan:
         return not skips and all(s is not None for s in in_specs)
 
     # -- the native program ---------------------------------------------------
-    def _compile(self):
+    def _compile(self) -> Any:  # a _native.Program
         graph = self.graph
-        position = {}  # value id -> step index that produces it
-        last_use = {}
+        position: dict[int, int] = {}  # value id -> step index that produces it
+        last_use: dict[int, int] = {}
         for index, (node, _, _, _) in enumerate(self.steps):
             for value in node.outputs:
                 position[value.id] = index
-            for value in node.inputs:
+            for value in node.inputs:  # type: ignore[assignment]  # (a native step has every input: _native)
                 last_use[value.id] = index
-        buffers = {}  # value id -> (buffer index, offset)
+        buffers: dict[int, Ref] = {}  # value id -> (buffer index, offset)
         for k, value in enumerate(graph.inputs):
             buffers[value.id] = (1 + k, 0)
-        self.output_slots = []
+        self.output_slots: list[int] = []
         next_buffer = 1 + len(graph.inputs)
         for value in graph.outputs:
             if value.id not in buffers and value.id in position and value.id not in self.output_slots:
                 buffers[value.id] = (next_buffer, 0)
                 self.output_slots.append(value.id)
                 next_buffer += 1
-        self.constants = []
+        self.constants: list[npt.NDArray[Any]] = []
         for node in graph.nodes:
             if node.is_constant:
                 buffers[node.outputs[0].id] = (next_buffer, 0)
@@ -191,9 +219,11 @@ class Plan:
         for value, offset in zip(intermediates, offsets):
             buffers[value.id] = (0, offset)
 
+        largest: tuple[str, str, Sequence[int]] | None  # the largest workspace: (op, Init function, requested)
         steps, workspace_bytes, largest = [], 0, None
         prepared = []
-        for node, kernel, in_specs, out_specs in self.steps:
+        in_specs: list[TensorSpec]  # a native step has every input (_native): no spec is None
+        for node, kernel, in_specs, out_specs in self.steps:  # type: ignore[assignment]
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
             sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
@@ -204,7 +234,8 @@ class Plan:
             prepared.append((node, kernel, in_specs, out_specs, extra, sizes_ws))
         workspace_at = -(-arena // 64) * 64
         for node, kernel, in_specs, out_specs, extra, sizes_ws in prepared:
-            refs = [buffers[v.id] for v in node.inputs] + [buffers[v.id] for v in node.outputs]
+            refs = ([buffers[v.id] for v in node.inputs]  # type: ignore[union-attr]  # (every input: _native)
+                    + [buffers[v.id] for v in node.outputs])
             cursor = workspace_at
             for size in sizes_ws:
                 refs.append((0, cursor))
@@ -217,14 +248,15 @@ class Plan:
                        "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
                        "workspace_bytes": workspace_bytes, "nodes": len(prepared), "fused": list(self.fused)}
         self.largest_workspace = largest
-        self.arena = None  # allocated by the first run (checked mode never needs it)
-        self.results = None  # where each graph output comes from, found by the first run
+        self.arena: npt.NDArray[np.uint8] | None = None  # allocated by the first run (checked mode never needs it)
+        # where each graph output comes from, found by the first run
+        self.results: list[tuple[str, Any]] | None = None
         self.n_buffers = next_buffer
         self.buffers = buffers
         self.kernels = [(node, kernel) for node, kernel, *_ in prepared]
         return _native.Program(steps, next_buffer)
 
-    def _new_arena(self):
+    def _new_arena(self) -> npt.NDArray[np.uint8]:
         try:
             return np.empty(max(self.arena_bytes, 1), np.uint8)
         except (MemoryError, ValueError):
@@ -237,7 +269,7 @@ class Plan:
             raise AllocationError(f"{message}; the largest workspace: op '{op}': {function} requested "
                                   f"{list(requested)} bytes", op=op, function=function) from None
 
-    def _output(self, value_id):
+    def _output(self, value_id: int) -> Any:  # a _native.empty array
         """A graph output buffer, with room for the canary the program checks."""
         spec = self.specs[value_id]
         shape = spec.shape if spec.layout == "ndarray" else (spec.nbytes // np.dtype(spec.dtype).itemsize,)
@@ -247,7 +279,7 @@ class Plan:
             raise AllocationError(f"graph '{self.graph.name}': cannot allocate output {spec} "
                                   f"({spec.nbytes} bytes)") from None
 
-    def _results(self):
+    def _results(self) -> list[tuple[str, Any]]:
         """Where each graph output comes from: ("made", output slot), ("input", k) or ("constant", array)."""
         graph = self.graph
         inputs = {v.id: k for k, v in enumerate(graph.inputs)}
@@ -255,7 +287,7 @@ class Plan:
         return [("made", self.output_slots.index(v.id)) if v.id in self.output_slots else
                 ("input", inputs[v.id]) if v.id in inputs else ("constant", constants[v.id]) for v in graph.outputs]
 
-    def execute(self, arrays):
+    def execute(self, arrays: Sequence[Any]) -> list[Any]:
         if self.program is None or checks_enabled():
             return self._interpret(arrays)
         outputs = [self._output(vid) for vid in self.output_slots]
@@ -277,7 +309,7 @@ class Plan:
                 for how, at in self.results]
 
     # -- one node at a time -----------------------------------------------------
-    def _interpret(self, arrays):
+    def _interpret(self, arrays: Sequence[Any]) -> list[Any]:
         env = {v.id: a for v, a in zip(self.graph.inputs, arrays)}
         for node in self.graph.nodes:
             if node.is_constant:
@@ -293,7 +325,7 @@ class Plan:
         return [np.array(env[v.id]) if v.producer is None or v.producer.is_constant else env[v.id]
                 for v in self.graph.outputs]
 
-    def memory_report(self):
+    def memory_report(self) -> dict[str, Any]:
         """Arena bytes with planning, and what one buffer per value would take."""
         if self.program is None:
             raise OpforgeError(f"graph '{self.graph.name}': memory is planned only when every node has a native "
@@ -322,7 +354,7 @@ class DevicePlan:
     call never writes it.
     """
 
-    def __init__(self, graph, views, device_id, stream):
+    def __init__(self, graph: Graph, views: Sequence[Any], device_id: int, stream: int) -> None:
         from ..runtime import cuda
 
         self.graph, self.device_id = graph, device_id
@@ -338,7 +370,8 @@ class DevicePlan:
         self.io_bytes = sum(-(-n // _IO_ALIGN) * _IO_ALIGN for n in io_sizes)
 
         # Graph outputs no node makes (an input, a constant) are copied into fresh buffers.
-        self.results = []  # per graph output: ("made", index in output_ids) or ("copy", buffer index)
+        # per graph output: ("made", index in output_ids) or ("copy", buffer index)
+        self.results: list[tuple[str, int]] = []
         for value in graph.outputs:
             if value.id in self.output_ids:
                 self.results.append(("made", self.output_ids.index(value.id)))
@@ -346,25 +379,28 @@ class DevicePlan:
                 self.results.append(("copy", refs[value.id][0]))
 
         self.arena = cuda.allocate(self.arena_bytes, stream, device_id)
-        self.constants = []
+        self.constants: list[tuple[DeviceBuffer, npt.NDArray[Any]]] = []
         for node in (n for n in graph.nodes if n.is_constant):
             host = np.ascontiguousarray(node.value)
             buffer = cuda.allocate(host.nbytes, stream, device_id)
             copy_async(buffer.pointer, host.ctypes.data, host.nbytes, stream, f"graph '{graph.name}': a constant",
                        from_host=True)
             self.constants.append((buffer, host))  # host stays alive while its copy may be pending
-        self.io = None
-        self.captured = None
-        self.capture_error = None  # why this plan runs eagerly for good (its kernels cannot be captured)
+        self.io: DeviceBuffer | None = None
+        self.captured: CapturedGraph | None = None
+        self.capture_error: str | None = None  # why this plan runs eagerly for good (its kernels cannot be captured)
         self.calls = self.captures = 0
         self.stream = stream  # the stream the plan's buffers were last used on
         self.lock = threading.Lock()
 
-    def _place_values(self, steps):
+    def _place_values(self, steps: list[Step[AotKernel]]) -> tuple[dict[int, Ref], int]:
         """Where each value lives, as (buffer, offset): buffer 0 is the arena (the
         intermediates, placed by the memory plan), then the graph's inputs, the
         outputs nodes make, the constants.  Returns (refs, intermediate bytes)."""
         graph = self.graph
+        position: dict[int, int]
+        last_use: dict[int, int]
+        value: Value | None
         position, last_use = {}, {}
         for index, (node, *_) in enumerate(steps):
             for value in node.outputs:
@@ -373,7 +409,7 @@ class DevicePlan:
                 if value is not None:
                     last_use[value.id] = index
         refs = {v.id: (1 + k, 0) for k, v in enumerate(graph.inputs)}
-        self.output_ids = []  # graph outputs a node makes, each once
+        self.output_ids: list[int] = []  # graph outputs a node makes, each once
         for value in graph.outputs:
             if value.id not in refs and value.id in position and value.id not in self.output_ids:
                 refs[value.id] = (1 + len(graph.inputs) + len(self.output_ids), 0)
@@ -390,18 +426,22 @@ class DevicePlan:
         return refs, intermediate_bytes
 
     @staticmethod
-    def _prepare_steps(steps, refs, intermediate_bytes):
+    def _prepare_steps(steps: list[Step[AotKernel]], refs: dict[int, Ref],
+                       intermediate_bytes: int) -> tuple[list[DeviceStep], int]:
         """Per node: Init's state and the (buffer, offset) of each pointer, workspaces in one
         region after the intermediates that all nodes share.  Returns (steps, arena bytes)."""
         workspace_at = -(-intermediate_bytes // _IO_ALIGN) * _IO_ALIGN
+        prepared: list[DeviceStep]
         prepared, workspace_bytes = [], 0
-        for node, kernel, in_specs, out_specs in steps:
+        in_specs: list[TensorSpec]  # an AotKernel takes no absent input (its reject_reason): no spec is None
+        for node, kernel, in_specs, out_specs in steps:  # type: ignore[assignment]
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
             sizes = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
                                     function=kernel.function_name + "Init")
             workspace_bytes = max(workspace_bytes, sum(sizes))
-            pointers = [refs[v.id] for v in node.inputs] + [refs[v.id] for v in node.outputs]
+            pointers = ([refs[v.id] for v in node.inputs]  # type: ignore[union-attr]  # (as in_specs above)
+                        + [refs[v.id] for v in node.outputs])
             cursor = workspace_at
             for size in sizes:  # multiples of 64
                 pointers.append((0, cursor))
@@ -413,7 +453,7 @@ class DevicePlan:
         return prepared, workspace_at + workspace_bytes
 
     @staticmethod
-    def _kernel_for(graph, node, in_specs):
+    def _kernel_for(graph: Graph, node: Node, in_specs: list[TensorSpec | None]) -> AotKernel:
         pinned = node.kernel
         if pinned is not None and pinned.device == "gpu" and pinned.reject_reason(node.op, in_specs) is None:
             kernel = pinned
@@ -426,11 +466,11 @@ class DevicePlan:
         return kernel
 
     @property
-    def mode(self):
+    def mode(self) -> str:
         """"graph" once captured, else "eager"."""
         return "graph" if self.captured is not None else "eager"
 
-    def execute(self, views, stream):
+    def execute(self, views: Sequence[Any], stream: int) -> list[Any]:
         from ..runtime import cuda, cuda_graph
 
         with self.lock:
@@ -454,7 +494,7 @@ class DevicePlan:
             return [self._export(made[index] if how == "made" else self._copy(sources[index], value, stream), value)
                     for (how, index), value in zip(self.results, self.graph.outputs)]
 
-    def _replay(self, views, stream):
+    def _replay(self, views: Sequence[Any], stream: int) -> list[DeviceBuffer] | None:
         """One call through the captured graph (captured now if not yet); None when
         the kernels cannot be captured: the call then launches them eagerly."""
         from ..runtime import cuda, cuda_graph
@@ -467,8 +507,9 @@ class DevicePlan:
         if self.captured is None:
             bases = [self.arena.pointer] + [io + o for o in self.io_offsets] + [c.pointer for c, _ in self.constants]
             try:
-                self.captured = cuda_graph.capture(lambda s: [self._launch(step, bases, s) for step in self.steps],
-                                                   self.device_id)
+                self.captured = cuda_graph.capture(
+                    lambda s: [self._launch(step, bases, s) for step in self.steps],  # type: ignore[func-returns-value]
+                    self.device_id)
             except cuda_graph.CaptureUnsupported as error:
                 self.capture_error = str(error)
                 return None
@@ -483,7 +524,7 @@ class DevicePlan:
             made.append(buffer)
         return made
 
-    def _launch(self, step, bases, stream):
+    def _launch(self, step: DeviceStep, bases: Sequence[int], stream: int) -> None:
         """One node's kernel on ``stream`` (during a capture: recorded, not run)."""
         from ..runtime import cuda
 
@@ -500,10 +541,11 @@ class DevicePlan:
             cuda.check_launch(node.op.name, kernel.function_name)
         except CudaError as failure:
             named = type(failure)(f"graph '{self.graph.name}': node '{node.name}': {failure}")
-            named.code, named.sticky = getattr(failure, "code", None), getattr(failure, "sticky", False)
+            named.code, named.sticky = (
+                getattr(failure, "code", None), getattr(failure, "sticky", False))
             raise named from None
 
-    def _copy(self, source, value, stream):
+    def _copy(self, source: int, value: Value, stream: int) -> DeviceBuffer:
         from ..runtime import cuda
 
         nbytes = self.specs[value.id].nbytes
@@ -511,7 +553,7 @@ class DevicePlan:
         copy_async(buffer.pointer, source, nbytes, stream, f"graph '{self.graph.name}': output %{value.name}")
         return buffer
 
-    def _export(self, buffer, value):
+    def _export(self, buffer: DeviceBuffer, value: Value) -> Any:
         spec = self.specs[value.id]
         shape = spec.shape if spec.layout == "ndarray" else (spec.nbytes // np.dtype(spec.dtype).itemsize,)
         return buffer.export(tuple(shape), spec.dtype)  # orders each DLPack consumer's stream after the call's

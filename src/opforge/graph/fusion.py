@@ -22,24 +22,30 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..bounded_cache import BoundedCache
 from ..runtime import cpu
 from ..runtime.aot import AotKernel
 from .ir import Node
 
+if TYPE_CHECKING:
+    from ..operator import Kernel, Op
+    from ..spec import TensorSpec
+    from .executor import Step
+    from .ir import Graph, Value
+
 _C_TYPES = {"float32": "float", "float64": "double"}
 _BUILTINS = str(Path(__file__).resolve().parent.parent / "builtins")  # vecmath.h
 _MIN_STEPS = 2
-_fused_ops: BoundedCache[tuple[str, Any], tuple[Any, Any]] = BoundedCache(256)  # (source, isa) -> (op, kernel)
+_fused_ops: BoundedCache[tuple[str, str], tuple[Op, Kernel]] = BoundedCache(256)  # (source, isa) -> (op, kernel)
 
 
 def fusion_enabled() -> bool:
     return os.environ.get("OPFORGE_FUSE", "1").strip() != "0"
 
 
-def _number_literal(value, ctype):
+def _number_literal(value: object, ctype: str) -> str | None:
     if isinstance(value, bool):
         return f"{ctype}({int(value)})"
     if not isinstance(value, (int, float)) or math.isnan(value):
@@ -49,7 +55,7 @@ def _number_literal(value, ctype):
     return f"{ctype}({float(value)!r})"
 
 
-def _fusable(step, shape, dtype):
+def _fusable(step: Step[Kernel], shape: tuple[int, ...] | None, dtype: str | None) -> bool:
     node, kernel, in_specs, out_specs = step
     op = node.op
     if op.expression is None or not isinstance(kernel, AotKernel) or kernel.device != "cpu":
@@ -60,17 +66,17 @@ def _fusable(step, shape, dtype):
     if out.dtype not in _C_TYPES or (shape is not None and (out.shape != shape or out.dtype != dtype)):
         return False
     if any(s.dtype != out.dtype or s.layout != "ndarray" or (s.shape != out.shape and math.prod(s.shape) != 1)
-           for s in in_specs):
+           for s in cast("list[TensorSpec]", in_specs)):  # (none is None: checked above)
         return False
     values = {name: attr.default for name, attr in op.attrs.items()} | node.attrs
     return all(_number_literal(v, "T") is not None for v in values.values())
 
 
-def fuse_steps(graph, steps):
+def fuse_steps(graph: Graph, steps: list[Step[Kernel]]) -> tuple[list[Step[Kernel]], list[str]]:
     """``steps`` with every fusable run replaced by one step; and the names of the fused ops."""
     if not fusion_enabled():
         return steps, []
-    readers = {}  # value id -> index of the last step that reads it (len(steps) for graph outputs)
+    readers: dict[int, int] = {}  # value id -> index of the last step that reads it (len(steps) for graph outputs)
     for index, (node, *_) in enumerate(steps):
         for value in node.inputs:
             if value is not None:
@@ -78,6 +84,8 @@ def fuse_steps(graph, steps):
     for value in graph.outputs:
         readers[value.id] = len(steps)
 
+    result: list[Step[Kernel]]
+    fused_names: list[str]
     result, fused_names, index = [], [], 0
     while index < len(steps):
         run = [steps[index]]
@@ -86,7 +94,7 @@ def fuse_steps(graph, steps):
             made = {steps[index][0].outputs[0].id}
             following = index + 1
             while following < len(steps) and _fusable(steps[following], shape, dtype) and any(
-                    v.id in made for v in steps[following][0].inputs):
+                    v.id in made for v in cast("list[Value]", steps[following][0].inputs)):  # (fusable: all given)
                 run.append(steps[following])
                 made.add(steps[following][0].outputs[0].id)
                 following += 1
@@ -102,18 +110,24 @@ def fuse_steps(graph, steps):
     return result, fused_names
 
 
-def _fused_step(run, escapes):
+def _fused_step(run: list[Step[Kernel]], escapes: list[bool]) -> Step[Kernel]:
     """One step for a run of fusable steps; ``escapes[k]``: step k's output is read after the run."""
     escapes[-1] = True  # the run's last value is what it was made for
+    inputs: list[Value]
+    input_specs: list[TensorSpec]
+    names: dict[int, str]
     inputs, input_specs, names = [], [], {}  # outside values the run reads, in first-use order
-    for node, _, in_specs, _ in run:
-        for value, spec in zip(node.inputs, in_specs):
+    for node, _, in_specs, _ in run:  # (fusable steps: every input is given)
+        for value, spec in zip(cast("list[Value]", node.inputs), cast("list[TensorSpec]", in_specs)):
             if value.id not in names and not any(value is n.outputs[0] for n, *_ in run):
                 names[value.id] = f"in{len(inputs)}"
                 inputs.append(value)
                 input_specs.append(spec)
     out_spec = run[0][3][0]
     ctype = _C_TYPES[out_spec.dtype]
+    loads: list[str]
+    body: list[str]
+    stores: list[str]
     loads, body, stores = [], [], []
     scalars = []
     for k, (value, spec) in enumerate(zip(inputs, input_specs)):
@@ -125,13 +139,13 @@ def _fused_step(run, escapes):
             scalars.append(f"  const T *{names[value.id]} = {pointer};")
             loads.append(f"      const T {names[value.id]}_i = {names[value.id]}[i];")
             names[value.id] = f"{names[value.id]}_i"
-    outputs = []
+    outputs: list[Value] = []
     for k, ((node, _, _, _), escape) in enumerate(zip(run, escapes)):
         values = {name: attr.default for name, attr in node.op.attrs.items()} | node.attrs
         fields = {name: _number_literal(value, "T") for name, value in values.items()}
-        fields.update({i.name: names[v.id] for i, v in zip(node.op.inputs, node.inputs)})
+        fields.update({i.name: names[v.id] for i, v in zip(node.op.inputs, cast("list[Value]", node.inputs))})
         local = f"v{k}"
-        body.append(f"      const T {local} = static_cast<T>({node.op.expression.format(**fields)});")
+        body.append(f"      const T {local} = static_cast<T>({cast(str, node.op.expression).format(**fields)});")
         names[node.outputs[0].id] = local
         if escape:
             param = len(inputs) + len(outputs)
@@ -149,7 +163,7 @@ def _fused_step(run, escapes):
     return node, kernel, list(input_specs), [out_spec] * len(outputs)
 
 
-def _fused_op(label, n_inputs, n_outputs, source, isa):
+def _fused_op(label: str, n_inputs: int, n_outputs: int, source: str, isa: str) -> tuple[Op, Kernel]:
     from ..operator import Op
 
     ins = [f"in{k}" for k in range(n_inputs)]

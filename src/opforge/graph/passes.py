@@ -4,6 +4,9 @@ takes a Graph and changes it in place (or, for inference and planning,
 returns what it found)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeGuard, cast
+
 import numpy as np
 
 from ..errors import DTypeError, NoKernelError, ShapeError
@@ -11,12 +14,21 @@ from ..runtime.dispatch import launcher_for, select_kernel
 from ..spec import TensorSpec
 from .ir import Node, Value, constant_node
 
+if TYPE_CHECKING:
+    from ..operator import Kernel, Op
+    from .ir import Graph
 
-def infer_shapes(graph, input_specs=None):
+    class _Constant(Value):
+        """A value made by a constant node (for the type checker: its producer is a Node)."""
+
+        producer: Node
+
+
+def infer_shapes(graph: Graph, input_specs: Sequence[TensorSpec] | None = None) -> dict[int, TensorSpec]:
     """Whole-graph inference.  With ``input_specs`` (e.g. concrete shapes for
     inputs declared with -1 dims), returns {value id: spec} for every value
     without changing the graph; otherwise re-infers the graph's own specs."""
-    specs = {}
+    specs: dict[int, TensorSpec] = {}
     given = input_specs or [v.spec for v in graph.inputs]
     for value, spec in zip(graph.inputs, given):
         if spec.dtype != value.spec.dtype:
@@ -39,11 +51,11 @@ def infer_shapes(graph, input_specs=None):
     return specs
 
 
-def eliminate_dead_code(graph) -> int:
+def eliminate_dead_code(graph: Graph) -> int:
     """Drop nodes whose outputs nothing uses.  Ops without the trait
     ``no_side_effect`` are kept: opforge cannot know they are pure."""
     live = {v.id for v in graph.outputs}
-    kept = []
+    kept: list[Node] = []
     for node in reversed(graph.nodes):
         needed = any(v.id in live for v in node.outputs) or (
             not node.is_constant and "no_side_effect" not in node.op.traits)
@@ -56,18 +68,18 @@ def eliminate_dead_code(graph) -> int:
     return removed
 
 
-def fold_constants(graph) -> int:
+def fold_constants(graph: Graph) -> int:
     """Evaluate nodes whose inputs are all constants; replace them by constants.
     Only ops declared ``no_side_effect``, and only in the plain layout."""
     folded = 0
     replacement: dict[int, Value] = {}
-    nodes = []
+    nodes: list[Node] = []
     for node in graph.nodes:
         node.inputs = [replacement.get(v.id, v) if v is not None else None for v in node.inputs]
         if (not node.is_constant and node.inputs and "no_side_effect" in node.op.traits
                 and all(v.spec.layout == "ndarray" for v in node.outputs)
                 and all(v is None or (v.producer is not None and v.producer.is_constant) for v in node.inputs)):
-            arrays = [None if v is None else v.producer.value for v in node.inputs]
+            arrays = [None if v is None else cast("_Constant", v).producer.value for v in node.inputs]
             result = launcher_for(node.op, node.attrs, len(arrays))(*arrays)
             results = result if node.op.tuple_output else (result,)
             for value, array in zip(node.outputs, results):
@@ -84,7 +96,7 @@ def fold_constants(graph) -> int:
     return folded
 
 
-def fold_batch_norm_into_conv(graph) -> int:
+def fold_batch_norm_into_conv(graph: Graph) -> int:
     """Fold each inference-form ``batch_norm`` whose input is the only use of a
     ``conv``'s output into that conv's weights and bias, when the weights,
     the bias (if any) and the four statistics are constants: per output channel
@@ -98,11 +110,13 @@ def fold_batch_norm_into_conv(graph) -> int:
     for v in graph.outputs:
         readers[v.id] = readers.get(v.id, 0) + 1
 
-    def constant(value):
+    def constant(value: Value | None) -> TypeGuard[_Constant]:
         return value is not None and value.producer is not None and value.producer.is_constant
 
     norm_of = {n.inputs[0].id: n for n in graph.nodes  # the batch_norm reading each value
                if not n.is_constant and n.op.name == "batch_norm" and len(n.inputs) == 5 and n.inputs[0] is not None}
+    nodes: list[Node]
+    merged: set[int]
     folded, nodes, merged = 0, [], set()  # merged: ids of the batch_norm nodes folded away
     for node in graph.nodes:
         if id(node) in merged:
@@ -120,11 +134,12 @@ def fold_batch_norm_into_conv(graph) -> int:
             continue
         weights = np.asarray(w.producer.value)
         channels = weights.shape[0] if weights.ndim >= 1 else -1
-        scale, shift, mean, var = (np.asarray(v.producer.value, np.float64) for v in bn.inputs[1:5])
+        scale, shift, mean, var = (np.asarray(v.producer.value, np.float64)
+                                   for v in cast("list[_Constant]", bn.inputs[1:5]))
         if any(p.shape != (channels,) for p in (scale, shift, mean, var)):
             continue
         # epsilon crosses to the batch_norm kernel as a float32: fold with the same value
-        a = scale / np.sqrt(var + np.float64(np.float32(bn.attrs.get("epsilon", 1e-5))))
+        a = scale / np.sqrt(var + np.float64(np.float32(cast(float, bn.attrs.get("epsilon", 1e-5)))))
         old_bias = np.zeros(channels) if b is None else np.asarray(b.producer.value, np.float64)
         new_w = constant_node((weights.astype(np.float64) * a.reshape((-1,) + (1,) * (weights.ndim - 1)))
                               .astype(weights.dtype))
@@ -146,7 +161,7 @@ def fold_batch_norm_into_conv(graph) -> int:
 
 # -- layouts ------------------------------------------------------------------
 
-def _kernels_by_layout(node):
+def _kernels_by_layout(node: Node) -> dict[str, Kernel]:
     found = {}
     for layout in sorted({k.layout for k in node.op.kernels} - {"any"}):
         candidates = [k for k in node.op.kernels if k.layout == layout]
@@ -158,7 +173,7 @@ def _kernels_by_layout(node):
     return found
 
 
-def select_layouts(graph, prefer=None, reorder_op=None) -> int:
+def select_layouts(graph: Graph, prefer: str | None = None, reorder_op: Op | None = None) -> int:
     """Choose a data layout per node and insert reorder nodes where a producer
     and its consumer disagree (PPLNN's approach).
 
@@ -169,11 +184,13 @@ def select_layouts(graph, prefer=None, reorder_op=None) -> int:
     inserted."""
     from ..registry import lookup
 
-    reorder = reorder_op or lookup("reorder")
+    reorder = cast("Op", reorder_op or lookup("reorder"))  # a built-in op: registered
     layout_of = {v.id: "ndarray" for v in graph.inputs}
+    nodes: list[Node]
+    converted: dict[tuple[int, str], Value]
     nodes, inserted, converted = [], 0, {}
 
-    def convert(value, layout):
+    def convert(value: Value, layout: str) -> Value:
         nonlocal inserted
         key = (value.id, layout)
         if key not in converted:
@@ -229,12 +246,12 @@ def select_layouts(graph, prefer=None, reorder_op=None) -> int:
 ALIGN = 64
 
 
-def plan_memory(sizes, lifetimes):
+def plan_memory(sizes: Sequence[int], lifetimes: Sequence[tuple[int, int]]) -> tuple[list[int], int]:
     """Offsets for buffers in one arena, reusing space of buffers whose
     lifetimes (first, last step) don't overlap.  Greedy by size, first fit.
     Returns (offsets, arena bytes)."""
     order = sorted(range(len(sizes)), key=lambda k: -sizes[k])
-    placed = []  # (offset, size, first, last)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
     offsets = [0] * len(sizes)
     for k in order:
         size = -(-sizes[k] // ALIGN) * ALIGN

@@ -15,7 +15,7 @@ import json
 import os
 import reprlib
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,12 @@ from ..errors import GraphError
 from ..registry import lookup
 from ..spec import LAYOUTS, TensorSpec
 from .ir import Graph, Node, Value, compatible, constant_node, kernel_layout
+
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..operator import Kernel, Op
+
+_T = TypeVar("_T")
 
 FORMAT = 1  # written as "format"; files without it are read as format 1
 MAX_RANK = 32  # NumPy 1's limit on dims, and far beyond any kernel's
@@ -38,7 +44,7 @@ _show.maxlevel, _show.maxstring, _show.maxother = 3, 60, 60
 def to_json(graph: Graph) -> str:
     names = graph.value_names()
 
-    def value(v):
+    def value(v: Value) -> dict[str, Any]:
         return {"name": names[v.id], "shape": list(v.spec.shape), "dtype": v.spec.dtype, "layout": v.spec.layout}
 
     nodes = []
@@ -60,7 +66,7 @@ def to_json(graph: Graph) -> str:
                        "outputs": [names[v.id] for v in graph.outputs]}, indent=1)
 
 
-def save(graph: Graph, path) -> None:
+def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     """Write ``graph`` to ``path``; the file is replaced only once the text is complete."""
     text = to_json(graph)
     try:
@@ -78,7 +84,7 @@ def save(graph: Graph, path) -> None:
 
 # -- reading -------------------------------------------------------------------
 
-def load(path) -> Graph:
+def load(path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> Graph:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise GraphError(f"Graph.load takes the path of a graph file, got {type(path).__name__}")
     try:
@@ -93,7 +99,7 @@ def load(path) -> Graph:
         raise GraphError(f"graph file '{os.fsdecode(path)}': {error}") from None
 
 
-def from_json(source) -> Graph:
+def from_json(source: str | bytes | bytearray) -> Graph:
     """The graph in ``source`` (str, or bytes holding UTF-8 text), validated."""
     if isinstance(source, (bytes, bytearray)):
         try:
@@ -113,7 +119,7 @@ def from_json(source) -> Graph:
     return _Reader(data).graph()
 
 
-def _unique_keys(pairs):
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object as a dict; a repeated key would silently keep only its last value."""
     data = {}
     for key, value in pairs:
@@ -132,15 +138,15 @@ _NODE_KEYS = ({"op", "inputs", "outputs"}, {"attrs", "kernel"})
 class _Reader:
     """Reads one graph object; ``where`` is the part being read, for messages."""
 
-    def __init__(self, data):
+    def __init__(self, data: Any) -> None:  # parsed JSON
         self.data = data
         self.where = "graph"
-        self.values = {}  # name -> Value, as defined so far
+        self.values: dict[str, Value] = {}  # name -> Value, as defined so far
 
-    def fail(self, field, expected, got):
+    def fail(self, field: str, expected: str, got: object) -> NoReturn:
         raise GraphError(f"{self.where}: '{field}' must be {expected}, got {_show.repr(got)}")
 
-    def keys(self, entry, allowed, what):
+    def keys(self, entry: object, allowed: tuple[set[str], set[str]], what: str) -> None:
         required, optional = allowed
         if not isinstance(entry, dict):
             raise GraphError(f"{self.where}: {what} must be an object with keys {sorted(required)}, "
@@ -153,7 +159,7 @@ class _Reader:
             raise GraphError(f"{self.where}: {what} has unknown key(s) {unknown}; "
                              f"expected {sorted(required | optional)}")
 
-    def field(self, entry, key, kind, expected):
+    def field(self, entry: dict[str, Any], key: str, kind: type[_T], expected: str) -> _T:
         value = entry[key]
         if not isinstance(value, kind):
             self.fail(key, expected, value)
@@ -191,7 +197,7 @@ class _Reader:
         return graph
 
     # -- values
-    def spec(self, entry, what) -> TensorSpec:
+    def spec(self, entry: Any, what: str) -> TensorSpec:
         self.keys(entry, _VALUE_KEYS, what)
         shape = entry["shape"]
         if not isinstance(shape, list) or not all(type(d) is int for d in shape):
@@ -207,7 +213,7 @@ class _Reader:
             self.fail("layout", f"one of {', '.join(LAYOUTS)}", layout)
         return TensorSpec(shape, dtype, layout)
 
-    def define(self, value, entry) -> Value:
+    def define(self, value: Value, entry: dict[str, Any]) -> Value:
         name = entry["name"]
         if not isinstance(name, str) or not name:
             self.fail("name", "a non-empty string", name)
@@ -217,13 +223,13 @@ class _Reader:
         self.values[name] = value
         return value
 
-    def use(self, name, field) -> Value:
+    def use(self, name: object, field: str) -> Value:
         if not isinstance(name, str) or name not in self.values:
             self.fail(field, "names of values defined earlier (graph inputs or outputs of earlier nodes)", name)
         return self.values[name]
 
     # -- nodes
-    def node(self, entry) -> Node:
+    def node(self, entry: object) -> Node:
         if not isinstance(entry, dict) or not isinstance(entry.get("op"), str):
             raise GraphError(f"{self.where}: a node must be an object whose 'op' is an op name, "
                              f"got {_show.repr(entry)}")
@@ -260,7 +266,7 @@ class _Reader:
             self.define(value, out)
         return node
 
-    def inputs(self, op, names):
+    def inputs(self, op: Op, names: list[Any]) -> list[Value | None]:
         if op.variadic:
             if None in names:
                 self.fail("inputs", f"value names for the variadic input '{op.inputs[0].name}'", names)
@@ -274,7 +280,7 @@ class _Reader:
         names = names + [None] * (len(op.inputs) - len(names))
         return [None if n is None else self.use(n, "inputs") for n in names]
 
-    def attrs(self, op, values):
+    def attrs(self, op: Op, values: object) -> dict[str, AttrValue]:
         if not isinstance(values, dict):
             self.fail("attrs", "an object of attribute values", values)
         unknown = sorted(values.keys() - op.attrs.keys())
@@ -285,7 +291,7 @@ class _Reader:
         except Exception as error:  # the op's own checking
             raise GraphError(f"{self.where}: 'attrs': {type(error).__name__}: {error}") from error
 
-    def kernel(self, op, name, layout):
+    def kernel(self, op: Op, name: object, layout: str | None) -> Kernel:
         found = next((k for k in op.kernels if k.name == name), None) if isinstance(name, str) else None
         if found is None:
             self.fail("kernel", f"the name of one of the op's kernels ({', '.join(k.name for k in op.kernels)})",
@@ -294,7 +300,7 @@ class _Reader:
             self.fail("kernel", f"a kernel for layout {layout} (its inputs' layout)", name)
         return found
 
-    def constant(self, entry) -> Node:
+    def constant(self, entry: dict[str, Any]) -> Node:
         self.where += " (constant)"
         self.keys(entry, _CONSTANT_KEYS, "a constant")
         outs = self.field(entry, "outputs", list, "a list of one value")
@@ -312,7 +318,7 @@ class _Reader:
         self.define(node.outputs[0], outs[0])
         return node
 
-    def decode(self, value, dtype) -> np.ndarray:
+    def decode(self, value: object, dtype: str) -> np.ndarray:
         """The constant's array, only if ``value`` holds exactly such numbers."""
         kinds = "b" if dtype == "bool" else "iuf" if "float" in dtype else "iu"
         expected = f"a rectangular nested list of {'booleans' if kinds == 'b' else 'numbers'} that fit {dtype}"

@@ -15,6 +15,8 @@ and asking for one (``bool(x)``, ``float(x)``) raises ``TracingError``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -26,21 +28,28 @@ from ..spec import TensorSpec
 from .ir import Graph, Node, Value, constant_node
 from .symbolic import SymDim
 
-_local = threading.local()  # each thread's traces in progress, innermost last
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..operator import Op
+
+    class _Local(threading.local):
+        builders: list[_Builder]
+
+_local = cast("_Local", threading.local())  # each thread's traces in progress, innermost last
 
 
-def _builders():
+def _builders() -> list[_Builder]:
     if not hasattr(_local, "builders"):
         _local.builders = []
     return _local.builders
 
 
 class _Builder:
-    def __init__(self):
-        self.nodes = []
-        self.constants = {}
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.constants: dict[int, tuple[object, Value]] = {}  # id(array) -> (array, its constant's value)
 
-    def constant(self, array):
+    def constant(self, array: object) -> Value:
         key = id(array)
         if key not in self.constants:
             node = constant_node(np.array(array))
@@ -49,7 +58,7 @@ class _Builder:
         return self.constants[key][1]
 
 
-def _record(op, attrs, args):
+def _record(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     if not any(isinstance(a, (Value, SymDim)) for a in args):
         return NotImplemented
     builders = _builders()
@@ -77,7 +86,7 @@ dispatch.INTERCEPTORS.append(_record)
 _INFERRED: BoundedCache[tuple[object, ...], tuple[TensorSpec, ...]] = BoundedCache(4096)
 
 
-def _inferred(specs, op, attrs):
+def _inferred(specs: Sequence[TensorSpec | None], op: Op, attrs: Mapping[str, AttrValue]) -> list[TensorSpec]:
     try:
         key = (op, op.infer_fn, op.check_fn, tuple(specs), attr_key(attrs))
         cached = _INFERRED.get(key)
@@ -89,7 +98,7 @@ def _inferred(specs, op, attrs):
     return list(cached)
 
 
-def _input_spec(k, arg):
+def _input_spec(k: int, arg: object) -> TensorSpec:
     if isinstance(arg, TensorSpec):
         return arg
     try:
@@ -99,7 +108,7 @@ def _input_spec(k, arg):
                            f"{type(arg).__name__}: {error}") from None
 
 
-def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
+def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = None, optimize: bool = True) -> Graph:
     """Trace ``fn`` into a Graph.  Each argument is a ``TensorSpec`` (shape with
     -1 / None for unknown dims) or an example array (its spec is used)."""
     if not callable(fn):
@@ -114,7 +123,9 @@ def trace(fn, *specs_or_arrays, name=None, optimize=True) -> Graph:
                    else builder.constant(np.asarray(item)) for item in (result if several else [result])]
     finally:
         _builders().pop()
-    graph = Graph(inputs, builder.nodes, outputs, name=name or getattr(fn, "__name__", "graph"))
+    # (mypy infers getattr's default in the context str | None, so it keeps None in the "or")
+    graph = Graph(inputs, builder.nodes, outputs,
+                  name=name or getattr(fn, "__name__", "graph"))  # type: ignore[arg-type]
     graph.tuple_output = several
     if optimize:
         from .passes import eliminate_dead_code, fold_batch_norm_into_conv

@@ -18,8 +18,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -38,16 +39,21 @@ from ..runtime.build import build
 from ..runtime.dispatch import INTERCEPTORS
 from ..spec import TensorSpec
 
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..graph.ir import Graph
+    from ..operator import Op
+
 __all__ = ["call", "library"]
 
 TARGET = "opforge_call"
 _NO_PLAN = 0xFFFFFFFF
 _lock = threading.Lock()
-_library = None
+_library: ctypes.CDLL | None = None
 _plans_kept: list[BufferPlan] = []  # every BufferPlan a custom call may name: the handler reads their Init state
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The FFI handlers, built and registered with XLA on first use."""
     global _library
     if _library is not None:
@@ -91,10 +97,10 @@ class CallSite:
     """One op, attribute values and input signature, planned for XLA: the output
     types, the plan index per platform (-1: no kernel there), and the vmap method."""
 
-    def __init__(self, op, attrs, specs):
+    def __init__(self, op: Op, attrs: Mapping[str, AttrValue], specs: Sequence[TensorSpec | None]) -> None:
         self.op, self.attrs = op, attrs
         self.cpu = BufferPlan(op, attrs, specs, "cpu")
-        self.gpu = None
+        self.gpu: BufferPlan | None = None
         if _gpu_backend() and any(k.device == "gpu" for k in op.kernels):
             try:
                 self.gpu = BufferPlan(op, attrs, specs, "gpu")
@@ -116,13 +122,13 @@ class CallSite:
                                                                                           False)
         self.vmap_method = "broadcast_all" if batches else "sequential"
 
-    def __call__(self, args, varying=frozenset()):
+    def __call__(self, args: Sequence[Any], varying: frozenset[Any] = frozenset()) -> Any:
         """The outputs for ``args``; ``varying``: the mesh axes they vary over (inside ``shard_map``)."""
         op = self.op
         if not self.native:  # a Python kernel; an absent optional input (None) is handed to it as None
             kernel, present = self.cpu.kernel, [k for k, a in enumerate(args) if a is not None]
 
-            def run(*arrays):
+            def run(*arrays: Any) -> Any:
                 full = [None] * len(args)
                 for k, array in zip(present, arrays):
                     full[k] = array
@@ -135,7 +141,7 @@ class CallSite:
         return call(*args, plans=np.int64(self.plans))
 
 
-def _add(plan) -> int:
+def _add(plan: BufferPlan) -> int:
     """Puts a native plan in the handlers' table; its index."""
     from ..runtime import cuda
 
@@ -148,7 +154,7 @@ def _add(plan) -> int:
         memset = ctypes.cast(cuda.runtime().cudaMemsetAsync, ctypes.c_void_p).value
     extra = plan.extra.address if plan.extra is not None else 0
     _plans_kept.append(plan)
-    index = lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
+    index: int = lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
                                     len(plan.workspace), sizes, int(plan.skip), last_error,
                                     _take_attr_error_address(), memset)
     if not 0 <= index < _NO_PLAN:
@@ -156,7 +162,7 @@ def _add(plan) -> int:
     return index
 
 
-def _spec(op, index, value):
+def _spec(op: Op, index: int, value: Any) -> TensorSpec:
     try:
         dtype = np.dtype(value.dtype).name
     except TypeError:
@@ -165,22 +171,22 @@ def _spec(op, index, value):
     return TensorSpec(tuple(int(d) for d in value.shape), dtype)
 
 
-def _call_sites(op):
-    sites = op.__dict__.get("_jax_sites")
+def _call_sites(op: Op) -> BoundedCache[tuple[Any, ...], CallSite]:
+    sites: BoundedCache[tuple[Any, ...], CallSite] | None = op.__dict__.get("_jax_sites")
     if sites is None:
-        sites = op._jax_sites = BoundedCache(256)
+        sites = op._jax_sites = BoundedCache(256)  # type: ignore[attr-defined]  # the op's call sites, read above
         op.plan_caches.append(sites)  # dropped when the op's kernels or the ISA cap change
     return sites
 
 
-def _site(op, attrs, args):
+def _site(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> CallSite:
     specs = [None if a is None else _spec(op, k, a) for k, a in enumerate(args)]
     key = (attr_key(attrs), tuple(specs))
     return _call_sites(op).get_or_create(key, lambda: CallSite(op, attrs, specs))
 
 
 # -- calls and gradients ------------------------------------------------------------------
-def call(op, attrs, args):
+def call(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
     differentiable with the op's rule.  An absent optional input is None."""
     site = _site(op, attrs, args)
@@ -193,7 +199,7 @@ def call(op, attrs, args):
         args = [a if a is None or _varying(a) == varying else
                 jax.lax.pcast(a, tuple(sorted(varying - _varying(a))), to="varying") for a in args]
 
-    run = site
+    run: Callable[..., Any] = site
     if not varying and site.native and any(isinstance(a, jax.core.Tracer) for a in args) and _several_devices():
         from .sharding import partitioned  # under jit: split by the op's SBP signatures
 
@@ -201,15 +207,15 @@ def call(op, attrs, args):
                              lambda xs: _site(op, attrs, xs)(xs))
         run = lambda xs, varying=frozenset(): shapes(*xs)  # noqa: E731
 
-    @jax.custom_vjp
-    def apply(*xs):
+    @jax.custom_vjp  # type: ignore[untyped-decorator]  # jax is Any to mypy (follow_imports=skip)
+    def apply(*xs: Any) -> Any:
         return run(xs, varying)
 
-    def forward(*xs):
+    def forward(*xs: Any) -> tuple[Any, tuple[tuple[Any, ...], Any]]:
         out = apply(*xs)  # not site(xs): an outer differentiation of this forward pass needs the rule too
         return out, (xs, out)
 
-    def backward(residuals, cotangents):
+    def backward(residuals: tuple[tuple[Any, ...], Any], cotangents: Any) -> tuple[Any, ...]:
         xs, out = residuals
         outs = list(out) if op.tuple_output else [out]
         douts = list(cotangents) if op.tuple_output else [cotangents]
@@ -222,14 +228,15 @@ def call(op, attrs, args):
 _graphs: BoundedCache[tuple[object, ...], Any] = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
 
 
-def _gradients(op, attrs, xs, outs, douts):
+def _gradients(op: Op, attrs: Mapping[str, AttrValue], xs: list[Any], outs: list[Any],
+               douts: list[Any]) -> tuple[Any, ...]:
     in_specs = [None if x is None else _spec(op, k, x) for k, x in enumerate(xs)]
     out_specs = [TensorSpec(tuple(o.shape), np.dtype(o.dtype).name) for o in outs]
     key = (id(op), attr_key(attrs), tuple(in_specs), tuple(out_specs))
     graph, present = _graphs.get_or_create(key, lambda: op_backward(op, attrs, in_specs, out_specs))
     douts = [jnp.zeros(o.shape, o.dtype) if d is None or _is_float0(d) else d for d, o in zip(douts, outs)]
     found = iter(replay(graph, xs + outs + douts))
-    grads = []
+    grads: list[Any] = []
     for x, keep in zip(xs, present):
         gradient = next(found) if keep else None
         if x is None:
@@ -241,13 +248,13 @@ def _gradients(op, attrs, xs, outs, douts):
     return tuple(grads)
 
 
-def _varying(value) -> frozenset:
+def _varying(value: Any) -> frozenset[Any]:
     """The manual mesh axes a JAX value varies over (inside shard_map; else none)."""
     kind = getattr(jax.typeof(value), "manual_axis_type", None)
     return frozenset(getattr(kind, "varying", ()))
 
 
-def _typed_like(value, result):
+def _typed_like(value: Any, result: Any) -> Any:
     """``result``'s shape and dtype with the JAX type of ``value`` otherwise: inside shard_map,
     its mesh and the axes it varies over."""
     like = jax.typeof(value)
@@ -255,11 +262,11 @@ def _typed_like(value, result):
     return like.update(shape=tuple(result.shape), dtype=result.dtype, sharding=sharding, weak_type=False)
 
 
-def _is_float0(value):
-    return getattr(value, "dtype", None) == jax.dtypes.float0
+def _is_float0(value: object) -> bool:
+    return getattr(value, "dtype", None) == jax.dtypes.float0  # type: ignore[no-any-return]  # jax is Any here
 
 
-def replay(graph, args):
+def replay(graph: Graph, args: Sequence[Any]) -> list[Any]:
     """The graph's outputs for JAX values ``args``, each node an opforge op on JAX values
     (so the result is differentiable again)."""
     env = {v.id: x for v, x in zip(graph.inputs, args)}
@@ -277,14 +284,14 @@ def replay(graph, args):
 _JAX_VALUES = (jax.Array, jax.core.Tracer)
 
 
-def _call_on_jax_values(op, attrs, args):
+def _call_on_jax_values(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     """The interceptor: an opforge op called on JAX arrays or tracers runs as an FFI call.
     Python scalars take the dtype of the first JAX operand (weak, as in NumPy); NumPy
     arrays join as constants."""
     like = next((a for a in args if isinstance(a, _JAX_VALUES)), None)
     if like is None:
         return NotImplemented
-    values = []
+    values: list[Any] = []
     for a in args:
         if a is None or isinstance(a, _JAX_VALUES):
             values.append(a)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 import string
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -28,25 +30,39 @@ from jax.sharding import PartitionSpec as P
 
 from ..sbp import PartialSum, Split, broadcast
 
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..operator import Op
+    from ..sbp import SBPValue, Signature
+    from ..spec import TensorSpec
 
-def _factor_names():
+    #: A dim of a call: (("in" or "out", tensor index), dim index).
+    _Dim: TypeAlias = tuple[tuple[str, int], int]
+    #: Per tensor, per dim: the mesh axes it is sharded over.
+    _Axes: TypeAlias = list[list[list[str]]]
+
+
+def _factor_names() -> Iterator[str]:
     for size in itertools.count(1):
         for letters in itertools.product(string.ascii_lowercase, repeat=size):
             yield "".join(letters)
 
 
-def sharding_rule(op, in_specs, out_specs, signatures):
+def sharding_rule(op: Op, in_specs: Sequence[TensorSpec], out_specs: Sequence[TensorSpec],
+                  signatures: Iterable[Signature]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(Shardy rule string, reduction factors, need-replication factors) for these signatures."""
-    parent = {}
+    parent: dict[_Dim, _Dim] = {}
 
-    def find(key):
+    def find(key: _Dim) -> _Dim:
         while parent.setdefault(key, key) != key:
             key = parent[key]
         return key
 
-    def union(a, b):
+    def union(a: _Dim, b: _Dim) -> None:
         parent[find(a)] = find(b)
 
+    reducing: set[_Dim]
+    touched: set[_Dim]
     reducing, touched = set(), set()
     for signature in signatures:
         split = [(("in", k), s.axis) for k, s in enumerate(signature.inputs) if isinstance(s, Split)]
@@ -56,16 +72,19 @@ def sharding_rule(op, in_specs, out_specs, signatures):
             union(first, other)
         if split and any(isinstance(s, PartialSum) for s in signature.outputs):
             reducing.update(key for key in split if key[0][0] == "in")
+    factors: dict[_Dim, str]
+    reduction: set[str]
+    replicated: set[str]
     names, factors = _factor_names(), {}
     reduction, replicated = set(), set()
 
-    def factor(key):
+    def factor(key: _Dim) -> str:
         root = find(key)
         if root not in factors:
             factors[root] = next(names)
         return factors[root]
 
-    def dims(side, specs):
+    def dims(side: str, specs: Sequence[TensorSpec]) -> str:
         text = []
         for k, spec in enumerate(specs):
             text.append(" ".join(factor(((side, k), d)) for d in range(len(spec.shape))))
@@ -85,17 +104,18 @@ def sharding_rule(op, in_specs, out_specs, signatures):
     return rule, tuple(sorted(reduction)), tuple(sorted(replicated))
 
 
-def _axes_of(entry):
+def _axes_of(entry: str | Iterable[str] | None) -> tuple[str, ...]:
     if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _choose(mesh, signatures, in_specs, arg_shardings):
+def _choose(mesh: Any, signatures: Sequence[Signature], in_specs: Sequence[TensorSpec],
+            arg_shardings: Sequence[Any]) -> dict[str, Signature | None]:
     """Per mesh axis, the signature the inputs' shardings fit, or None (the axis is gathered)."""
-    chosen = {}
+    chosen: dict[str, Signature | None] = {}
     for axis in mesh.axis_names:
-        given = []
+        given: list[SBPValue] = []
         for spec, sharding in zip(in_specs, arg_shardings):
             entries = tuple(sharding.spec) + (None,) * (len(spec.shape) - len(sharding.spec))
             dims = [d for d, entry in enumerate(entries) if axis in _axes_of(entry)]
@@ -108,11 +128,12 @@ def _choose(mesh, signatures, in_specs, arg_shardings):
     return chosen
 
 
-def _shardings(mesh, chosen, in_specs, out_specs):
+def _shardings(mesh: Any, chosen: Mapping[str, Signature | None], in_specs: Sequence[TensorSpec],
+               out_specs: Sequence[TensorSpec]) -> tuple[list[Any], list[Any], list[list[str]]]:
     """(input shardings to ask for, output shardings, axes to psum each output over)."""
-    inputs = [[[] for _ in spec.shape] for spec in in_specs]
-    outputs = [[[] for _ in spec.shape] for spec in out_specs]
-    sums = [[] for _ in out_specs]
+    inputs: _Axes = [[[] for _ in spec.shape] for spec in in_specs]
+    outputs: _Axes = [[[] for _ in spec.shape] for spec in out_specs]
+    sums: list[list[str]] = [[] for _ in out_specs]
     for axis, signature in chosen.items():
         if signature is None:
             continue
@@ -125,37 +146,39 @@ def _shardings(mesh, chosen, in_specs, out_specs):
             elif isinstance(sbp, PartialSum):
                 sums[k].append(axis)
 
-    def named(dims):
+    def named(dims: Sequence[Sequence[str]]) -> Any:
         return NamedSharding(mesh, P(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
                                        for axes in dims]))
 
     return [named(d) for d in inputs], [named(d) for d in outputs], sums
 
 
-def partitioned(op, attrs, in_specs, out_specs, run_shard):
+def partitioned(op: Op, attrs: Mapping[str, AttrValue], in_specs: Sequence[TensorSpec], out_specs: Sequence[TensorSpec],
+                run_shard: Callable[[Sequence[Any]], Any]) -> Any:
     """A function of the call's arrays that XLA's partitioners split by the op's signatures;
     ``run_shard(arrays)`` runs the op on arrays of whatever shape (a device's shard)."""
     signatures = op.sbp_signatures(in_specs, attrs)
     rule, reduction, replicated = sharding_rule(op, in_specs, out_specs, signatures)
     several = op.tuple_output
 
-    @custom_partitioning
-    def call(*arrays):
+    @custom_partitioning  # type: ignore[untyped-decorator]  # jax is Any to mypy (follow_imports=skip)
+    def call(*arrays: Any) -> Any:
         return run_shard(arrays)
 
-    def plan(mesh, arg_shapes):
+    def plan(mesh: Any, arg_shapes: Sequence[Any]) -> tuple[list[Any], list[Any], list[list[str]]]:
         arg_shardings = [shape.sharding for shape in arg_shapes]
         chosen = _choose(mesh, signatures, in_specs, arg_shardings)
         return _shardings(mesh, chosen, in_specs, out_specs)
 
-    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+    def infer_sharding_from_operands(mesh: Any, arg_shapes: Sequence[Any], result_shape: Any) -> Any:
         _, outputs, _ = plan(mesh, arg_shapes)
         return tuple(outputs) if several else outputs[0]
 
-    def partition(mesh, arg_shapes, result_shape):
+    def partition(mesh: Any, arg_shapes: Sequence[Any],
+                  result_shape: Any) -> tuple[Any, Callable[..., Any], Any, tuple[Any, ...]]:
         inputs, outputs, sums = plan(mesh, arg_shapes)
 
-        def per_shard(*arrays):
+        def per_shard(*arrays: Any) -> Any:
             result = run_shard(arrays)
             results = list(result) if several else [result]
             results = [jax.lax.psum(r, tuple(axes)) if axes else r for r, axes in zip(results, sums)]

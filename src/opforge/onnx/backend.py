@@ -18,15 +18,20 @@ from __future__ import annotations
 import re
 import threading
 import warnings
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from ..bounded_cache import BoundedCache
 from ..errors import ArityError, ModelError, UnsupportedOpError
 from .load import load, read_model
+
+if TYPE_CHECKING:
+    from .load import LoadedGraph, ModelSource
 
 __all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "converted_op_types", "prepare",
            "run_model", "run_node", "supports_device"]
@@ -35,29 +40,31 @@ __all__ = ["OpforgeBackend", "OpforgeRep", "check_case", "conformance_cases", "c
 # float scalars (Dropout's ratio, ...).
 _BINDABLE = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
 _GRAPHS_PER_MODEL = 16
+#: A converted graph's key: (name, dtype, shape, bytes) of each input bound at load time.
+_GraphKey: TypeAlias = "tuple[tuple[str, str, tuple[int, ...], bytes], ...]"
 
 
-class OpforgeRep(BackendRep):
+class OpforgeRep(BackendRep):  # type: ignore[misc]  # onnx is untyped to mypy: its classes are Any
     """A prepared model: ``run(inputs)`` returns its outputs, in the model's order, as NumPy arrays."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
         initializers = {t.name for t in model.graph.initializer}
-        self.input_names = [i.name for i in model.graph.input if i.name not in initializers]
-        self.output_names = [o.name for o in model.graph.output]
+        self.input_names: list[str] = [i.name for i in model.graph.input if i.name not in initializers]
+        self.output_names: list[str] = [o.name for o in model.graph.output]
         self._bindable = _bindable_inputs(model, self.input_names)
         self._bound: tuple[str, ...] | None = None  # the inputs bound at load time, once found
-        self._graphs: BoundedCache[Any, Any] = BoundedCache(_GRAPHS_PER_MODEL)
+        self._graphs: BoundedCache[_GraphKey, LoadedGraph] = BoundedCache(_GRAPHS_PER_MODEL)
         self._lock = threading.Lock()
 
-    def run(self, inputs, **kwargs):
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[npt.NDArray[Any], ...]:
         feeds = self._feeds(inputs)
         graph = self._graph_for(feeds)
         result = graph(*[feeds[name] for name in graph.input_names])
         outputs = result if isinstance(result, tuple) else (result,)
         return tuple(np.asarray(out) for out in outputs)
 
-    def _feeds(self, inputs) -> dict:
+    def _feeds(self, inputs: Any) -> dict[str, npt.NDArray[Any]]:
         if isinstance(inputs, dict):
             unknown = sorted(set(inputs) - set(self.input_names))
             missing = [name for name in self.input_names if name not in inputs]
@@ -73,30 +80,30 @@ class OpforgeRep(BackendRep):
                              f"{self.input_names}, got {len(inputs)}")
         return {name: np.asarray(x) for name, x in zip(self.input_names, inputs)}
 
-    def _graph_for(self, feeds):
+    def _graph_for(self, feeds: Mapping[str, npt.NDArray[Any]]) -> LoadedGraph:
         bound = self._bound
         if bound is not None:
             return self._graphs.get_or_create(
                 _key(bound, feeds), lambda: load(self.model, constants={n: feeds[n] for n in bound}))
         with self._lock:
-            bound = []
+            binding: list[str] = []
             while True:
                 try:
-                    graph = load(self.model, constants={n: feeds[n] for n in bound})
+                    graph = load(self.model, constants={n: feeds[n] for n in binding})
                     break
                 except UnsupportedOpError:
                     raise
                 except ModelError as error:
-                    name = self._next_to_bind(error, bound)
+                    name = self._next_to_bind(error, binding)
                     if name is None:
                         raise
-                    bound.append(name)
-            self._bound = tuple(bound)
+                    binding.append(name)
+            self._bound = tuple(binding)
             self._graphs.put(_key(self._bound, feeds), graph)
             return graph
 
 
-    def _next_to_bind(self, error, bound):
+    def _next_to_bind(self, error: ModelError, bound: Sequence[str]) -> str | None:
         """The input to bind after ``error``: None unless a converter said an input must be known at load
         time; then the graph input feeding the input it names, or one the message quotes, or the next
         integer, bool or scalar input."""
@@ -113,7 +120,7 @@ class OpforgeRep(BackendRep):
         return next((name for name in self._bindable if name not in bound), None)
 
 
-def _input_named(model, message):
+def _input_named(model: onnx.ModelProto, message: str) -> str | None:
     """The tensor feeding the input that ``message`` (a converter's ModelError: "node '<name or index>'
     (<op_type>): input '<formal name>' must be known...") names, or None."""
     found = re.search(r"node '(.*?)' \((\w+)\): input '(\w+)'", message)
@@ -139,11 +146,11 @@ def _input_named(model, message):
     return node.input[formals.index(formal)] or None
 
 
-def _bindable_inputs(model, names):
+def _bindable_inputs(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
     """The inputs ``run`` may bind at load time, in the order it tries them."""
     infos = {i.name: i.type.tensor_type for i in model.graph.input}
 
-    def scalar(name):
+    def scalar(name: str) -> bool:
         tensor = infos[name]
         return tensor.HasField("shape") and len(tensor.shape.dim) == 0
 
@@ -151,25 +158,28 @@ def _bindable_inputs(model, names):
     return integral + [n for n in names if n not in integral and scalar(n)]
 
 
-def _key(names, feeds):
+def _key(names: Iterable[str], feeds: Mapping[str, npt.NDArray[Any]]) -> _GraphKey:
     return tuple((name, feeds[name].dtype.str, feeds[name].shape, feeds[name].tobytes()) for name in names)
 
 
-class OpforgeBackend(Backend):
+class OpforgeBackend(Backend):  # type: ignore[misc]  # onnx is untyped to mypy: its classes are Any
     """``onnx.backend.base.Backend`` running models as opforge graphs, on the CPU."""
 
     @classmethod
-    def prepare(cls, model, device="CPU", **kwargs) -> OpforgeRep:
+    def prepare(cls, model: ModelSource, device: str = "CPU", **kwargs: Any) -> OpforgeRep:
         if not cls.supports_device(device):
             raise ModelError(f"opforge's ONNX backend runs on CPU; device '{device}' is not supported")
         return OpforgeRep(read_model(model))
 
     @classmethod
-    def run_model(cls, model, inputs, device="CPU", **kwargs):
+    def run_model(cls, model: ModelSource, inputs: Any, device: str = "CPU",
+                  **kwargs: Any) -> tuple[npt.NDArray[Any], ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
-    def run_node(cls, node, inputs, device="CPU", outputs_info=None, **kwargs):
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[npt.DTypeLike, Sequence[int | str | None]]] | None = None,
+                 **kwargs: Any) -> tuple[npt.NDArray[Any], ...]:
         """Run one NodeProto on ``inputs`` (a list, in the node's input order, or a dict by input name)."""
         names = [name for name in node.input if name]
         if isinstance(inputs, dict):
@@ -222,7 +232,7 @@ def converted_op_types(domain: str = "") -> list[str]:
                   if d == domain and any(e.function.__module__.startswith(f"{__package__}.") for e in entries))
 
 
-def conformance_cases(op_types=None) -> dict:
+def conformance_cases(op_types: Iterable[str] | None = None) -> dict[str, list[Any]]:
     """onnx's node conformance cases by the op they test: {op_type: [TestCase]}.
 
     A case tests the op of its one node; an ``_expanded`` case (the op's
@@ -236,7 +246,7 @@ def conformance_cases(op_types=None) -> dict:
         cases = load_model_tests(kind="node")
     single = {c.name: c.model.graph.node[0].op_type for c in cases if len(c.model.graph.node) == 1}
     chosen = None if op_types is None else set(op_types)
-    found: dict[str, list] = {}
+    found: dict[str, list[Any]] = {}
     for case in cases:
         op = single.get(re.sub(r"_expanded(_ver\d+)?$", "", case.name)) or single.get(case.name)
         if op is not None and (chosen is None or op in chosen):
@@ -244,13 +254,13 @@ def conformance_cases(op_types=None) -> dict:
     return found
 
 
-def check_case(backend, case):
+def check_case(backend: Any, case: Any) -> None:
     """Run one conformance case (a ``TestCase`` of ``conformance_cases``) with ``backend`` and compare
     as onnx's runner does: exact shapes and dtypes, values within the case's rtol and atol.
     Raises what the backend raises, or AssertionError."""
     from onnx.backend.test.runner import Runner
 
-    def array(x):
+    def array(x: Any) -> Any:
         return onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
 
     rep = backend.prepare(case.model, "CPU")

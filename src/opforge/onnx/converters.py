@@ -10,6 +10,6 @@ CONVERTER_MODULES = [
 ]
 
 
-def import_converters():
+def import_converters() -> None:
     for name in CONVERTER_MODULES:
         importlib.import_module(f"{__package__}.{name}")

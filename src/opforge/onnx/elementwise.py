@@ -18,6 +18,8 @@ is computed in a wider dtype that holds every value exactly and cast back.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import numpy as np
 
 import opforge
@@ -26,6 +28,17 @@ from ..spec import UNKNOWN_RANK
 from .load import onnx_dtype
 from .registry import converter
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import numpy.typing as npt
+
+    from ..spec import TensorSpec
+    from .registry import NodeContext
+
+_F = TypeVar("_F", bound="Callable[..., Any]")
+
+# Tensors here are traced Values, or np.ndarrays known when the model loads: typed Any.
 ops = opforge.ops
 FLOATS = ("float32", "float64")
 NUMERIC = FLOATS + ("int32", "int64")
@@ -34,20 +47,21 @@ WIDER = {"float16": "float32", "bfloat16": "float32", "bool": "int32", "int8": "
          "uint8": "int32", "uint16": "int32", "uint32": "int64"}
 
 
-def dtype_of(x) -> str:
-    spec = getattr(x, "spec", None)
+def dtype_of(x: Any) -> str:
+    spec: TensorSpec | None = getattr(x, "spec", None)
     return spec.dtype if spec is not None else np.asarray(x).dtype.name
 
 
 dims_of = known_dims  # x's shape, -1 for its unknown dims; UNKNOWN_RANK for an unknown rank
 
 
-def scalar(value, like):
+def scalar(value: Any, like: Any) -> npt.NDArray[Any]:
     """A 0-d array of ``like``'s dtype (operands of opforge ops share one dtype)."""
     return np.asarray(value, dtype_of(like))
 
 
-def widened(node, fn, inputs, takes, cast_back=True):
+def widened(node: NodeContext, fn: Callable[..., Any], inputs: Sequence[Any], takes: Sequence[str],
+            cast_back: bool = True) -> Any:
     """``fn(*inputs)``, computed in a wider dtype when the inputs' dtype is not in ``takes`` and cast back
     (unless ``cast_back`` is false, or the result is bool, from a comparison)."""
     dtype = dtype_of(inputs[0])
@@ -61,7 +75,7 @@ def widened(node, fn, inputs, takes, cast_back=True):
     return result if not cast_back or dtype_of(result) == "bool" else ops.cast(result, dtype=dtype)
 
 
-def same_dtype(node, *inputs):
+def same_dtype(node: NodeContext, *inputs: Any) -> None:
     dtypes = [dtype_of(x) for x in inputs]
     if len(set(dtypes)) > 1:
         raise node.error(f"inputs have dtypes {dtypes}; the op takes one dtype")
@@ -69,7 +83,7 @@ def same_dtype(node, *inputs):
 
 # -- binary arithmetic --------------------------------------------------------------
 
-def legacy_operand(node, a, b):
+def legacy_operand(node: NodeContext, a: Any, b: Any) -> Any:
     """Opsets before 7: b as NumPy broadcasting sees it.  Without ``broadcast`` the shapes must match;
     with it, b's dims line up with a's from ``axis`` on (default: a's last dims), so b gets the trailing
     size-1 dims that NumPy needs."""
@@ -91,38 +105,38 @@ def legacy_operand(node, a, b):
     return ops.unsqueeze(b, axes=list(range(len(bd), len(bd) + trailing))) if trailing else b
 
 
-def binary(op_type, fn, *, versions=(1, 7)):
+def binary(op_type: str, fn: Callable[[NodeContext, Any, Any], Any], *, versions: tuple[int, int] = (1, 7)) -> None:
     """Register ``fn(node, a, b)`` for op_type: before opset 7 through ``legacy_operand``."""
     old, new = versions
 
     @converter(op_type, since=old)
-    def legacy(node, a, b):
+    def legacy(node: NodeContext, a: Any, b: Any) -> Any:
         return fn(node, a, legacy_operand(node, a, b))
 
     @converter(op_type, since=new)
-    def numpy_style(node, a, b):
+    def numpy_style(node: NodeContext, a: Any, b: Any) -> Any:
         return fn(node, a, b)
 
     legacy.__name__ = f"{op_type.lower()}_v{old}"
     numpy_style.__name__ = f"{op_type.lower()}_v{new}"
 
 
-def add(node, a, b):
+def add(node: NodeContext, a: Any, b: Any) -> Any:
     same_dtype(node, a, b)
     return ops.add(a, b)
 
 
-def sub(node, a, b):
+def sub(node: NodeContext, a: Any, b: Any) -> Any:
     same_dtype(node, a, b)
     return ops.sub(a, b)
 
 
-def mul(node, a, b):
+def mul(node: NodeContext, a: Any, b: Any) -> Any:
     same_dtype(node, a, b)
     return ops.mul(a, b)
 
 
-def div(node, a, b):
+def div(node: NodeContext, a: Any, b: Any) -> Any:
     """Integers divide truncating toward zero (as C does): in float64, then cast back."""
     same_dtype(node, a, b)
     dtype = dtype_of(a)
@@ -138,7 +152,7 @@ def div(node, a, b):
     return widened(node, ops.div, [a, b], FLOATS)
 
 
-def power(node, a, b):
+def power(node: NodeContext, a: Any, b: Any) -> Any:
     """The result has the base's dtype; the exponent may have another (cast to the base's).  Integer
     bases are raised in float64 and cast back."""
     dtype = dtype_of(a)
@@ -158,26 +172,26 @@ binary("Pow", power)
 
 
 @converter("Reciprocal", since=1)
-def reciprocal(node, x):
+def reciprocal(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: ops.div(scalar(1, v), v), [x], FLOATS)
 
 
 # -- variadic: Sum, Mean, Max, Min ---------------------------------------------------
 
 @converter("Sum", since=1)
-def sum_(node, *inputs):
+def sum_(node: NodeContext, *inputs: Any) -> Any:
     same_dtype(node, *inputs)
     return ops.sum(*inputs)
 
 
 @converter("Mean", since=1)
-def mean(node, *inputs):
+def mean(node: NodeContext, *inputs: Any) -> Any:
     same_dtype(node, *inputs)
     total = ops.sum(*inputs)
     return widened(node, lambda t: ops.div(t, scalar(len(inputs), t)), [total], FLOATS)
 
 
-def folded(node, fn, inputs):
+def folded(node: NodeContext, fn: Callable[[Any, Any], Any], inputs: Sequence[Any]) -> Any:
     same_dtype(node, *inputs)
     if len(inputs) == 1:
         return ops.sum(inputs[0])  # a copy, as the other results are
@@ -193,7 +207,7 @@ def folded(node, fn, inputs):
 # uint64 has no wider dtype: its values are compared as int64 (the same bits), where a comparison of two
 # values on either side of 2**63 comes out inverted.
 
-def unsigned_less(a, b):
+def unsigned_less(a: Any, b: Any) -> Any:
     """a < b for uint64 tensors (bool)."""
     sa, sb = ops.cast(a, dtype="int64"), ops.cast(b, dtype="int64")
     zero = np.zeros((), np.int64)
@@ -202,13 +216,13 @@ def unsigned_less(a, b):
     return ops.not_equal(signed, ops.cast(straddle, dtype="int32"))
 
 
-def unsigned_extreme(a, b, largest):
+def unsigned_extreme(a: Any, b: Any, largest: bool) -> Any:
     pick_b = unsigned_less(a, b) if largest else unsigned_less(b, a)
     chosen = ops.where(pick_b, ops.cast(b, dtype="int64"), ops.cast(a, dtype="int64"))
     return ops.cast(chosen, dtype="uint64")
 
 
-def unsigned_compare(op_type, a, b):
+def unsigned_compare(op_type: str, a: Any, b: Any) -> Any:
     if op_type == "Equal":
         return ops.equal(ops.cast(a, dtype="int64"), ops.cast(b, dtype="int64"))
     if op_type in ("Less", "GreaterOrEqual"):
@@ -221,21 +235,22 @@ def unsigned_compare(op_type, a, b):
 
 
 @converter("Max", since=1)
-def max_(node, *inputs):
+def max_(node: NodeContext, *inputs: Any) -> Any:
     return folded(node, ops.maximum, inputs)
 
 
 @converter("Min", since=1)
-def min_(node, *inputs):
+def min_(node: NodeContext, *inputs: Any) -> Any:
     return folded(node, ops.minimum, inputs)
 
 
 # -- unary math and activations -----------------------------------------------------
 
-def unary(op_type, fn, takes=None, since=1):
+def unary(op_type: str, fn: Callable[[Any], Any], takes: Sequence[str] | None = None,
+          since: int = 1) -> Callable[[NodeContext, Any], Any]:
     """Register a one-input converter calling the opforge op ``fn`` (widening dtypes outside ``takes``)."""
     @converter(op_type, since=since)
-    def convert(node, x):
+    def convert(node: NodeContext, x: Any) -> Any:
         return fn(x) if takes is None else widened(node, fn, [x], takes)
 
     convert.__name__ = op_type.lower()
@@ -256,9 +271,9 @@ unary("Abs", ops.abs, NUMERIC)
 # Floor, Ceil, Round (half to even): exact, in float64.  |v| >= 2**52 is an integer already; below, the
 # int64 cast truncates toward zero exactly, and v + 0.5 is exact.  Infinities and NaN pass through.
 
-def rounding(op_type, rule):
+def rounding(op_type: str, rule: Callable[[Any], Any]) -> None:
     @converter(op_type, since=1)
-    def convert(node, x):
+    def convert(node: NodeContext, x: Any) -> Any:
         dtype = dtype_of(x)
         if dtype not in FLOATS + ("float16", "bfloat16"):
             raise node.error(f"input 'X' has dtype {dtype}; {op_type} takes floating-point tensors")
@@ -271,21 +286,21 @@ def rounding(op_type, rule):
     convert.__name__ = op_type.lower()
 
 
-def trunc(v):
+def trunc(v: Any) -> Any:
     return ops.cast(ops.cast(v, dtype="int64"), dtype="float64")
 
 
-def floor(v):
+def floor(v: Any) -> Any:
     t = trunc(v)
     return ops.sub(t, ops.cast(ops.greater(t, v), dtype="float64"))
 
 
-def ceil(v):
+def ceil(v: Any) -> Any:
     t = trunc(v)
     return ops.add(t, ops.cast(ops.less(t, v), dtype="float64"))
 
 
-def round_half_even(v):
+def round_half_even(v: Any) -> Any:
     nearest = floor(ops.add(v, scalar(0.5, v)))
     tie = ops.equal(ops.sub(nearest, v), scalar(0.5, v))
     odd = ops.equal(ops.sub(nearest, ops.mul(floor(ops.mul(nearest, scalar(0.5, v))), scalar(2, v))), scalar(1, v))
@@ -298,28 +313,28 @@ rounding("Round", round_half_even)
 
 
 @converter("Mod", since=10)
-def mod(node, a, b):
+def mod(node: NodeContext, a: Any, b: Any) -> Any:
     """opforge's mod: fmod=0 is Python's % (the sign of b), fmod=1 C's fmod (the sign of a)."""
     same_dtype(node, a, b)
     return ops.mod(a, b, fmod=bool(node.attr("fmod", 0)))
 
 
 @converter("LeakyRelu", since=1)
-def leaky_relu(node, x):
+def leaky_relu(node: NodeContext, x: Any) -> Any:
     return ops.leaky_relu(x, alpha=node.attr("alpha", 0.01))
 
 
 @converter("HardSigmoid", since=1)
-def hard_sigmoid(node, x):
+def hard_sigmoid(node: NodeContext, x: Any) -> Any:
     return ops.hard_sigmoid(x, alpha=node.attr("alpha", 0.2), beta=node.attr("beta", 0.5))
 
 
-def composite(op_type, since=1):
+def composite(op_type: str, since: int = 1) -> Callable[[_F], _F]:
     """Register ``fn(node, x)``, built from several opforge ops, for op_type; float16 and bfloat16
     inputs are computed in float32 (every op involved has a kernel there) and cast back."""
-    def register(fn):
+    def register(fn: _F) -> _F:
         @converter(op_type, since=since)
-        def convert(node, x, *rest):
+        def convert(node: NodeContext, x: Any, *rest: Any) -> Any:
             return widened(node, lambda v, *r: fn(node, v, *r), [x, *rest], FLOATS)
 
         convert.__name__ = fn.__name__
@@ -329,12 +344,12 @@ def composite(op_type, since=1):
 
 
 @composite("HardSwish", since=14)
-def hard_swish(node, x):
+def hard_swish(node: NodeContext, x: Any) -> Any:
     return ops.mul(x, ops.hard_sigmoid(x, alpha=1 / 6, beta=0.5))
 
 
 @converter("Gelu", since=20)
-def gelu(node, x):
+def gelu(node: NodeContext, x: Any) -> Any:
     approximate = node.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise node.error(f"attribute 'approximate' is {approximate!r}; supported: 'none', 'tanh'")
@@ -344,22 +359,22 @@ def gelu(node, x):
 # onnxruntime's contrib ops, common in exported transformer models.
 
 @converter("Gelu", domain="com.microsoft", since=1)
-def gelu_contrib(node, x):
+def gelu_contrib(node: NodeContext, x: Any) -> Any:
     return ops.gelu(x)
 
 
 @converter("BiasGelu", domain="com.microsoft", since=1)
-def bias_gelu(node, x, bias):
+def bias_gelu(node: NodeContext, x: Any, bias: Any) -> Any:
     return ops.gelu(ops.add(x, bias))
 
 
 @converter("FastGelu", domain="com.microsoft", since=1)
-def fast_gelu(node, x, bias=None):
+def fast_gelu(node: NodeContext, x: Any, bias: Any = None) -> Any:
     return ops.gelu(x if bias is None else ops.add(x, bias), approximate="tanh")
 
 
 @composite("PRelu", since=1)
-def prelu(node, x, slope):
+def prelu(node: NodeContext, x: Any, slope: Any) -> Any:
     """x where x >= 0, slope * x elsewhere; slope broadcasts to x (before opset 7, along x's dims from 1)."""
     if node.opset < 7:
         xd, sd = dims_of(x), dims_of(slope)
@@ -369,26 +384,26 @@ def prelu(node, x, slope):
     return ops.where(ops.less(x, zero), ops.mul(x, slope), x)
 
 
-def exponential_linear(x, alpha):
+def exponential_linear(x: Any, alpha: float) -> Any:
     """x where x > 0, alpha * (e^x - 1) elsewhere (e^min(x, 0): no overflow on the side not taken)."""
     negative = ops.mul(ops.sub(ops.exp(ops.minimum(x, scalar(0, x))), scalar(1, x)), scalar(alpha, x))
     return ops.where(ops.greater(x, scalar(0, x)), x, negative)
 
 
 @composite("Elu", since=1)
-def elu(node, x):
+def elu(node: NodeContext, x: Any) -> Any:
     return exponential_linear(x, node.attr("alpha", 1.0))
 
 
 @composite("Selu", since=1)
-def selu(node, x):
+def selu(node: NodeContext, x: Any) -> Any:
     alpha = node.attr("alpha", 1.67326319217681884765625)
     gamma = node.attr("gamma", 1.05070102214813232421875)
     return ops.mul(exponential_linear(x, alpha), scalar(gamma, x))
 
 
 @composite("Celu", since=12)
-def celu(node, x):
+def celu(node: NodeContext, x: Any) -> Any:
     alpha = node.attr("alpha", 1.0)
     scaled = ops.div(ops.minimum(x, scalar(0, x)), scalar(alpha, x))
     negative = ops.mul(ops.sub(ops.exp(scaled), scalar(1, x)), scalar(alpha, x))
@@ -396,34 +411,34 @@ def celu(node, x):
 
 
 @composite("Softplus", since=1)
-def softplus(node, x):
+def softplus(node: NodeContext, x: Any) -> Any:
     # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|): no overflow for large x
     tail = ops.log(ops.add(ops.exp(ops.neg(ops.abs(x))), scalar(1, x)))
     return ops.add(ops.maximum(x, scalar(0, x)), tail)
 
 
 @composite("Softsign", since=1)
-def softsign(node, x):
+def softsign(node: NodeContext, x: Any) -> Any:
     return ops.div(x, ops.add(ops.abs(x), scalar(1, x)))
 
 
 @composite("ThresholdedRelu", since=10)
-def thresholded_relu(node, x):
+def thresholded_relu(node: NodeContext, x: Any) -> Any:
     return ops.where(ops.greater(x, scalar(node.attr("alpha", 1.0), x)), x, scalar(0, x))
 
 
 @composite("Mish", since=18)
-def mish(node, x):
+def mish(node: NodeContext, x: Any) -> Any:
     return ops.mul(x, ops.tanh(softplus(node, x)))
 
 
 @composite("Swish", since=24)
-def swish(node, x):
+def swish(node: NodeContext, x: Any) -> Any:
     return ops.mul(x, ops.sigmoid(ops.mul(x, scalar(node.attr("alpha", 1.0), x))))
 
 
 @composite("Shrink", since=9)
-def shrink(node, x):
+def shrink(node: NodeContext, x: Any) -> Any:
     """x + bias below -lambd, x - bias above lambd, 0 between."""
     lambd, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
     zero = scalar(0, x)
@@ -432,8 +447,8 @@ def shrink(node, x):
 
 
 @converter("Sign", since=9)
-def sign(node, x):
-    def fn(v):
+def sign(node: NodeContext, x: Any) -> Any:
+    def fn(v: Any) -> Any:
         zero = scalar(0, v)
         positive = ops.cast(ops.greater(v, zero), dtype=dtype_of(v))
         result = ops.sub(positive, ops.cast(ops.less(v, zero), dtype=dtype_of(v)))
@@ -444,11 +459,11 @@ def sign(node, x):
 
 # -- Clip -----------------------------------------------------------------------------
 
-def clipped(node, x, low, high):
+def clipped(node: NodeContext, x: Any, low: Any, high: Any) -> Any:
     """x clipped to [low, high] (None: unbounded).  Bounds known at load time become clip's attributes;
     in float64, bounds a 32-bit float cannot hold exactly, and bounds known only at run time, clip
     through maximum / minimum instead, exactly."""
-    bounds = {}
+    bounds: dict[str, npt.NDArray[Any]] = {}
     runtime = False
     for name, bound in (("min", low), ("max", high)):
         if bound is None:
@@ -472,20 +487,20 @@ def clipped(node, x, low, high):
 
 
 @converter("Clip", since=1)
-def clip_v1(node, x):
+def clip_v1(node: NodeContext, x: Any) -> Any:
     low, high = node.attr("min"), node.attr("max")
     return ops.clip(x, **{k: v for k, v in (("min", low), ("max", high)) if v is not None})
 
 
 @converter("Clip", since=11)
-def clip_v11(node, x, low=None, high=None):
+def clip_v11(node: NodeContext, x: Any, low: Any = None, high: Any = None) -> Any:
     return clipped(node, x, low, high)
 
 
 # -- comparisons and Where -------------------------------------------------------------
 
-def comparison(op_type, fn, since=1):
-    def compare(node, a, b):
+def comparison(op_type: str, fn: Callable[[Any, Any], Any], since: int = 1) -> None:
+    def compare(node: NodeContext, a: Any, b: Any) -> Any:
         same_dtype(node, a, b)
         if dtype_of(a) == "uint64":
             return unsigned_compare(op_type, a, b)
@@ -502,9 +517,9 @@ comparison("GreaterOrEqual", ops.greater_equal, since=12)
 
 
 @converter("Binarizer", domain="ai.onnx.ml", since=1)
-def binarizer(node, x):
+def binarizer(node: NodeContext, x: Any) -> Any:
     """1 where x > threshold (default 0), else 0, in x's dtype."""
-    def fn(v):
+    def fn(v: Any) -> Any:
         return ops.cast(ops.greater(v, scalar(node.attr("threshold", 0.0), v)), dtype=dtype_of(v))
 
     return widened(node, fn, [x], NUMERIC)
@@ -512,23 +527,23 @@ def binarizer(node, x):
 
 # -- logic ---------------------------------------------------------------------------------------
 
-def logical(node, *inputs):
+def logical(node: NodeContext, *inputs: Any) -> None:
     for k, x in enumerate(inputs):
         if dtype_of(x) != "bool":
             raise node.error(f"input {k} has dtype {dtype_of(x)}; {node.op_type} takes bool tensors")
 
 
-def and_(node, a, b):
+def and_(node: NodeContext, a: Any, b: Any) -> Any:
     logical(node, a, b)
     return ops.where(a, b, np.zeros((), bool))
 
 
-def or_(node, a, b):
+def or_(node: NodeContext, a: Any, b: Any) -> Any:
     logical(node, a, b)
     return ops.where(a, np.ones((), bool), b)
 
 
-def xor(node, a, b):
+def xor(node: NodeContext, a: Any, b: Any) -> Any:
     logical(node, a, b)
     return widened(node, ops.not_equal, [a, b], NUMERIC)
 
@@ -539,21 +554,21 @@ binary("Xor", xor)
 
 
 @converter("Not", since=1)
-def not_(node, x):
+def not_(node: NodeContext, x: Any) -> Any:
     logical(node, x)
     return ops.where(x, np.zeros((), bool), np.ones((), bool))
 
 
 @converter("IsNaN", since=9)
-def is_nan(node, x):
+def is_nan(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: ops.not_equal(v, v), [x], FLOATS)
 
 
 @converter("IsInf", since=10)
-def is_inf(node, x):
+def is_inf(node: NodeContext, x: Any) -> Any:
     positive, negative = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
 
-    def fn(v):
+    def fn(v: Any) -> Any:
         found = None
         for wanted, value in ((positive, np.inf), (negative, -np.inf)):
             if wanted:
@@ -565,7 +580,7 @@ def is_inf(node, x):
 
 
 @converter("Where", since=9)
-def where(node, condition, x, y):
+def where(node: NodeContext, condition: Any, x: Any, y: Any) -> Any:
     same_dtype(node, x, y)
     if dtype_of(condition) != "bool":
         raise node.error(f"input 'condition' has dtype {dtype_of(condition)}; it must be bool")
@@ -575,11 +590,11 @@ def where(node, condition, x, y):
 # -- Identity, Dropout, Cast ----------------------------------------------------------
 
 @converter("Identity", since=1)
-def identity(node, x):
+def identity(node: NodeContext, x: Any) -> Any:
     return x
 
 
-def ones_like(x, dtype):
+def ones_like(x: Any, dtype: str) -> Any:
     """Ones (True for bool) of x's shape, known now or only at run time."""
     dims = dims_of(x)
     if dims != UNKNOWN_RANK and -1 not in dims:
@@ -589,7 +604,7 @@ def ones_like(x, dtype):
 
 
 @converter("Dropout", since=1)
-def dropout(node, x, ratio=None, training_mode=None):
+def dropout(node: NodeContext, x: Any, ratio: Any = None, training_mode: Any = None) -> Any:
     """Inference: the identity; the optional mask is all ones (bool from opset 10, x's dtype before).
     Training mode (a constant True from opset 12) with a non-zero ratio is refused."""
     if training_mode is not None:
@@ -604,7 +619,7 @@ def dropout(node, x, ratio=None, training_mode=None):
 
 
 @converter("Cast", since=1)
-def cast(node, x):
+def cast(node: NodeContext, x: Any) -> Any:
     to = node.attr("to")
     if to is None:
         raise node.error("attribute 'to' is required")
@@ -619,6 +634,7 @@ def cast(node, x):
 
 
 @converter("CastLike", since=15)
-def cast_like(node, x, target):
+def cast_like(node: NodeContext, x: Any, target: Any) -> Any:
+
     dtype = dtype_of(target)
     return x if dtype_of(x) == dtype else ops.cast(x, dtype=dtype)

@@ -25,52 +25,65 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import helper, numpy_helper
 
 from ..dtypes import to_numpy
 from ..errors import ModelError
 
+if TYPE_CHECKING:
+    from ..dtypes import DTypeLike
+    from ..graph.ir import Graph, Node, Value
+    from ..operator import Op
+    from ..spec import TensorSpec
+
 __all__ = ["export", "exporter", "EXPORTERS", "MIN_OPSET"]
 
 MIN_OPSET = 11  # Slice, Squeeze and Clip take their inputs as in every later opset
 CUSTOM_DOMAIN_VERSION = 1
 
+#: An exporter: writes one node's ONNX form through its NodeExport.
+Exporter: TypeAlias = "Callable[[NodeExport], None]"
+_E = TypeVar("_E", bound=Exporter)
+
 #: opforge op name -> function(NodeExport) writing the node's ONNX form.
-EXPORTERS: dict[str, Callable] = {}
+EXPORTERS: dict[str, Exporter] = {}
 
 
-def exporter(*names):
+def exporter(*names: str) -> Callable[[_E], _E]:
     """Register the decorated function as the ONNX form of the opforge ops ``names``."""
-    def register(function):
+    def register(function: _E) -> _E:
         for name in names:
             EXPORTERS[name] = function
         return function
     return register
 
 
-def elem_type(dtype) -> int:
+def elem_type(dtype: DTypeLike) -> int:
     """The ONNX TensorProto element type of an opforge dtype name."""
-    return helper.np_dtype_to_tensor_dtype(to_numpy(dtype))
+    onnx_type: int = helper.np_dtype_to_tensor_dtype(to_numpy(dtype))
+    return onnx_type
 
 
 class _ModelBuilder:
     """The ONNX graph being written: nodes, initializers, names in use."""
 
-    def __init__(self, graph, opset):
+    def __init__(self, graph: Graph, opset: int) -> None:
         self.graph = graph
         self.opset = opset
-        self.names = graph.value_names()
+        self.names: dict[int, str] = graph.value_names()  # {value id: name}
         self.taken = set(self.names.values())
-        self.nodes = []
-        self.initializers = []
-        self.domains = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.domains: dict[str, int] = {}  # custom domain -> its opset version
         self.counter = 0
 
-    def fresh(self, hint):
+    def fresh(self, hint: str) -> str:
         while True:
             self.counter += 1
             name = f"{hint}_{self.counter}"
@@ -78,7 +91,7 @@ class _ModelBuilder:
                 self.taken.add(name)
                 return name
 
-    def constant(self, array, hint="const"):
+    def constant(self, array: npt.ArrayLike, hint: str = "const") -> str:
         name = self.fresh(hint)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
@@ -91,41 +104,44 @@ class NodeExport:
     omitted optional input); ``attrs``: the node's attribute values;
     ``opset``: the model's ai.onnx opset."""
 
-    def __init__(self, builder: _ModelBuilder, node, inputs, outputs):
+    def __init__(self, builder: _ModelBuilder, node: Node, inputs: list[str], outputs: list[str]) -> None:
         self.builder = builder
         self.node = node
         self.inputs = inputs
         self.outputs = outputs
-        self.attrs = node.attrs
+        self.attrs: dict[str, Any] = node.attrs
         self.opset = builder.opset
 
     @property
-    def op_name(self):
-        return self.node.op.name
+    def op_name(self) -> str:
+        name: str = self.node.op.name
+        return name
 
-    def error(self, message) -> ModelError:
+    def error(self, message: str) -> ModelError:
         return ModelError(f"export: op '{self.op_name}' (node {self.node.name}): {message}")
 
-    def spec(self, k=0):
-        return self.node.inputs[k].spec
+    def spec(self, k: int = 0) -> TensorSpec:
+        spec: TensorSpec = cast("Value", self.node.inputs[k]).spec  # exporters ask for inputs the node has
+        return spec
 
-    def rank(self, k=0, why="") -> int:
+    def rank(self, k: int = 0, why: str = "") -> int:
         rank = self.spec(k).rank
         if rank is None:
             raise self.error(f"input {k} has unknown rank, which its ONNX form needs{why}")
         return rank
 
-    def dtype(self, k=0):
+    def dtype(self, k: int = 0) -> np.dtype[Any]:
         return to_numpy(self.spec(k).dtype)
 
-    def const(self, value, dtype="int64"):
+    def const(self, value: npt.ArrayLike, dtype: npt.DTypeLike = "int64") -> str:
         """An initializer holding ``value`` (an int64 1-D or 0-d tensor by default); returns its name."""
         return self.builder.constant(np.asarray(value, dtype=dtype), f"{self.node.name}_c")
 
-    def ints(self, values):
+    def ints(self, values: Iterable[int]) -> str:
         return self.const(list(values))
 
-    def emit(self, op_type, inputs, outputs=1, *, domain="", **attrs):
+    def emit(self, op_type: str, inputs: Iterable[str], outputs: int | Sequence[str] = 1, *, domain: str = "",
+             **attrs: Any) -> list[str]:
         """Add one ONNX node; ``outputs`` is a list of names or a count of new ones.  Returns the output names;
         attributes whose value is None are left out."""
         if isinstance(outputs, int):
@@ -135,7 +151,7 @@ class NodeExport:
                                                    name=self.builder.fresh(self.node.name), domain=domain, **attrs))
         return list(outputs)
 
-    def result(self, op_type, inputs, **attrs):
+    def result(self, op_type: str, inputs: Iterable[str], **attrs: Any) -> list[str]:
         """Add the node computing this opforge node's outputs."""
         return self.emit(op_type, inputs, self.outputs, **attrs)
 
@@ -143,10 +159,10 @@ class NodeExport:
 # --------------------------------------------------------------------------
 # The table: built-in ops.
 
-def _same(op_type, *attr_names):
+def _same(op_type: str, *attr_names: str) -> Exporter:
     """An op that is one ONNX node of the same inputs, with attributes copied under the names given as
     ``onnx_name=opforge_name`` pairs ("alpha" alone keeps the name)."""
-    def write(e: NodeExport):
+    def write(e: NodeExport) -> None:
         attrs = {}
         for pair in attr_names:
             onnx_name, _, name = pair.partition("=")
@@ -172,12 +188,12 @@ del _name, _op_type
 
 
 @exporter("not_equal")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Not", e.emit("Equal", e.inputs))
 
 
 @exporter("less_equal", "greater_equal")
-def _(e):
+def _(e: NodeExport) -> None:
     # LessOrEqual / GreaterOrEqual exist from opset 12; before, the negation of the strict opposite.
     if e.opset >= 12:
         e.result("LessOrEqual" if e.op_name == "less_equal" else "GreaterOrEqual", e.inputs)
@@ -186,7 +202,7 @@ def _(e):
 
 
 @exporter("mod")
-def _(e):
+def _(e: NodeExport) -> None:
     if e.attrs["fmod"] or e.dtype(0).kind in "iu":
         e.result("Mod", e.inputs, fmod=int(e.attrs["fmod"]))
         return
@@ -200,12 +216,12 @@ def _(e):
 
 
 @exporter("cast")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Cast", e.inputs, to=elem_type(e.attrs["dtype"]))
 
 
 @exporter("softmax")
-def _(e):
+def _(e: NodeExport) -> None:
     axis = e.attrs["axis"]
     if e.opset >= 13 or axis == -1:  # before 13, Softmax flattens at axis: the same only for the last axis
         e.result("Softmax", e.inputs, axis=axis)
@@ -221,10 +237,10 @@ def _(e):
     e.result("Transpose", inner, perm=perm)
 
 
-def _axes_op(op_type, axes_input_since=13):
+def _axes_op(op_type: str, axes_input_since: int = 13) -> Exporter:
     """An op whose axes are an input from opset ``axes_input_since``, an attribute before; a reduction's
     ``keep_dims`` is ``keepdims``."""
-    def write(e: NodeExport):
+    def write(e: NodeExport) -> None:
         axes, keep_dims = list(e.attrs["axes"]), e.attrs.get("keep_dims")
         keepdims = None if keep_dims is None else int(keep_dims)
         if e.opset >= axes_input_since:
@@ -241,7 +257,7 @@ EXPORTERS["unsqueeze"] = _axes_op("Unsqueeze")
 
 
 @exporter("reshape")
-def _(e):
+def _(e: NodeExport) -> None:
     shape = list(e.attrs["shape"])
     if 0 in shape:  # opforge's 0 is an empty dim; ONNX's copies the input's dim unless allowzero
         if e.opset < 14:
@@ -253,7 +269,7 @@ def _(e):
 
 
 @exporter("transpose")
-def _(e):
+def _(e: NodeExport) -> None:
     perm = list(e.attrs.get("perm") or ())
     if not perm:  # swap the last two axes
         rank = e.rank(0, " (transpose of the last two axes)")
@@ -262,7 +278,7 @@ def _(e):
 
 
 @exporter("slice")
-def _(e):
+def _(e: NodeExport) -> None:
     starts = list(e.attrs["starts"])
     inputs = [e.inputs[0], e.ints(starts), e.ints(e.attrs["ends"])]
     axes, steps = list(e.attrs["axes"]), list(e.attrs["steps"])
@@ -274,7 +290,7 @@ def _(e):
 
 
 @exporter("dim")
-def _(e):
+def _(e: NodeExport) -> None:
     shape = e.emit("Shape", e.inputs[:1])
     if e.attrs["dtype"] == "int64":
         e.result("Gather", shape + [e.const(e.attrs["axis"])], axis=0)
@@ -284,21 +300,21 @@ def _(e):
 
 
 @exporter("relu_grad")
-def _(e):  # dy where y > 0, else 0
+def _(e: NodeExport) -> None:  # dy where y > 0, else 0
     dy, y = e.inputs
     zero = e.const(0, e.dtype(1))
     e.result("Where", e.emit("Greater", [y, zero]) + [dy, e.const(0, e.dtype(0))])
 
 
 @exporter("leaky_relu_grad")
-def _(e):  # dy where x > 0, else alpha * dy
+def _(e: NodeExport) -> None:  # dy where x > 0, else alpha * dy
     dy, x = e.inputs
     scaled = e.emit("Mul", [dy, e.const(np.float32(e.attrs["alpha"]), e.dtype(0))])
     e.result("Where", e.emit("Greater", [x, e.const(0, e.dtype(1))]) + [dy] + scaled)
 
 
 @exporter("clip")
-def _(e):  # from opset 11 min and max are inputs; an infinite bound is left out
+def _(e: NodeExport) -> None:  # from opset 11 min and max are inputs; an infinite bound is left out
     if e.dtype(0).kind in "iu" and e.opset < 12:
         raise e.error(f"ONNX Clip takes {e.dtype(0)} from opset 12; the model's is {e.opset}")
     bounds = [e.const(e.attrs[k], e.dtype(0)) if math.isfinite(e.attrs[k]) else "" for k in ("min", "max")]
@@ -306,13 +322,13 @@ def _(e):  # from opset 11 min and max are inputs; an infinite bound is left out
 
 
 @exporter("gelu")
-def _(e):  # an op from opset 20; before, its formula
+def _(e: NodeExport) -> None:  # an op from opset 20; before, its formula
     x, approximate = e.inputs[0], e.attrs["approximate"]
     if e.opset >= 20:
         e.result("Gelu", [x], approximate=approximate)
         return
 
-    def c(value):
+    def c(value: float) -> str:
         return e.const(value, e.dtype(0))
     if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
         cube = e.emit("Mul", e.emit("Mul", [x, x]) + [x])
@@ -324,7 +340,7 @@ def _(e):  # an op from opset 20; before, its formula
 
 
 @exporter("shape")
-def _(e):
+def _(e: NodeExport) -> None:
     start, end = e.attrs["start"], e.attrs["end"]
     end = None if end >= 2 ** 63 - 1 else end
     if e.opset >= 15:
@@ -336,49 +352,49 @@ def _(e):
 
 
 @exporter("constant_of_shape")
-def _(e):  # the value is a tensor input here, an attribute in ONNX's ConstantOfShape: expand it
+def _(e: NodeExport) -> None:  # the value is a tensor input here, an attribute in ONNX's ConstantOfShape: expand it
     e.result("Expand", e.emit("Reshape", [e.inputs[0], e.ints([])]) + [e.ints(e.attrs["shape"])])
 
 
 @exporter("expand")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Expand", [e.inputs[0], e.ints(e.attrs["shape"])])
 
 
 @exporter("tile")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Tile", [e.inputs[0], e.ints(e.attrs["repeats"])])
 
 
 @exporter("topk")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("TopK", [e.inputs[0], e.ints([e.attrs["k"]])], axis=e.attrs["axis"], largest=int(e.attrs["largest"]),
              sorted=int(e.attrs["sorted"]))
 
 
 @exporter("gemm")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Gemm", e.inputs, alpha=e.attrs["alpha"], beta=e.attrs["beta"], transA=int(e.attrs["trans_a"]),
              transB=int(e.attrs["trans_b"]))
 
 
-def conv_attributes(e: NodeExport):
+def conv_attributes(e: NodeExport) -> dict[str, Any]:
     return {"strides": list(e.attrs["strides"]) or None, "pads": list(e.attrs["pads"]) or None,
             "dilations": list(e.attrs["dilations"]) or None, "group": e.attrs["group"]}
 
 
 @exporter("conv")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("Conv", e.inputs, **conv_attributes(e))
 
 
 @exporter("conv_transpose")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("ConvTranspose", e.inputs, output_padding=list(e.attrs["output_padding"]) or None, **conv_attributes(e))
 
 
 @exporter("pad")
-def _(e):
+def _(e: NodeExport) -> None:
     mode = e.attrs["mode"]
     if mode == "wrap" and e.opset < 19:
         raise e.error(f"mode 'wrap' needs opset 19 or later (ONNX Pad); the model's is {e.opset}")
@@ -388,7 +404,7 @@ def _(e):
     e.result("Pad", inputs, mode=mode)
 
 
-def reduce_mean(e: NodeExport, x, axes):
+def reduce_mean(e: NodeExport, x: str, axes: list[int]) -> list[str]:
     """ReduceMean over ``axes`` keeping dims (axes an input from opset 18); returns the output's names."""
     if e.opset >= 18:
         return e.emit("ReduceMean", [x, e.ints(axes)], keepdims=1)
@@ -396,7 +412,7 @@ def reduce_mean(e: NodeExport, x, axes):
 
 
 @exporter("layer_norm")
-def _(e):
+def _(e: NodeExport) -> None:
     x, scale, bias = (e.inputs + ["", ""])[:3]
     axis, epsilon = e.attrs["axis"], e.attrs["epsilon"]
     # LayerNormalization (opset 17) computes Mean and InvStdDev in float32: the op itself for float32 x only
@@ -416,7 +432,7 @@ def _(e):
 
 
 @exporter("resize")
-def _(e):
+def _(e: NodeExport) -> None:
     a = e.attrs
     scales, sizes, axes, roi = list(a["scales"]), list(a["sizes"]), list(a["axes"]), list(a["roi"])
     transform, policy = a["coordinate_transformation_mode"], a["keep_aspect_ratio_policy"]
@@ -456,7 +472,7 @@ def _(e):
              exclude_outside=int(a["exclude_outside"]), extrapolation_value=a["extrapolation_value"], **newer)
 
 
-def pool_attributes(e: NodeExport, dilations_since):
+def pool_attributes(e: NodeExport, dilations_since: int) -> dict[str, Any]:
     """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node, defaults left out."""
     dilations = list(e.attrs.get("dilations") or ())
     if any(d != 1 for d in dilations) and e.opset < dilations_since:
@@ -469,12 +485,12 @@ def pool_attributes(e: NodeExport, dilations_since):
 
 
 @exporter("max_pool", "max_pool_with_indices")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("MaxPool", e.inputs, storage_order=e.attrs["storage_order"] or None, **pool_attributes(e, 10))
 
 
 @exporter("average_pool")
-def _(e):
+def _(e: NodeExport) -> None:
     e.result("AveragePool", e.inputs, count_include_pad=int(e.attrs["count_include_pad"]) or None,
              **pool_attributes(e, 19))
 
@@ -482,14 +498,14 @@ def _(e):
 # --------------------------------------------------------------------------
 # User ops: a node of their own domain.
 
-def split_name(name: str):
+def split_name(name: str) -> tuple[str, str]:
     """``com.example::MyOp`` -> (``com.example``, ``MyOp``); ``a::b::op`` -> (``a.b``, ``op``); no namespace ->
     domain ``opforge``."""
     namespace, _, op_type = name.rpartition("::")
     return (namespace.replace("::", ".") or "opforge"), op_type
 
 
-def onnx_attribute(value):
+def onnx_attribute(value: Any) -> int | float | str | list[int] | list[float] | None:
     """An opforge attribute value as something ``helper.make_attribute`` writes with the matching ONNX type:
     bool -> INT, DType and str -> STRING, Shape / int[] -> INTS, float[] -> FLOATS.  Nested lists have no ONNX
     attribute type: None."""
@@ -506,9 +522,10 @@ def onnx_attribute(value):
     return None
 
 
-def _user_op(e: NodeExport):
+def _user_op(e: NodeExport) -> None:
     domain, op_type = split_name(e.op_name)
-    plain, made = {}, []
+    plain: dict[str, int | float | str | list[int] | list[float]] = {}
+    made: list[onnx.AttributeProto] = []
     for name, value in e.attrs.items():
         if value is None:  # an optional attribute not given
             continue
@@ -528,7 +545,7 @@ def _user_op(e: NodeExport):
     e.builder.nodes[-1].attribute.extend(made)
 
 
-def is_builtin(op) -> bool:
+def is_builtin(op: Op) -> bool:
     """Whether ``op`` is one of opforge's built-in ops (declared in ``opforge.builtins``)."""
     functions = [op.infer_fn, op.check_fn, op.grad_rule] + [getattr(k, "fn", None) for k in op.kernels]
     return any(getattr(f, "__module__", "").startswith("opforge.builtins") for f in functions if f is not None)
@@ -536,7 +553,7 @@ def is_builtin(op) -> bool:
 
 # --------------------------------------------------------------------------
 
-def _value_info(graph, name, spec, what):
+def _value_info(graph: Graph, name: str, spec: TensorSpec, what: str) -> onnx.ValueInfoProto:
     if spec.rank is None:  # the checker requires a shape for every graph input and output
         raise ModelError(f"export: graph '{graph.name}': {what} '{name}' has unknown rank; an ONNX graph's inputs "
                          "and outputs have a rank (trace with a TensorSpec of known rank, None for unknown dims)")
@@ -544,7 +561,7 @@ def _value_info(graph, name, spec, what):
     return helper.make_tensor_value_info(name, elem_type(spec.dtype), shape)
 
 
-def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
+def export(graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: int = 17) -> onnx.ModelProto:
     """The ONNX model of ``graph`` (an opforge ``Graph``); written to ``path`` when given.
 
     ``opset`` is the ai.onnx opset the model imports (from ``MIN_OPSET`` to the installed onnx's newest).  Raises
@@ -578,7 +595,8 @@ def export(graph, path=None, *, opset: int = 17) -> onnx.ModelProto:
 
     # ONNX graph outputs must be node outputs with distinct names: an output that is a graph input, a constant
     # or listed twice is copied by an Identity.
-    outputs, seen = [], set()
+    outputs: list[onnx.ValueInfoProto] = []
+    seen: set[str] = set()
     plain = {names[v.id] for n in graph.nodes if not n.is_constant for v in n.outputs}
     for value in graph.outputs:
         name = names[value.id]

@@ -14,6 +14,8 @@ weights' output channels are known, so the node keeps its native kernel.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import numpy as np
 
 import opforge
@@ -22,14 +24,18 @@ from .elementwise import dims_of, dtype_of
 from .nn import explicit_pads, split_pads
 from .registry import converter
 
+if TYPE_CHECKING:
+    from .registry import NodeContext
+
 ops = opforge.ops
 
 
 @converter("MatMul", since=1)
-def matmul(node, a, b):
-    ranks = [len(d) if d != UNKNOWN_RANK else None for d in (dims_of(a), dims_of(b))]
-    if None in ranks:
+def matmul(node: NodeContext, a: Any, b: Any) -> Any:
+    known = [len(d) if d != UNKNOWN_RANK else None for d in (dims_of(a), dims_of(b))]
+    if None in known:
         raise node.error("MatMul needs the ranks of both inputs known when the model is loaded")
+    ranks = cast("list[int]", known)  # both known: checked above
     if 0 in ranks:
         raise node.error(f"MatMul of a 0-d input (input ranks {ranks}); it needs rank >= 1")
     squeeze = []
@@ -49,14 +55,14 @@ def matmul(node, a, b):
 
 
 @converter("Gemm", since=1)
-def gemm(node, a, b, c=None):
+def gemm(node: NodeContext, a: Any, b: Any, c: Any = None) -> Any:
     if c is None:  # zeros keep the native kernel (which needs every input)
         c = np.zeros((), dtype_of(a))
     return ops.gemm(a, b, c, alpha=float(node.attr("alpha", 1.0)), beta=float(node.attr("beta", 1.0)),
                     trans_a=bool(node.attr("transA", 0)), trans_b=bool(node.attr("transB", 0)))
 
 
-def conv_geometry(node, x, w):
+def conv_geometry(node: NodeContext, x: Any, w: Any) -> tuple[list[int], list[int], list[int], int]:
     """kernel_shape, strides, dilations, group of a Conv or ConvTranspose node."""
     w_dims, x_dims = dims_of(w), dims_of(x)
     kernel_shape = list(node.attr("kernel_shape", []))
@@ -75,13 +81,13 @@ def conv_geometry(node, x, w):
     return kernel_shape, strides, dilations, int(node.attr("group", 1))
 
 
-def zero_bias(b, x, channels):
+def zero_bias(b: Any, x: Any, channels: int) -> Any:
     """``b``, or zeros for an absent bias when the output channels are known."""
     return np.zeros(channels, dtype_of(x)) if b is None and channels != -1 else b
 
 
 @converter("Conv", since=1)
-def conv(node, x, w, b=None):
+def conv(node: NodeContext, x: Any, w: Any, b: Any = None) -> Any:
     kernel_shape, strides, dilations, group = conv_geometry(node, x, w)
     if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") and -1 in kernel_shape:
         raise node.error("auto_pad SAME_* needs W's shape known when the model is loaded")
@@ -92,7 +98,7 @@ def conv(node, x, w, b=None):
 
 
 @converter("ConvTranspose", since=1)
-def conv_transpose(node, x, w, b=None):
+def conv_transpose(node: NodeContext, x: Any, w: Any, b: Any = None) -> Any:
     kernel_shape, strides, dilations, group = conv_geometry(node, x, w)
     spatial = len(kernel_shape)
     output_padding = list(node.attr("output_padding", [])) or [0] * spatial

@@ -11,8 +11,11 @@ constant subgraphs compute while the model loads and leave no node behind.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ..dtypes import ABI_DTYPES
 from ..errors import ModelError, OpforgeError, UnsupportedOpError
@@ -22,10 +25,26 @@ from ..spec import TensorSpec
 from . import converters
 from .registry import NodeContext, find_converter, normalize_domain
 
+if TYPE_CHECKING:
+    import onnx
+
+    from ..graph.ir import Graph
+    from .registry import Converter
+
+    class LoadedGraph(Graph):
+        """The Graph ``load`` returns: a Graph that also names the model's interface and opsets."""
+
+        input_names: list[str]
+        output_names: list[str]
+        opsets: dict[str, int]
+
 __all__ = ["load", "read_model", "onnx_dtype", "attribute_values"]
 
+#: What ``load`` reads a model from: a ModelProto, a file path or the serialized bytes.
+ModelSource: TypeAlias = "onnx.ModelProto | str | os.PathLike[str] | bytes | bytearray | memoryview"
 
-def read_model(model):
+
+def read_model(model: ModelSource) -> onnx.ModelProto:
     """A ModelProto from a ModelProto, a file path or the serialized bytes; ModelError otherwise."""
     import onnx
 
@@ -57,6 +76,7 @@ def onnx_dtype(elem_type: int, what: str) -> str:
 
     name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
         else str(elem_type)
+    dtype: str | None
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
     except Exception:
@@ -70,7 +90,7 @@ def onnx_dtype(elem_type: int, what: str) -> str:
     return dtype
 
 
-def _array(tensor, what):
+def _array(tensor: onnx.TensorProto, what: str) -> npt.NDArray[Any]:
     import onnx.numpy_helper
 
     onnx_dtype(tensor.data_type, what)
@@ -87,7 +107,7 @@ def _array(tensor, what):
 SUBGRAPH_TYPES = ("GRAPH", "GRAPHS")
 
 
-def attribute_values(node, what) -> tuple[dict, dict]:
+def attribute_values(node: onnx.NodeProto, what: str) -> tuple[dict[str, Any], dict[str, str]]:
     """({name: Python value}, {name: ONNX type name}) of a node's attributes."""
     import onnx
 
@@ -121,7 +141,7 @@ def attribute_values(node, what) -> tuple[dict, dict]:
     return values, types
 
 
-def _sparse_to_dense(sparse, what):
+def _sparse_to_dense(sparse: onnx.SparseTensorProto, what: str) -> npt.NDArray[Any]:
     dims = tuple(int(d) for d in sparse.dims)
     values = _array(sparse.values, what).reshape(-1)
     dense = np.zeros(dims, values.dtype)
@@ -135,7 +155,7 @@ def _sparse_to_dense(sparse, what):
 
 # -- the graph's interface ------------------------------------------------------------
 
-def _value_spec(info, what) -> TensorSpec:
+def _value_spec(info: onnx.ValueInfoProto, what: str) -> TensorSpec:
     kind = info.type.WhichOneof("value")
     if kind != "tensor_type":
         raise ModelError(f"{what} is of ONNX type {kind or 'unknown'}; opforge supports tensors only")
@@ -147,7 +167,7 @@ def _value_spec(info, what) -> TensorSpec:
     return TensorSpec(dims, dtype)
 
 
-def _opsets(model) -> dict:
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
     opsets = {}
     for entry in model.opset_import:
         opsets[normalize_domain(entry.domain)] = int(entry.version)
@@ -157,7 +177,14 @@ def _opsets(model) -> dict:
 class _Plan:
     """What ``load`` found in the model before converting anything."""
 
-    def __init__(self, model, constants):
+    initializers: dict[str, onnx.TensorProto | onnx.SparseTensorProto]
+    inputs: list[str]  # the graph's inputs, in order
+    specs: list[TensorSpec]  # theirs
+    bound: dict[str, npt.NDArray[Any]]  # inputs bound by constants=
+    outputs: list[str]
+    nodes: list[tuple[str, str, onnx.NodeProto]]  # (label, normalized domain, node), in order
+
+    def __init__(self, model: onnx.ModelProto, constants: Mapping[str, Any] | None) -> None:
         graph = model.graph
         self.name = graph.name or "onnx_model"
         self.opsets = _opsets(model)
@@ -172,7 +199,7 @@ class _Plan:
                 raise ModelError(f"model '{self.name}': a sparse initializer has no name")
             self.initializers[name] = sparse
         self.inputs, self.specs, self.bound = [], [], {}
-        declared = set()
+        declared: set[str] = set()
         for info in graph.input:
             if not info.name:
                 raise ModelError(f"model '{self.name}': graph input {len(declared)} has no name")
@@ -201,7 +228,7 @@ class _Plan:
             raise ModelError(f"model '{self.name}' has no outputs")
         self.nodes = self._check_nodes(graph)
 
-    def _check_nodes(self, graph):
+    def _check_nodes(self, graph: onnx.GraphProto) -> list[tuple[str, str, onnx.NodeProto]]:
         defined = set(self.initializers) | set(self.inputs) | set(self.bound)
         nodes = []
         for k, node in enumerate(graph.node):
@@ -228,9 +255,10 @@ class _Plan:
                                  f"initializer or node")
         return nodes
 
-    def converters(self):
+    def converters(self) -> list[Converter]:
         """The converter of every node, in order; UnsupportedOpError listing every node none covers."""
-        chosen, missing = [], set()
+        chosen: list[Converter | None] = []
+        missing: set[tuple[str, str, int]] = set()
         for label, domain, node in self.nodes:
             opset = self.opsets[domain]
             subgraph = any(attr.type in (5, 10) for attr in node.attribute)  # GRAPH, GRAPHS
@@ -243,10 +271,10 @@ class _Plan:
             shown = ", ".join(f"{d}::{t} (opset {v})" for d, t, v in listed)
             raise UnsupportedOpError(f"model '{self.name}': no converter for {len(listed)} op type(s): {shown}",
                                      unsupported=listed)
-        return chosen
+        return cast("list[Converter]", chosen)  # none is None: a missing one raised above
 
 
-def _bound_constant(model_name, name, spec, value):
+def _bound_constant(model_name: str, name: str, spec: TensorSpec, value: Any) -> npt.NDArray[Any]:
     array = np.asarray(value)
     if array.dtype.name != spec.dtype:
         raise ModelError(f"model '{model_name}': constants['{name}'] is {array.dtype.name}; the input is "
@@ -257,11 +285,11 @@ def _bound_constant(model_name, name, spec, value):
     return np.require(array, requirements='C')  # ascontiguousarray would make 0-d arrays 1-d
 
 
-def _is_placeholder(name):
+def _is_placeholder(name: object) -> bool:
     return isinstance(name, str) and name[:1] == "v" and name[1:].isdigit()
 
 
-def _outputs_of(ctx, result):
+def _outputs_of(ctx: NodeContext, result: Any) -> list[Any]:
     """A converter's result as a list of one entry per declared output."""
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     if len(results) < ctx.num_outputs:
@@ -274,7 +302,7 @@ def _outputs_of(ctx, result):
     return converted
 
 
-def _name_constants(env):
+def _name_constants(env: Mapping[str, Any]) -> None:
     """Constant nodes the trace made from the model's arrays take their names (initializers, Constant
     outputs, folded values), so a printed or exported graph shows them."""
     from ..graph.trace import _builders
@@ -286,7 +314,7 @@ def _name_constants(env):
             value.name = name
 
 
-def load(model, *, constants=None):
+def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> LoadedGraph:
     """The ONNX model (a ModelProto, a file path or its bytes) as an opforge ``Graph``.
 
     The graph's inputs are the model's graph inputs that are not initializers,
@@ -302,8 +330,8 @@ def load(model, *, constants=None):
     converters.import_converters()
     chosen = plan.converters()
 
-    def walk(*inputs):
-        env = {}
+    def walk(*inputs: Any) -> tuple[Any, ...]:
+        env: dict[str, Any] = {}
         for name, value in zip(plan.inputs, inputs):
             value.name = name
             env[name] = value
@@ -337,7 +365,7 @@ def load(model, *, constants=None):
         _name_constants(env)
         return tuple(env[name] for name in plan.outputs)
 
-    graph = trace(walk, *plan.specs, name=plan.name)
+    graph = cast("LoadedGraph", trace(walk, *plan.specs, name=plan.name))  # its ONNX attributes are set below
     for value, name in zip(graph.outputs, plan.outputs):
         if _is_placeholder(value.name):
             value.name = name

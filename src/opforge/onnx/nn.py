@@ -29,6 +29,9 @@ onnx's test cases do; onnxruntime divides by the rounded one.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -39,12 +42,16 @@ from .elementwise import dims_of, dtype_of
 from .registry import converter
 from .shape import ints, rank_of
 
+if TYPE_CHECKING:
+    from .registry import NodeContext
+
 ops = opforge.ops
 
 
 # -- pooling ------------------------------------------------------------------------------
 
-def explicit_pads(node, x, kernel_shape, strides, dilations):
+def explicit_pads(node: NodeContext, x: Any, kernel_shape: Sequence[int], strides: Sequence[int],
+                  dilations: Sequence[int]) -> list[int]:
     """The node's pads, with auto_pad resolved (SAME_* needs x's spatial dims)."""
     spatial = len(kernel_shape)
     auto_pad = node.attr("auto_pad", "NOTSET")
@@ -63,14 +70,14 @@ def explicit_pads(node, x, kernel_shape, strides, dilations):
     return split_pads(totals, auto_pad)
 
 
-def split_pads(totals, auto_pad):
+def split_pads(totals: Sequence[int], auto_pad: str) -> list[int]:
     """Each axis's total padding as ONNX pads (begins, then ends): the odd one at the end for SAME_UPPER, at the
     beginning otherwise."""
     begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
     return begin + [t - b for t, b in zip(totals, begin)]
 
 
-def window_attrs(node, x):
+def window_attrs(node: NodeContext, x: Any) -> dict[str, Any]:
     """kernel_shape, strides, pads, dilations, ceil_mode of a pooling node."""
     kernel_shape = list(node.attr("kernel_shape", []))
     if not kernel_shape:
@@ -84,7 +91,7 @@ def window_attrs(node, x):
 
 
 @converter("MaxPool", since=1)
-def max_pool(node, x):
+def max_pool(node: NodeContext, x: Any) -> Any:
     attrs = window_attrs(node, x)
     storage_order = node.attr("storage_order", 0)
     if node.num_outputs > 1:
@@ -93,17 +100,17 @@ def max_pool(node, x):
 
 
 @converter("AveragePool", since=1)
-def average_pool(node, x):
+def average_pool(node: NodeContext, x: Any) -> Any:
     return ops.average_pool(x, count_include_pad=bool(node.attr("count_include_pad", 0)), **window_attrs(node, x))
 
 
 @converter("GlobalAveragePool", since=1)
-def global_average_pool(node, x):
+def global_average_pool(node: NodeContext, x: Any) -> Any:
     return ops.global_average_pool(x)
 
 
 @converter("GlobalMaxPool", since=1)
-def global_max_pool(node, x):
+def global_max_pool(node: NodeContext, x: Any) -> Any:
     dims = node.static_shape(x, "input 'X'")
     if len(dims) < 3:
         raise node.error(f"input 'X' has shape {list(dims)}; GlobalMaxPool needs N x C x spatial dims")
@@ -111,7 +118,7 @@ def global_max_pool(node, x):
 
 
 @converter("LpPool", since=2)
-def lp_pool(node, x):
+def lp_pool(node: NodeContext, x: Any) -> Any:
     """(sum over each window of |x|^p)^(1/p): |x|^p zero-padded (the end widened so that ceil_mode's last
     windows fit), average_pool with every window inside, times the window's size."""
     attrs = window_attrs(node, x)
@@ -133,7 +140,7 @@ def lp_pool(node, x):
 
 # -- BatchNormalization -------------------------------------------------------------------
 
-def batch_statistics(node, x, mean, var, momentum):
+def batch_statistics(node: NodeContext, x: Any, mean: Any, var: Any, momentum: float) -> tuple[Any, Any, Any, Any]:
     """Training mode: y normalised by the batch's mean and (population) variance, and the running
     statistics moved toward them."""
     dims = dims_of(x)
@@ -150,7 +157,7 @@ def batch_statistics(node, x, mean, var, momentum):
     return batch_mean, batch_var, running_mean, running_var
 
 
-def batch_norm(node, x, scale, bias, mean, var, training):
+def batch_norm(node: NodeContext, x: Any, scale: Any, bias: Any, mean: Any, var: Any, training: bool) -> Any:
     if node.attr("spatial", 1) == 0:
         raise node.error("attribute 'spatial' is 0 (statistics per element); opforge supports spatial=1")
     epsilon = node.attr("epsilon", 1e-5)
@@ -170,25 +177,25 @@ def batch_norm(node, x, scale, bias, mean, var, training):
 
 
 @converter("BatchNormalization", since=1)
-def batch_normalization_v1(node, x, scale, bias, mean, var):
+def batch_normalization_v1(node: NodeContext, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
     return batch_norm(node, x, scale, bias, mean, var, training=node.num_outputs > 1 and not node.attr("is_test", 0))
 
 
 @converter("BatchNormalization", since=7)
-def batch_normalization_v7(node, x, scale, bias, mean, var):
+def batch_normalization_v7(node: NodeContext, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
     # no is_test: extra outputs mean training
     return batch_norm(node, x, scale, bias, mean, var, training=node.num_outputs > 1)
 
 
 @converter("BatchNormalization", since=14)
-def batch_normalization_v14(node, x, scale, bias, mean, var):
+def batch_normalization_v14(node: NodeContext, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
     return batch_norm(node, x, scale, bias, mean, var, training=bool(node.attr("training_mode", 0)))
 
 
 # -- LRN ----------------------------------------------------------------------------------
 
 @converter("LRN", since=1)
-def lrn(node, x):
+def lrn(node: NodeContext, x: Any) -> Any:
     size = node.attr("size")
     if size is None:
         raise node.error("attribute 'size' is missing")
@@ -198,7 +205,8 @@ def lrn(node, x):
 
 # -- Pad ----------------------------------------------------------------------------------
 
-def padded(node, x, pads, mode, value, axes=None):
+def padded(node: NodeContext, x: Any, pads: Iterable[int], mode: str, value: float,
+           axes: Iterable[int] | None = None) -> Any:
     """ops.pad with ONNX's pads (for ``axes``, default all) spread over every axis of x."""
     rank = rank_of(node, x)
     pads = [int(p) for p in pads]
@@ -214,17 +222,17 @@ def padded(node, x, pads, mode, value, axes=None):
 
 
 @converter("Pad", since=1)
-def pad_v1(node, x):
+def pad_v1(node: NodeContext, x: Any) -> Any:
     return padded(node, x, node.attr("paddings", []), node.attr("mode", "constant"), node.attr("value", 0.0))
 
 
 @converter("Pad", since=2)
-def pad_v2(node, x):
+def pad_v2(node: NodeContext, x: Any) -> Any:
     return padded(node, x, node.attr("pads", []), node.attr("mode", "constant"), node.attr("value", 0.0))
 
 
 @converter("Pad", since=11)
-def pad_v11(node, x, pads, constant_value=None, axes=None):
+def pad_v11(node: NodeContext, x: Any, pads: Any, constant_value: Any = None, axes: Any = None) -> Any:
     pads = ints(node, pads, "input 'pads'")
     if axes is not None:
         axes = ints(node, axes, "input 'axes'")
@@ -245,7 +253,7 @@ def pad_v11(node, x, pads, constant_value=None, axes=None):
 # -- LayerNormalization -------------------------------------------------------------------
 
 @converter("LayerNormalization", since=17)
-def layer_normalization(node, x, scale, bias=None):
+def layer_normalization(node: NodeContext, x: Any, scale: Any, bias: Any = None) -> Any:
     y, mean, inv_std_dev = ops.layer_norm(x, scale, bias, axis=node.attr("axis", -1),
                                           epsilon=node.attr("epsilon", 1e-5))
     if node.num_outputs <= 1:
@@ -257,11 +265,11 @@ def layer_normalization(node, x, scale, bias=None):
 
 # -- Resize, Upsample ---------------------------------------------------------------------
 
-def floats(node, value, what):
+def floats(node: NodeContext, value: Any, what: str) -> list[float]:
     return [] if value is None else [float(v) for v in np.asarray(node.constant(value, what)).reshape(-1)]
 
 
-def resized(node, x, scales, sizes, roi, **attrs):
+def resized(node: NodeContext, x: Any, scales: list[float], sizes: list[int], roi: list[float], **attrs: Any) -> Any:
     if scales and sizes:
         raise node.error("inputs 'scales' and 'sizes' are both given; give one")
     if not scales and not sizes:
@@ -269,7 +277,7 @@ def resized(node, x, scales, sizes, roi, **attrs):
     return ops.resize(x, scales=scales, sizes=sizes, roi=roi, **attrs)
 
 
-def resize_attrs(node):
+def resize_attrs(node: NodeContext) -> dict[str, Any]:
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise node.error(f"attribute 'mode' is {mode!r}; supported: nearest, linear, cubic")
@@ -284,7 +292,7 @@ def resize_attrs(node):
                 keep_aspect_ratio_policy=node.attr("keep_aspect_ratio_policy", "stretch"))
 
 
-def upsample_like(node, x, scales):
+def upsample_like(node: NodeContext, x: Any, scales: Sequence[float]) -> Any:
     """Opset 10 Resize and Upsample: asymmetric coordinates; nearest rounds down (up when shrinking)."""
     mode = node.attr("mode", "nearest")
     if mode in ("bilinear", "linear"):
@@ -296,22 +304,22 @@ def upsample_like(node, x, scales):
 
 
 @converter("Upsample", since=7)
-def upsample_v7(node, x):
+def upsample_v7(node: NodeContext, x: Any) -> Any:
     return upsample_like(node, x, [float(s) for s in node.attr("scales", [])])
 
 
 @converter("Upsample", since=9)
-def upsample_v9(node, x, scales):
+def upsample_v9(node: NodeContext, x: Any, scales: Any) -> Any:
     return upsample_like(node, x, floats(node, scales, "input 'scales'"))
 
 
 @converter("Resize", since=10)
-def resize_v10(node, x, scales):
+def resize_v10(node: NodeContext, x: Any, scales: Any) -> Any:
     return upsample_like(node, x, floats(node, scales, "input 'scales'"))
 
 
 @converter("Resize", since=11)
-def resize_v11(node, x, roi=None, scales=None, sizes=None):
+def resize_v11(node: NodeContext, x: Any, roi: Any = None, scales: Any = None, sizes: Any = None) -> Any:
     attrs = resize_attrs(node)
     roi = floats(node, roi, "input 'roi'") if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize" else []
     sizes = [] if sizes is None else ints(node, sizes, "input 'sizes'")
@@ -320,7 +328,7 @@ def resize_v11(node, x, roi=None, scales=None, sizes=None):
 
 # -- GlobalLpPool, InstanceNormalization, GroupNormalization --------------------------------
 
-def spatial_axes(node, x, what="input 'X'"):
+def spatial_axes(node: NodeContext, x: Any, what: str = "input 'X'") -> list[int]:
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or len(dims) < 2:
         raise node.error(f"{what} must have a known rank >= 2 (N x C x ...) when the model is loaded")
@@ -328,18 +336,18 @@ def spatial_axes(node, x, what="input 'X'"):
 
 
 @converter("GlobalLpPool", since=2)
-def global_lp_pool(node, x):
+def global_lp_pool(node: NodeContext, x: Any) -> Any:
     p, dtype = node.attr("p", 2), dtype_of(x)
     total = ops.reduce_sum(ops.pow(ops.abs(x), np.asarray(p, dtype)), axes=spatial_axes(node, x), keep_dims=True)
     return ops.pow(total, np.asarray(1.0 / p, dtype))
 
 
-def per_channel(v, rank):
+def per_channel(v: Any, rank: int) -> Any:
     return ops.reshape(v, shape=[-1] + [1] * (rank - 2))
 
 
 @converter("InstanceNormalization", since=1)
-def instance_normalization(node, x, scale, bias):
+def instance_normalization(node: NodeContext, x: Any, scale: Any, bias: Any) -> Any:
     """layer_norm over each (n, c) plane (the spatial dims), then the per-channel scale and bias."""
     axes = spatial_axes(node, x)
     dtype = dtype_of(x)
@@ -351,7 +359,7 @@ def instance_normalization(node, x, scale, bias):
 
 
 @converter("GroupNormalization", since=18)
-def group_normalization(node, x, scale, bias):
+def group_normalization(node: NodeContext, x: Any, scale: Any, bias: Any) -> Any:
     """x as N x groups x (C / groups * spatial), layer_norm over the last dim, then the scale and bias: per
     group before opset 21, per channel from 21."""
     dims = node.static_shape(x, "input 'X'")
@@ -364,7 +372,7 @@ def group_normalization(node, x, scale, bias):
     y, _, _ = ops.layer_norm(grouped, one, np.zeros_like(one), axis=2, epsilon=node.attr("epsilon", 1e-5))
     y = ops.reshape(y, shape=list(dims))
     if node.opset < 21:  # scale and bias per group: repeated over the group's channels
-        def per_channel_of(v):
+        def per_channel_of(v: Any) -> Any:
             return ops.reshape(ops.expand(ops.reshape(v, shape=[groups, 1]), shape=[groups, dims[1] // groups]),
                                shape=[-1])
 
@@ -373,7 +381,7 @@ def group_normalization(node, x, scale, bias):
 
 
 @converter("CenterCropPad", since=18)
-def center_crop_pad(node, x, shape):
+def center_crop_pad(node: NodeContext, x: Any, shape: Any) -> Any:
     """pad with negative pads where the target is smaller: centred, the odd element at the end."""
     dims = node.static_shape(x, "input 'input_data'")
     target = ints(node, shape, "input 'shape'")

@@ -20,6 +20,8 @@ extreme occurs.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -28,12 +30,18 @@ from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, widened
 from .registry import converter
 from .shape import ints, rank_of
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from .registry import NodeContext
+
+# Tensors here are traced Values, or np.ndarrays known when the model loads: typed Any.
 ops = opforge.ops
 
 
 # -- Softmax ------------------------------------------------------------------------------
 
-def flattened_softmax(node, x):
+def flattened_softmax(node: NodeContext, x: Any) -> Any:
     """Softmax over the dims from ``axis`` on (opsets 1-12): a reshape to [outer, inner], softmax along
     the rows, and a reshape back, unless axis is already the last dim."""
     dims = dims_of(x)
@@ -63,18 +71,18 @@ def flattened_softmax(node, x):
 
 
 @converter("Softmax", since=1)
-def softmax_v1(node, x):
+def softmax_v1(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: flattened_softmax(node, v), [x], FLOATS)
 
 
 @converter("Softmax", since=13)
-def softmax_v13(node, x):
+def softmax_v13(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: ops.softmax(v, axis=node.attr("axis", -1)), [x], FLOATS)
 
 
 # -- reductions ---------------------------------------------------------------------------
 
-def reduction_axes(node, x, axes, axes_from_input):
+def reduction_axes(node: NodeContext, x: Any, axes: object, axes_from_input: bool) -> list[int] | None:
     """The axes to reduce (a list, empty = all), or None when the node is the identity."""
     if axes_from_input:
         axes = [] if axes is None else ints(node, axes, "input 'axes'")
@@ -90,10 +98,10 @@ def reduction_axes(node, x, axes, axes_from_input):
     return axes
 
 
-def reducer(op_type, reduce, *, input_since):
+def reducer(op_type: str, reduce: Callable[[NodeContext, Any, list[int], bool], Any], *, input_since: int) -> None:
     """Register ``reduce(node, x, axes, keep_dims)`` for op_type: axes from the attribute before opset
     ``input_since``, from the second input after (one converter reads the node's opset)."""
-    def convert(node, x, axes=None):
+    def convert(node: NodeContext, x: Any, axes: Any = None) -> Any:
         chosen = reduction_axes(node, x, axes, node.opset >= input_since)
         if chosen is None:
             return x
@@ -103,10 +111,10 @@ def reducer(op_type, reduce, *, input_since):
     convert.__name__ = op_type.lower()
 
 
-def in_float(fn):
+def in_float(fn: Callable[[Any, list[int], bool], Any]) -> Callable[[NodeContext, Any, list[int], bool], Any]:
     """``fn`` run on a floating-point x: other dtypes go through float64 and come back (integers
     truncate toward zero)."""
-    def run(node, x, axes, keep):
+    def run(node: NodeContext, x: Any, axes: list[int], keep: bool) -> Any:
         dtype = dtype_of(x)
         if np.dtype(dtype).kind in "iub":
             return ops.cast(fn(ops.cast(x, dtype="float64"), axes, keep), dtype=dtype)
@@ -117,7 +125,7 @@ def in_float(fn):
     return run
 
 
-def sum_square(x, axes, keep):
+def sum_square(x: Any, axes: list[int], keep: bool) -> Any:
     return ops.reduce_sum(ops.mul(x, x), axes=axes, keep_dims=keep)
 
 
@@ -133,12 +141,13 @@ reducer("ReduceLogSum", in_float(lambda x, axes, keep: ops.log(ops.reduce_sum(x,
 
 # -- ReduceMax, ReduceMin, ReduceLogSumExp, LogSoftmax -------------------------------------
 
-def normalized_axes(node, x, axes):
+def normalized_axes(node: NodeContext, x: Any, axes: Sequence[int]) -> tuple[tuple[int, ...], list[int]]:
     rank = rank_of(node, x)
     return dims_of(x), sorted({a % rank for a in axes}) if axes else list(range(rank))
 
 
-def fold_axes(node, x, axes, keep, fold, empty, idempotent):
+def fold_axes(node: NodeContext, x: Any, axes: Sequence[int], keep: bool, fold: Callable[[Any, Any], Any],
+              empty: float, idempotent: bool) -> Any:
     """x reduced over ``axes`` by folding halves together with the binary op ``fold``: log2(n) steps per
     axis.  An idempotent fold (maximum, minimum) takes the first and the last ceil(n / 2) entries, which
     overlap by one when n is odd; another (mul) pairs the first 2 * floor(n / 2) and carries the odd one
@@ -159,7 +168,7 @@ def fold_axes(node, x, axes, keep, fold, empty, idempotent):
         for axis in axes:
             n = dims[axis]
             while n > 1:
-                def part(start, stop):
+                def part(start: int, stop: int) -> Any:
                     return ops.slice(result, starts=[start], ends=[stop], axes=[axis])
 
                 if idempotent or n % 2 == 0:
@@ -173,7 +182,7 @@ def fold_axes(node, x, axes, keep, fold, empty, idempotent):
     return result
 
 
-def extreme(node, x, axes, keep, largest):
+def extreme(node: NodeContext, x: Any, axes: Sequence[int], keep: bool, largest: bool) -> Any:
     """The maximum (``largest``) or minimum of x over ``axes``; over no elements -inf / +inf (the integer
     limits for integers)."""
     dtype = np.dtype(dtype_of(x))
@@ -185,7 +194,7 @@ def extreme(node, x, axes, keep, largest):
     return fold_axes(node, x, axes, keep, ops.maximum if largest else ops.minimum, empty, True)
 
 
-def extreme_of_any_dtype(node, x, axes, keep, largest):
+def extreme_of_any_dtype(node: NodeContext, x: Any, axes: Sequence[int], keep: bool, largest: bool) -> Any:
     if dtype_of(x) == "bool":  # any / all: in int32, where no elements give false / true
         wide = ops.cast(x, dtype="int32")
         result = fold_axes(node, wide, axes, keep, ops.maximum if largest else ops.minimum, int(not largest), True)
@@ -193,15 +202,15 @@ def extreme_of_any_dtype(node, x, axes, keep, largest):
     return widened(node, lambda v: extreme(node, v, axes, keep, largest), [x], NUMERIC)
 
 
-def reduce_max(node, x, axes, keep):
+def reduce_max(node: NodeContext, x: Any, axes: list[int], keep: bool) -> Any:
     return extreme_of_any_dtype(node, x, axes, keep, True)
 
 
-def reduce_min(node, x, axes, keep):
+def reduce_min(node: NodeContext, x: Any, axes: list[int], keep: bool) -> Any:
     return extreme_of_any_dtype(node, x, axes, keep, False)
 
 
-def log_sum_exp(node, x, axes, keep):
+def log_sum_exp(node: NodeContext, x: Any, axes: Sequence[int], keep: bool) -> Any:
     """log(sum(exp(x))) over axes, as top + log(sum(exp(x - top))), top the maximum: no overflow."""
     top = extreme(node, x, axes, True, True)
     total = ops.reduce_sum(ops.exp(ops.sub(x, top)), axes=axes, keep_dims=True)
@@ -210,11 +219,11 @@ def log_sum_exp(node, x, axes, keep):
     return result if keep or not axes else ops.squeeze(result, axes=axes)
 
 
-def reduce_prod(node, x, axes, keep):
+def reduce_prod(node: NodeContext, x: Any, axes: list[int], keep: bool) -> Any:
     return fold_axes(node, x, axes, keep, ops.mul, 1, False)
 
 
-def reduce_log_sum_exp(node, x, axes, keep):
+def reduce_log_sum_exp(node: NodeContext, x: Any, axes: list[int], keep: bool) -> Any:
     return widened(node, lambda v: log_sum_exp(node, v, axes, keep), [x], FLOATS)
 
 
@@ -224,13 +233,13 @@ reducer("ReduceProd", reduce_prod, input_since=18)
 reducer("ReduceLogSumExp", reduce_log_sum_exp, input_since=18)
 
 
-def log_softmax(node, x, axes):
+def log_softmax(node: NodeContext, x: Any, axes: Sequence[int]) -> Any:
     shifted = ops.sub(x, extreme(node, x, axes, True, True))
     return ops.sub(shifted, ops.log(ops.reduce_sum(ops.exp(shifted), axes=axes, keep_dims=True)))
 
 
 @converter("LogSoftmax", since=1)
-def log_softmax_v1(node, x):
+def log_softmax_v1(node: NodeContext, x: Any) -> Any:
     """Before opset 13, over every dim from ``axis`` (default 1) on: reduce over all of them at once."""
     ndim = rank_of(node, x, "input 'input'")
     rank = max(ndim, 1)
@@ -242,7 +251,7 @@ def log_softmax_v1(node, x):
 
 
 @converter("LogSoftmax", since=13)
-def log_softmax_v13(node, x):
+def log_softmax_v13(node: NodeContext, x: Any) -> Any:
     dims = dims_of(x)
     axis = node.attr("axis", -1)
     if dims != UNKNOWN_RANK and not -max(len(dims), 1) <= axis < max(len(dims), 1):
@@ -250,7 +259,7 @@ def log_softmax_v13(node, x):
     return widened(node, lambda v: log_softmax(node, v, [axis]) if dims else ops.sub(v, v), [x], FLOATS)
 
 
-def one_axis(node, x, default_axis, what):
+def one_axis(node: NodeContext, x: Any, default_axis: int, what: str) -> tuple[tuple[int, ...], int]:
     """(x's dims, the node's ``axis`` made non-negative); x must have a known rank >= 1."""
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or not dims:
@@ -261,7 +270,7 @@ def one_axis(node, x, default_axis, what):
     return dims, axis % len(dims)
 
 
-def arg_extreme(node, x, largest):
+def arg_extreme(node: NodeContext, x: Any, largest: bool) -> Any:
     dims, axis = one_axis(node, x, 0, "input 'data'")
     n = dims[axis]
     if n == -1:
@@ -278,21 +287,21 @@ def arg_extreme(node, x, largest):
 
 
 @converter("ArgMax", since=1)
-def arg_max(node, x):
+def arg_max(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: arg_extreme(node, v, True), [x], NUMERIC, cast_back=False)
 
 
 @converter("ArgMin", since=1)
-def arg_min(node, x):
+def arg_min(node: NodeContext, x: Any) -> Any:
     return widened(node, lambda v: arg_extreme(node, v, False), [x], NUMERIC, cast_back=False)
 
 
 @converter("MeanVarianceNormalization", since=9)
-def mean_variance_normalization(node, x):
+def mean_variance_normalization(node: NodeContext, x: Any) -> Any:
     """(x - mean) / (std + 1e-9) over ``axes`` (default [0, 2, 3]), std from the centred values."""
     axes = list(node.attr("axes", [0, 2, 3]))
 
-    def normalize(v):
+    def normalize(v: Any) -> Any:
         centred = ops.sub(v, ops.mean(v, axes=axes, keep_dims=True))
         std = ops.sqrt(ops.mean(ops.mul(centred, centred), axes=axes, keep_dims=True))
         return ops.div(centred, ops.add(std, np.asarray(1e-9, dtype_of(v))))
@@ -300,7 +309,7 @@ def mean_variance_normalization(node, x):
     return widened(node, normalize, [x], FLOATS)
 
 
-def hardmax(node, x, axes):
+def hardmax(node: NodeContext, x: Any, axes: list[int]) -> Any:
     """1 at the first maximum over ``axes`` (contiguous: [axis] or axis to the last dim, in the flattened
     order), 0 elsewhere."""
     dims = dims_of(x)
@@ -317,33 +326,34 @@ def hardmax(node, x, axes):
     return ops.cast(ops.equal(index, first), dtype=dtype_of(x))
 
 
-def hardmax_axes(node, x, default_axis, flatten):
+def hardmax_axes(node: NodeContext, x: Any, default_axis: int, flatten: bool) -> list[int]:
     dims, axis = one_axis(node, x, default_axis, "input 'input'")
     return list(range(axis, len(dims))) if flatten else [axis]
 
 
 @converter("Hardmax", since=1)
-def hardmax_v1(node, x):
+def hardmax_v1(node: NodeContext, x: Any) -> Any:
     """Before opset 13, over every dim from ``axis`` (default 1) on, as if flattened there."""
     axes = hardmax_axes(node, x, 1, True)
     return widened(node, lambda v: hardmax(node, v, axes), [x], NUMERIC)
 
 
 @converter("Hardmax", since=13)
-def hardmax_v13(node, x):
+def hardmax_v13(node: NodeContext, x: Any) -> Any:
     axes = hardmax_axes(node, x, -1, False)
     return widened(node, lambda v: hardmax(node, v, axes), [x], NUMERIC)
 
 
 @converter("LpNormalization", since=1)
-def lp_normalization(node, x):
+def lp_normalization(node: NodeContext, x: Any) -> Any:
+
     """x divided by its L1 (p=1) or L2 (p=2, the default) norm along ``axis`` (default -1); where the norm
     is 0, so is x, and the result is 0."""
     p, axis = node.attr("p", 2), node.attr("axis", -1)
     if p not in (1, 2):
         raise node.error(f"attribute 'p' is {p}; supported: 1, 2")
 
-    def normalize(v):
+    def normalize(v: Any) -> Any:
         if p == 1:
             norm = ops.reduce_sum(ops.abs(v), axes=[axis], keep_dims=True)
         else:

@@ -10,12 +10,20 @@ from __future__ import annotations
 import inspect
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ModelError, OpforgeError, SchemaError
+
+if TYPE_CHECKING:
+    from ..attrs import AttrDef, AttrValue
+    from ..operator import Op
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = ["Converter", "NodeContext", "bind_op", "converter", "find_converter", "register"]
 
@@ -25,10 +33,10 @@ class Converter:
     domain: str
     op_type: str
     since: int
-    function: Callable
+    function: Callable[..., Any]
     origin: str  # "builtin", or where a user registered it
 
-    def call(self, node, args):
+    def call(self, node: NodeContext, args: Sequence[Any]) -> Any:
         """Run the converter on ``args``; inputs the node omits at the end are passed as None, and more
         inputs than the converter takes are a ModelError."""
         required, most = _arity(self.function)
@@ -39,11 +47,12 @@ class Converter:
         return self.function(node, *args)
 
 
-def _arity(function):
+def _arity(function: Callable[..., Any]) -> tuple[int, int | None]:
     """(inputs after ``node`` without defaults, most inputs or None for ``*args``) of a converter."""
     cached = _ARITY.get(function)
     if cached is not None:
         return cached
+    counts: tuple[int, int | None]
     try:
         params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
@@ -78,9 +87,9 @@ def add_converter(entry: Converter) -> Converter:
     return entry
 
 
-def converter(op_type: str, *, domain: str = "", since: int = 1):
+def converter(op_type: str, *, domain: str = "", since: int = 1) -> Callable[[_F], _F]:
     """Register the decorated function as the converter of ``domain::op_type`` from opset ``since`` on."""
-    def add(function):
+    def add(function: _F) -> _F:
         add_converter(Converter(domain, op_type, since, function, "builtin"))
         return function
     return add
@@ -116,11 +125,12 @@ ATTRIBUTE_FITS = {
 }
 
 
-def _attribute_value(node, op, attr, onnx_name, onnx_type, value):
+def _attribute_value(node: NodeContext, op: Op, attr: AttrDef, onnx_name: str, onnx_type: str,
+                     value: Any) -> AttrValue:
     """An ONNX attribute's value for the op attribute ``attr``; ModelError when the types do not fit."""
     from ..attrs import check_attr
 
-    def refuse(why=""):
+    def refuse(why: str = "") -> ModelError:
         return node.error(f"attribute '{onnx_name}' is ONNX {onnx_type}; op '{op.name}' declares '{attr.name}' "
                           f"as {attr.type}{why}")
 
@@ -145,15 +155,15 @@ def _attribute_value(node, op, attr, onnx_name, onnx_type, value):
         raise refuse(f": {error}") from None
 
 
-def bind_op(op, attributes=None):
+def bind_op(op: Op, attributes: Mapping[str, str] | None = None) -> Callable[..., Any]:
     """A converter calling opforge op ``op`` for a node: ONNX inputs fill the op's tensor inputs in order,
     ONNX attributes its attributes by name (``attributes`` renames: {onnx name: opforge name}), and the
     op's outputs are the node's, in order."""
     renames = dict(attributes or {})
     renamed = set(renames.values())
 
-    def convert(node, *inputs):
-        inputs = list(inputs)
+    def convert(node: NodeContext, *given: Any) -> Any:
+        inputs = list(given)
         while inputs and inputs[-1] is None and not op.variadic:
             inputs.pop()
         if op.variadic:
@@ -168,7 +178,7 @@ def bind_op(op, attributes=None):
             for k, (x, declared) in enumerate(zip(inputs, op.inputs)):
                 if x is None and not declared.optional:
                     raise node.error(f"op '{op.name}' needs input {k} ('{declared.name}'), which the node omits")
-        values = {}
+        values: dict[str, AttrValue] = {}
         for onnx_name, value in node.attrs.items():
             # A renamed attribute is reached only through its ONNX name.
             name = renames.get(onnx_name, None if onnx_name in renamed else onnx_name)
@@ -186,14 +196,15 @@ def bind_op(op, attributes=None):
         if node.num_outputs > len(op.outputs):
             raise node.error(f"the node declares {node.num_outputs} outputs; op '{op.name}' has "
                              f"{len(op.outputs)} ({', '.join(op.outputs)})")
-        result = op.call(inputs, values)
+        result = op.call(tuple(inputs), values)  # Op.call declares a tuple (it binds any sequence)
         return tuple(result) if op.tuple_output else result
 
-    convert.op = op
+    convert.op = op  # type: ignore[attr-defined]  # a function attribute: the op a bound converter calls
     return convert
 
 
-def register(domain: str, op_type: str, op, *, since_version: int = 1, attributes=None) -> Converter:
+def register(domain: str, op_type: str, op: Op | str, *, since_version: int = 1,
+             attributes: Mapping[str, str] | None = None) -> Converter:
     """Bind ONNX nodes ``domain::op_type`` (from opset ``since_version`` of that domain on) to opforge op
     ``op`` (an Op or a registered name).  ``attributes={"onnx_name": "opforge_name"}`` renames attributes.
     Without a registration, a custom-domain node binds to the op named ``domain::op_type``."""
@@ -223,7 +234,9 @@ def register(domain: str, op_type: str, op, *, since_version: int = 1, attribute
 class NodeContext:
     """What a converter knows of its node."""
 
-    def __init__(self, *, name, op_type, domain, opset, attrs, input_names, output_names, attr_types=None):
+    def __init__(self, *, name: str, op_type: str, domain: str, opset: int, attrs: dict[str, Any],
+                 input_names: Iterable[str], output_names: Iterable[str],
+                 attr_types: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.op_type = op_type
         self.domain = domain
@@ -236,16 +249,16 @@ class NodeContext:
             self.output_names.pop()
         self.num_outputs = len(self.output_names)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"node '{self.name}' ({self.op_type})"
 
-    def attr(self, name, default=None):
+    def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 
-    def error(self, message) -> ModelError:
+    def error(self, message: str) -> ModelError:
         return ModelError(f"{self!r}: {message}")
 
-    def constant(self, value, what="input"):
+    def constant(self, value: Any, what: str = "input") -> npt.NDArray[Any] | None:
         """``value`` as an ndarray; a ModelError when it is only known at run time."""
         if value is None or isinstance(value, np.ndarray):
             return value
@@ -254,9 +267,10 @@ class NodeContext:
         raise self.error(f"{what} must be known when the model is loaded (an initializer, a Constant or computed "
                          f"from them); it is computed at run time")
 
-    def static_shape(self, value, what="input") -> tuple:
+    def static_shape(self, value: Any, what: str = "input") -> tuple[int, ...]:
         if isinstance(value, np.ndarray):
-            return value.shape
+            shape: tuple[int, ...] = value.shape
+            return shape
         spec = getattr(value, "spec", None)
         if spec is None or spec.rank is None or any(d < 0 for d in spec.shape):
             shown = "unknown rank" if spec is None or spec.rank is None else list(spec.shape)

@@ -13,6 +13,8 @@ outputs).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import opforge
@@ -24,18 +26,26 @@ from ..spec import UNKNOWN_RANK
 from .elementwise import dims_of
 from .registry import converter
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import numpy.typing as npt
+
+    from .registry import NodeContext
+
+# Tensors here are traced Values, or np.ndarrays known when the model loads: typed Any.
 ops = opforge.ops
 INT64_MAX = 2**63 - 1
 
 
-def rank_of(node, x, what="input 'data'"):
+def rank_of(node: NodeContext, x: Any, what: str = "input 'data'") -> int:
     dims = dims_of(x)
     if dims == UNKNOWN_RANK:
         raise node.error(f"the rank of {what} must be known when the model is loaded")
     return len(dims)
 
 
-def ints(node, x, what):
+def ints(node: NodeContext, x: Any, what: str) -> list[int]:
     """A constant input as a list of Python ints."""
     return [int(v) for v in np.asarray(node.constant(x, what)).reshape(-1)]
 
@@ -48,24 +58,25 @@ def ints(node, x, what):
 KNOWN = "_onnx_known_elements"
 
 
-def known_elements(x):
+def known_elements(x: Any) -> npt.NDArray[np.object_] | None:
     """x's elements as an object array of ints and SymDims, or None when they exist only at run time."""
     if x is None:
         return None
     if isinstance(x, (np.ndarray, np.generic, int)):
         array = np.asarray(x)
         return array.astype(object) if array.dtype.kind in "iu" else None
-    return getattr(x, KNOWN, None)
+    known: npt.NDArray[np.object_] | None = getattr(x, KNOWN, None)
+    return known
 
 
-def with_known(value, elements):
+def with_known(value: Any, elements: npt.NDArray[np.object_] | None) -> Any:
     """value, with ``elements`` recorded on it when it is a traced value."""
     if elements is not None and not isinstance(value, np.ndarray) and hasattr(value, "spec"):
         setattr(value, KNOWN, elements)
     return value
 
 
-def same_dim(a, b):
+def same_dim(a: object, b: object) -> bool:
     """Whether a and b are the same size for every input (a SymDim against a SymDim or an int)."""
     try:
         return bool(a == b)
@@ -73,7 +84,7 @@ def same_dim(a, b):
         return type(a) is type(b) and hash(a) == hash(b) and repr(a) == repr(b)
 
 
-def carry(result, function, *inputs):
+def carry(result: Any, function: Callable[..., Any], *inputs: Any) -> Any:
     """result, knowing ``function`` of the inputs' known elements when they all have some."""
     if isinstance(result, np.ndarray) or not all(isinstance(x, np.ndarray) or hasattr(x, "spec") for x in inputs):
         return result
@@ -87,7 +98,7 @@ def carry(result, function, *inputs):
     return with_known(result, elements) if elements.shape == dims_of(result) else result
 
 
-def object_array(items):
+def object_array(items: Sequence[object]) -> npt.NDArray[np.object_]:
     array = np.empty(len(items), object)
     for k, item in enumerate(items):
         array[k] = item
@@ -96,7 +107,8 @@ def object_array(items):
 
 # -- Reshape, Flatten --------------------------------------------------------------
 
-def reshaped(node, data, shape, allowzero=False, copies=(), unknown=()):
+def reshaped(node: NodeContext, data: Any, shape: Sequence[int], allowzero: bool = False,
+             copies: Sequence[int] = (), unknown: Sequence[int] = ()) -> Any:
     """data reshaped to ONNX ``shape``: 0 copies data's dim (unless allowzero), one -1 is inferred.
     ``copies``: further positions that copy data's dim; ``unknown``: positions whose size is known only at
     run time (found from the others when they allow)."""
@@ -135,12 +147,12 @@ def reshaped(node, data, shape, allowzero=False, copies=(), unknown=()):
 
 
 @converter("Reshape", since=1)
-def reshape_v1(node, data):
+def reshape_v1(node: NodeContext, data: Any) -> Any:
     return reshaped(node, data, node.attr("shape", []))
 
 
 @converter("Reshape", since=5)
-def reshape_v5(node, data, shape):
+def reshape_v5(node: NodeContext, data: Any, shape: Any) -> Any:
     allowzero = bool(node.attr("allowzero", 0))
     known = None if isinstance(shape, np.ndarray) else known_elements(shape)
     if known is None:
@@ -162,7 +174,7 @@ def reshape_v5(node, data, shape):
 
 
 @converter("Flatten", since=1)
-def flatten(node, x):
+def flatten(node: NodeContext, x: Any) -> Any:
     dims = dims_of(x)
     rank = rank_of(node, x, "input 'input'")
     axis = node.attr("axis", 1)
@@ -181,7 +193,7 @@ def flatten(node, x):
 # -- Transpose, Concat -------------------------------------------------------------
 
 @converter("Transpose", since=1)
-def transpose(node, data):
+def transpose(node: NodeContext, data: Any) -> Any:
     perm = node.attr("perm")
     if perm is None:  # ONNX's default reverses the axes
         perm = list(range(rank_of(node, data)))[::-1]
@@ -191,7 +203,7 @@ def transpose(node, data):
 
 
 @converter("Concat", since=1)
-def concat(node, *inputs):
+def concat(node: NodeContext, *inputs: Any) -> Any:
     present = [x for x in inputs if x is not None]
     if not present:
         raise node.error("Concat needs at least one input")
@@ -200,7 +212,7 @@ def concat(node, *inputs):
 
 
 @converter("Concat", since=4)
-def concat_v4(node, *inputs):
+def concat_v4(node: NodeContext, *inputs: Any) -> Any:
     if "axis" not in node.attrs:
         raise node.error("attribute 'axis' is required from opset 4")
     return concat(node, *inputs)
@@ -208,7 +220,7 @@ def concat_v4(node, *inputs):
 
 # -- Squeeze, Unsqueeze ------------------------------------------------------------
 
-def squeezed(node, data, axes):
+def squeezed(node: NodeContext, data: Any, axes: Sequence[int] | None) -> Any:
     if axes is None:  # every size-1 dim, so they must be known
         dims = dims_of(data)
         if dims == UNKNOWN_RANK or -1 in dims:
@@ -219,17 +231,17 @@ def squeezed(node, data, axes):
 
 
 @converter("Squeeze", since=1)
-def squeeze_v1(node, data):
+def squeeze_v1(node: NodeContext, data: Any) -> Any:
     return squeezed(node, data, node.attr("axes"))
 
 
 @converter("Squeeze", since=13)
-def squeeze_v13(node, data, axes=None):
+def squeeze_v13(node: NodeContext, data: Any, axes: Any = None) -> Any:
     return squeezed(node, data, None if axes is None else ints(node, axes, "input 'axes'"))
 
 
 @converter("Unsqueeze", since=1)
-def unsqueeze_v1(node, data):
+def unsqueeze_v1(node: NodeContext, data: Any) -> Any:
     axes = node.attr("axes")
     if axes is None:
         raise node.error("attribute 'axes' is required")
@@ -237,17 +249,18 @@ def unsqueeze_v1(node, data):
 
 
 @converter("Unsqueeze", since=13)
-def unsqueeze_v13(node, data, axes):
+def unsqueeze_v13(node: NodeContext, data: Any, axes: Any) -> Any:
     return unsqueezed(data, ints(node, axes, "input 'axes'"))
 
 
-def unsqueezed(data, axes):
+def unsqueezed(data: Any, axes: list[int]) -> Any:
     return carry(ops.unsqueeze(data, axes=axes), lambda x: np.expand_dims(x, tuple(axes)), data)
 
 
 # -- Slice ---------------------------------------------------------------------------
 
-def sliced(node, data, starts, ends, axes, steps):
+def sliced(node: NodeContext, data: Any, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int] | None,
+           steps: Sequence[int] | None) -> Any:
     if len(starts) != len(ends):
         raise node.error(f"'starts' has {len(starts)} entries and 'ends' {len(ends)}; they must match")
     if not starts:
@@ -257,20 +270,22 @@ def sliced(node, data, starts, ends, axes, steps):
 
 
 @converter("Slice", since=1)
-def slice_v1(node, data):
+def slice_v1(node: NodeContext, data: Any) -> Any:
     return sliced(node, data, node.attr("starts", []), node.attr("ends", []), node.attr("axes"), None)
 
 
 @converter("Slice", since=10)
-def slice_v10(node, data, starts, ends, axes=None, steps=None):
-    def read(x, what):
+def slice_v10(node: NodeContext, data: Any, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> Any:
+    def read(x: Any, what: str) -> list[int] | None:
         return None if x is None else ints(node, x, f"input '{what}'")
-    return sliced(node, data, read(starts, "starts"), read(ends, "ends"), read(axes, "axes"), read(steps, "steps"))
+    # starts, ends: required inputs, None only when a malformed node omits them (sliced then raises TypeError)
+    return sliced(node, data, read(starts, "starts"), read(ends, "ends"),  # type: ignore[arg-type]
+                  read(axes, "axes"), read(steps, "steps"))
 
 
 # -- Shape, ConstantOfShape, Constant ---------------------------------------------------
 
-def shape_of(node, data, start=0, end=None):
+def shape_of(node: NodeContext, data: Any, start: int = 0, end: int | None = None) -> Any:
     dims = dims_of(data)
     end = INT64_MAX if end is None else end
     if dims != UNKNOWN_RANK and -1 not in dims:  # known now: a constant
@@ -280,17 +295,17 @@ def shape_of(node, data, start=0, end=None):
 
 
 @converter("Shape", since=1)
-def shape(node, data):
+def shape(node: NodeContext, data: Any) -> Any:
     return shape_of(node, data)
 
 
 @converter("Shape", since=15)
-def shape_v15(node, data):
+def shape_v15(node: NodeContext, data: Any) -> Any:
     return shape_of(node, data, node.attr("start", 0), node.attr("end"))
 
 
 @converter("Size", since=1)
-def size(node, data):
+def size(node: NodeContext, data: Any) -> Any:
     dims = dims_of(data)
     if dims != UNKNOWN_RANK and -1 not in dims:
         return np.asarray(int(np.prod(dims)), np.int64)
@@ -299,7 +314,7 @@ def size(node, data):
 
 
 @converter("ConstantOfShape", since=9)
-def constant_of_shape(node, shape):
+def constant_of_shape(node: NodeContext, shape: Any) -> Any:
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     if value.size != 1:
@@ -314,7 +329,7 @@ CONSTANT_ATTRIBUTES = ("value", "sparse_value", "value_float", "value_floats", "
                        "value_string", "value_strings")
 
 
-def constant_value(node):
+def constant_value(node: NodeContext) -> npt.NDArray[Any]:
     """The array a Constant node holds, from whichever value_* attribute it has."""
     given = [name for name in CONSTANT_ATTRIBUTES if name in node.attrs]
     if len(given) != 1:
@@ -338,7 +353,7 @@ converter("Constant", since=1)(constant_value)  # later opsets only add value_* 
 # -- Gather, Tile, Expand, TopK, Split ---------------------------------------------------
 
 @converter("Gather", since=1)
-def gather(node, data, indices):
+def gather(node: NodeContext, data: Any, indices: Any) -> Any:
     axis = node.attr("axis", 0)
     dims = dims_of(data)
     if isinstance(indices, np.ndarray) and dims != UNKNOWN_RANK and -len(dims) <= axis < len(dims):
@@ -354,12 +369,12 @@ def gather(node, data, indices):
 
 
 @converter("Tile", since=6)
-def tile(node, x, repeats):
+def tile(node: NodeContext, x: Any, repeats: Any) -> Any:
     return ops.tile(x, repeats=ints(node, repeats, "input 'repeats'"))
 
 
 @converter("Expand", since=8)
-def expand(node, x, shape):
+def expand(node: NodeContext, x: Any, shape: Any) -> Any:
     known = None if isinstance(shape, np.ndarray) else known_elements(shape)
     if known is None:
         return ops.expand(x, shape=ints(node, shape, "input 'shape'"))
@@ -369,7 +384,9 @@ def expand(node, x, shape):
     for k, entry in enumerate(entries):
         if isinstance(entry, SymDim):
             at = k - (len(entries) - len(dims)) if dims is not None else -1
-            if not (0 <= at < len(dims) and same_dim(entry, dims[at])):
+            # dims None: at is -1, so len(dims) and dims[at] are never reached
+            if not (0 <= at < len(dims) and same_dim(entry, dims[at])):  # type: ignore[arg-type, index]
+
                 raise node.error(f"input 'shape' holds {entry!r}, a size known only at run time that is not the "
                                  "input's own dim there; opforge's expand needs the sizes when the model is loaded")
             entry = 1
@@ -377,25 +394,25 @@ def expand(node, x, shape):
     return ops.expand(x, shape=target)
 
 
-def top_k(node, x, k):
+def top_k(node: NodeContext, x: Any, k: int) -> Any:
     return ops.topk(x, k=k, axis=node.attr("axis", -1), largest=bool(node.attr("largest", 1)),
                     sorted=bool(node.attr("sorted", 1)))
 
 
 @converter("TopK", since=1)
-def topk_v1(node, x):
+def topk_v1(node: NodeContext, x: Any) -> Any:
     return top_k(node, x, node.attr("k"))
 
 
 @converter("TopK", since=10)
-def topk_v10(node, x, k):
+def topk_v10(node: NodeContext, x: Any, k: Any) -> Any:
     count = ints(node, k, "input 'K'")
     if len(count) != 1:
         raise node.error(f"input 'K' must hold one value, got {count}")
     return top_k(node, x, count[0])
 
 
-def split_pieces(node, x, axis, sizes, count):
+def split_pieces(node: NodeContext, x: Any, axis: int, sizes: Sequence[int] | None, count: int) -> tuple[Any, ...]:
     """The Split outputs as slices of x along axis: ``sizes`` given, or ``count`` pieces of equal size
     (the last smaller when the dim does not divide, from opset 18)."""
     rank = rank_of(node, x, "input 'input'")
@@ -426,7 +443,7 @@ def split_pieces(node, x, axis, sizes, count):
 
 
 @converter("Split", since=1)
-def split_v1(node, x, split=None):
+def split_v1(node: NodeContext, x: Any, split: Any = None) -> tuple[Any, ...]:
     sizes = node.attr("split")
     if split is not None:
         sizes = ints(node, split, "input 'split'")
@@ -434,12 +451,13 @@ def split_v1(node, x, split=None):
 
 
 @converter("Split", since=2)
-def split_v2(node, x):
+def split_v2(node: NodeContext, x: Any) -> tuple[Any, ...]:
     return split_pieces(node, x, node.attr("axis", 0), node.attr("split") or None, node.num_outputs)
 
 
 @converter("Split", since=13)
-def split_v13(node, x, split=None):
+def split_v13(node: NodeContext, x: Any, split: Any = None) -> tuple[Any, ...]:
+
     sizes = None if split is None else ints(node, split, "input 'split'")
     count = node.attr("num_outputs", node.num_outputs) if node.opset >= 18 else node.num_outputs
     if node.opset >= 18 and sizes is None and "num_outputs" not in node.attrs:

@@ -12,7 +12,9 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,12 +30,24 @@ from .cache import cache_errors
 from .cpu import ISA_COMPILE_FLAGS, normalize_isa
 from .library import load_library
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..attrs import AttrValue
+    from ..operator import DTypeSignatures, KernelDTypes, Op
+    from .library import Library
+
+    #: What the native launcher runs for one signature: the function, the outputs' shapes and dtypes, the
+    #: workspace sizes, every tensor's dtype name and the kernel's Extra.
+    NativePlan = tuple[int | None, tuple[tuple[int, ...], ...], tuple[np.dtype[Any], ...], tuple[int, ...],
+                       tuple[str, ...], Any]
+
 INIT_CACHE_SIZE = 64
 WORKSPACE_ALIGN = 64
 MAX_ALLOCATION_BYTES = 2**62  # more than any address space: such requests never reach malloc
 
 
-def split_func(func: str):
+def split_func(func: object) -> tuple[Path, str]:
     """``"path/file.cc:Func"`` -> (Path, "Func")."""
     path, sep, name = str(func).rpartition(":")
     if not sep or not path or not name.isidentifier():
@@ -41,7 +55,7 @@ def split_func(func: str):
     return Path(os.path.expanduser(path)), name
 
 
-def workspace_sizes(requested, floor_bytes, *, op, function):
+def workspace_sizes(requested: Sequence[int], floor_bytes: int, *, op: str, function: str) -> tuple[int, ...]:
     """Byte sizes to allocate for the workspace that ``function`` (an Init) of
     op ``op`` requested.  Rounded up to 64 and to ``floor_bytes`` (the
     largest input's size): some kernels written for MindSpore pass element
@@ -53,15 +67,21 @@ def workspace_sizes(requested, floor_bytes, *, op, function):
     return sizes
 
 
-def largest_nbytes(arrays):
+def largest_nbytes(arrays: Iterable[npt.NDArray[Any] | None]) -> int:
     return max((a.nbytes for a in arrays if a is not None), default=0)
 
 
 class AotKernel(Kernel):
     """A kernel function in a C/C++/CUDA library following the aot ABI."""
 
-    def __init__(self, func, *, device="cpu", dtypes=None, isa=None, layout="ndarray", cflags=(),
-                 include_dirs=(), cxx11_abi=None, name=None, init_cache_size=INIT_CACHE_SIZE):
+    _function: int | None  # the entry points, once loaded (Init and InferShape are optional)
+    _init: int | None
+    _infer: int | None
+
+    def __init__(self, func: str | os.PathLike[str], *, device: str = "cpu", dtypes: DTypeSignatures | None = None,
+                 isa: str | None = None, layout: str = "ndarray", cflags: Iterable[str] = (),
+                 include_dirs: Iterable[str | os.PathLike[str]] = (), cxx11_abi: bool | None = None,
+                 name: str | None = None, init_cache_size: int = INIT_CACHE_SIZE) -> None:
         path, function = split_func(func)
         super().__init__(device=device, dtypes=dtypes, isa=isa, layout=layout, name=name or function)
         self.priority = 2  # native kernels before Python ones
@@ -76,20 +96,22 @@ class AotKernel(Kernel):
         self._function = self._init = self._infer = None
         # Bounded: shapes and attribute values may vary per call.  An evicted
         # Extra deletes its kernel data when the last call using it ends.
-        self._inits = BoundedCache(init_cache_size, lru=True)  # signature -> (Extra, workspace sizes)
-        self._attr_extras = BoundedCache(init_cache_size)  # attribute values -> Extra used without Init
+        self._inits: BoundedCache[tuple[object, ...], tuple[Any, tuple[int, ...]]] = BoundedCache(
+            init_cache_size, lru=True)  # signature -> (Extra, workspace sizes)
+        # attribute values -> Extra used without Init
+        self._attr_extras: BoundedCache[tuple[tuple[str, object], ...], Any] = BoundedCache(init_cache_size)
 
-    def reject_reason(self, op, specs):
+    def reject_reason(self, op: Op, specs: Sequence[TensorSpec | None]) -> str | None:
         for index, spec in enumerate(specs):
             if spec is None:  # the C ABI has no way to say "absent"
                 return f"input '{op.input_name(index)}' is absent, and a native kernel needs every input"
         return super().reject_reason(op, specs)
 
     @property
-    def location(self):
+    def location(self) -> str:
         return str(self.path)
 
-    def load(self):
+    def load(self) -> AotKernel:
         """Build (or fetch from the cache) and load the library; resolve entry points."""
         if self.library is not None:
             return self
@@ -122,19 +144,21 @@ class AotKernel(Kernel):
         return self
 
     @property
-    def has_infer_shape(self):
+    def has_infer_shape(self) -> bool:
         return self.load()._infer is not None
 
     @property
-    def has_init(self):
+    def has_init(self) -> bool:
         return self.load()._init is not None
 
     # -- attributes and Init ----------------------------------------------
-    def _extra_for_attrs(self, op, attrs):
+    def _extra_for_attrs(self, op: Op, attrs: Mapping[str, AttrValue]) -> Any:
         return self._attr_extras.get_or_create(
-            attr_key(attrs), lambda: _native.Extra(op.name, dict(attrs), self.library.cxx11_abi))
+            attr_key(attrs), lambda: _native.Extra(op.name, dict(attrs),
+                                                   self.library.cxx11_abi))  # type: ignore[union-attr]  # loaded
 
-    def signature_state(self, op, specs, attrs):
+    def signature_state(self, op: Op, specs: Sequence[TensorSpec],
+                        attrs: Mapping[str, AttrValue]) -> tuple[Any, tuple[int, ...]]:
         """(Extra, workspace sizes) for inputs+outputs ``specs``; runs Init once per signature."""
         self.load()
         if self._init is None:
@@ -142,36 +166,39 @@ class AotKernel(Kernel):
         key = (tuple((s.shape, s.dtype) for s in specs), attr_key(attrs))
         return self._inits.get_or_create(key, lambda: self._run_init(op, specs, attrs))
 
-    def _run_init(self, op, specs, attrs):
+    def _run_init(self, op: Op, specs: Sequence[TensorSpec],
+                  attrs: Mapping[str, AttrValue]) -> tuple[Any, tuple[int, ...]]:
         from .dispatch import kernel_error
 
-        extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)
+        extra = _native.Extra(op.name, dict(attrs), self.library.cxx11_abi)  # type: ignore[union-attr]  # loaded
         rc, error = _native.call_init(self._init, extra, [s.shape for s in specs], [s.dtype for s in specs])
         if rc != 0 or error is not None:
             raise kernel_error(op, self, rc, error, function=self.function_name + "Init")
         return extra, tuple(extra.workspace)
 
     @property
-    def init_cache_entries(self):
+    def init_cache_entries(self) -> int:
         return len(self._inits)
 
     @property
-    def init_cache_size(self):
+    def init_cache_size(self) -> int:
         return self._inits.capacity
 
     @init_cache_size.setter
-    def init_cache_size(self, size):
+    def init_cache_size(self, size: int) -> None:
         self._inits.capacity = self._attr_extras.capacity = size
 
     # -- inference --------------------------------------------------------
-    def infer(self, op, specs, attrs):
+    def infer(self, op: Op, specs: Sequence[TensorSpec | None],
+              attrs: Mapping[str, AttrValue]) -> list[TensorSpec] | None:
         if not self.has_infer_shape:
             return None
         from .dispatch import kernel_error
 
         several = len(op.outputs) > 1
         shapes, error = _native.call_infer(self._infer, self._extra_for_attrs(op, attrs),
-                                           [s.shape for s in specs], several)
+                                           [s.shape for s in specs],  # type: ignore[union-attr]  # all present
+                                           several)
         if error is not None:
             raise kernel_error(op, self, 0, error, function=self.function_name + "InferShape")
         if len(shapes) != len(op.outputs):
@@ -182,7 +209,8 @@ class AotKernel(Kernel):
         return [TensorSpec(shape, dtype) for shape in shapes]
 
     # -- running ------------------------------------------------------------
-    def plan(self, op, arrays, specs, out_specs, attrs):
+    def plan(self, op: Op, arrays: Sequence[npt.NDArray[Any]], specs: Sequence[TensorSpec],
+             out_specs: Sequence[TensorSpec], attrs: Mapping[str, AttrValue]) -> NativePlan | None:
         """The native launcher's plan for one signature (CPU kernels only)."""
         if self.device != "cpu":
             return None
@@ -194,13 +222,16 @@ class AotKernel(Kernel):
                 tuple(s.dtype for s in list(specs) + list(out_specs)),
                 extra)
 
-    def run(self, op, arrays, attrs, out_specs, in_specs=None, *, poison=None):
+    def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue], out_specs: Sequence[TensorSpec],
+            in_specs: Sequence[TensorSpec | None] | None = None, *, poison: int | None = None) -> list[npt.NDArray[Any]]:
         """One call outside the launcher, with the same memory checks.  ``poison``
         (a byte) runs it in checked mode with outputs and workspaces filled
         with that byte (``check_op`` uses it to find never-written output)."""
         from .dispatch import as_array, input_specs, kernel_error
 
-        specs = list(in_specs) if in_specs is not None else input_specs(op, arrays)
+        # (specs may hold None for absent inputs; a native kernel's inputs are all present)
+        specs: list[TensorSpec] = list(in_specs) if in_specs is not None else input_specs(  # type: ignore[assignment, arg-type]
+            op, arrays)
         if self.device == "gpu":
             from . import cuda
 
@@ -220,7 +251,8 @@ class AotKernel(Kernel):
         return list(outputs)
 
 
-    def _run_blocked(self, op, arrays, specs, out_specs, attrs):
+    def _run_blocked(self, op: Op, arrays: Sequence[npt.NDArray[Any]], specs: Sequence[TensorSpec],
+                     out_specs: Sequence[TensorSpec], attrs: Mapping[str, AttrValue]) -> list[npt.NDArray[Any]]:
         """A call on a blocked layout (nchw16c) outside a planned graph: such a tensor is a
         flat buffer of the layout's padded size, while the kernel is told the logical
         shapes (as the planned executor does; the launcher sizes buffers by their shapes)."""
@@ -247,7 +279,7 @@ C_TYPES = {"bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32
            "float16": "_Float16", "float32": "float", "float64": "double"}
 
 
-def write_inline_source(path: Path, code: str):
+def write_inline_source(path: Path, code: str) -> None:
     """(Re)write a kernel source given as a string; atomic, as concurrent writers write the same bytes."""
     if path.exists() and path.read_text() == code:
         return
@@ -258,7 +290,7 @@ def write_inline_source(path: Path, code: str):
     os.replace(temporary, path)
 
 
-def inline_source_path(op_name, code, suffix) -> Path:
+def inline_source_path(op_name: str, code: str, suffix: str) -> Path:
     """Where a source given as a string lives: content-addressed, in the cache's
     hidden ``.inline`` folder (not a cache entry)."""
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
@@ -266,7 +298,7 @@ def inline_source_path(op_name, code, suffix) -> Path:
     return _build.cache_dir() / ".inline" / f"{stem}-{digest}{suffix}"
 
 
-def dtype_flags(op, signature):
+def dtype_flags(op: Op, signature: Sequence[str | None] | None) -> list[str]:
     """-D flags selecting one dtype variant of a templated source."""
     if signature is None:
         return []
@@ -274,7 +306,7 @@ def dtype_flags(op, signature):
     return named_dtype_flags([(n, d) for n, d in zip(names, signature) if d is not None])
 
 
-def named_dtype_flags(typed):
+def named_dtype_flags(typed: Sequence[tuple[str | None, str]]) -> list[str]:
     """-D flags for (name, dtype) pairs: OPFORGE_T is the first dtype's C type; a named
     pair also sets OPFORGE_T_<name> (``opforge build --dtype`` passes None for a bare dtype)."""
     if not typed:
@@ -284,13 +316,15 @@ def named_dtype_flags(typed):
     return flags
 
 
-def layout_flags(layout):
+def layout_flags(layout: str) -> list[str]:
     """-D flag of a kernel compiled for a blocked layout (``OPFORGE_LAYOUT_NCHW16C``)."""
     return [] if layout in ("ndarray", "any") else [f"-DOPFORGE_LAYOUT_{layout.upper()}=1"]
 
 
-def source_kernels(op, *, source, code, function, device, signatures, dtypes, isa, layout, cflags, include_dirs,
-                   name):
+def source_kernels(op: Op, *, source: str | os.PathLike[str] | None, code: str | None, function: str | None,
+                   device: str, signatures: DTypeSignatures | None, dtypes: KernelDTypes, isa: str | None, layout: str,
+                   cflags: Iterable[str], include_dirs: Iterable[str | os.PathLike[str]],
+                   name: str | None) -> list[Kernel]:
     """The AotKernels for one source: one per dtype variant, compiled with the ISA's flags."""
     if code is not None:
         if not function:
@@ -301,7 +335,7 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
     isa_flags = ISA_COMPILE_FLAGS[normalize_isa(isa)] if device == "cpu" else []
     variants = signatures if (signatures and isinstance(dtypes, dict)) else [None]
     builtin = _prebuilt.declared_by_builtins()  # before the loop: one look at the callers
-    kernels = []
+    kernels: list[Kernel] = []
     for variant in variants:
         flags = list(cflags) + isa_flags + dtype_flags(op, variant) + layout_flags(layout)
         label = name or split_func(source)[1]
@@ -311,7 +345,8 @@ def source_kernels(op, *, source, code, function, device, signatures, dtypes, is
             label += "<" + ",".join(d for d in variant if d) + ">"
         if layout not in ("ndarray", "any"):
             label += f"@{layout}"
-        kernel = AotKernel(source, device=device, dtypes=[variant] if variant else signatures, isa=isa,
+        kernel = AotKernel(source,  # type: ignore[arg-type]  # None only with code=, which replaced it above
+                           device=device, dtypes=[variant] if variant else signatures, isa=isa,
                            layout=layout, cflags=flags, include_dirs=include_dirs, name=label)
         kernel.code = code  # written to its path when the kernel is loaded
         kernel.builtin = builtin

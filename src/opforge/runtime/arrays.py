@@ -17,12 +17,27 @@ ask it for its current stream (``runtime.cuda``).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 
 from ..dtypes import to_numpy
 from ..errors import DeviceError, DTypeError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    class OpLike(Protocol):
+        """An Op or a Graph: what messages and handing outputs back need of the callee."""
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def outputs(self) -> Sequence[Any]: ...  # an Op's output names, a Graph's output Values
+        @property
+        def tuple_output(self) -> bool: ...
+        def input_name(self, index: int) -> str: ...
 
 #: DLPack device types opforge knows by name.
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
@@ -32,13 +47,13 @@ HOST = (CPU, 0)
 _kinds: dict[type, tuple[str, Any]] = {}  # array type -> (kind name, its library's from_dlpack)
 
 
-def device_name(device) -> str:
+def device_name(device: tuple[int, int]) -> str:
     kind, index = device
     name = DEVICE_NAMES.get(kind, f"device type {kind}")
     return name if kind == CPU else f"{name}:{index}"
 
 
-def _library_of(value):
+def _library_of(value: object) -> tuple[str, Any]:
     """(kind name, from_dlpack) of a foreign array's library, cached per type."""
     found = _kinds.get(type(value))
     if found is not None:
@@ -59,12 +74,12 @@ def _library_of(value):
     return found
 
 
-def _dlpack_device(value):
+def _dlpack_device(value: Any) -> tuple[int, int]:
     kind, index = value.__dlpack_device__()
     return (int(kind), int(index))
 
 
-def _cuda_interface_device(value):
+def _cuda_interface_device(value: Any) -> tuple[int, int]:
     from . import cuda
 
     pointer = value.__cuda_array_interface__["data"][0]
@@ -72,7 +87,7 @@ def _cuda_interface_device(value):
     return (CUDA, pointer_device(pointer) if pointer and pointer_device else 0)
 
 
-def kind_of(value):
+def kind_of(value: object) -> str | None:
     """The array library of one tensor argument, without asking where it lives (that
     costs microseconds in some libraries); None for values that join any kind
     (Python scalars, nested lists, None, objects NumPy converts)."""
@@ -85,7 +100,7 @@ def kind_of(value):
     return None  # __array_interface__ / __array__ objects: NumPy converts them
 
 
-def device_of(value):
+def device_of(value: object) -> tuple[int, int]:
     """DLPack's (device_type, device_id) of one tensor argument."""
     if isinstance(value, np.ndarray) or not (hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__")):
         return HOST
@@ -100,7 +115,14 @@ class Placement:
 
     __slots__ = ("kind", "device", "from_dlpack", "example", "views")
 
-    def __init__(self, kind, device, example, views=None):
+    kind: str
+    device: tuple[int, int]
+    from_dlpack: Any  # the library's from_dlpack, or None
+    example: Any
+    views: tuple[Any, ...] | None
+
+    def __init__(self, kind: str, device: tuple[int, int], example: Any,
+                 views: tuple[Any, ...] | None = None) -> None:
         self.kind = kind
         self.device = device
         self.example = example  # one argument of the kind (its library's current stream is asked on it)
@@ -108,10 +130,10 @@ class Placement:
         self.views = views
 
     @property
-    def on_host(self):
+    def on_host(self) -> bool:
         return self.device[0] == CPU
 
-    def wrap(self, op, index, output):
+    def wrap(self, op: OpLike, index: int, output: Any) -> Any:
         """Output ``index`` of ``op`` (a NumPy array or a DLPack export) as an array of the caller's kind."""
         if self.from_dlpack is None:
             raise DeviceError(f"op '{op.name}': the array library '{self.kind}' has no from_dlpack, so opforge "
@@ -132,13 +154,13 @@ class Placement:
                                 if self.kind == "jax" else ""))
         return wrapped
 
-    def wrap_result(self, op, result):
+    def wrap_result(self, op: OpLike, result: Any) -> Any:
         if op.tuple_output:
             return tuple(self.wrap(op, k, r) for k, r in enumerate(result))
         return self.wrap(op, 0, result)
 
 
-def _numpy_dtype(dtype):
+def _numpy_dtype(dtype: npt.DTypeLike | None) -> np.dtype[Any] | None:
     """A NumPy dtype, an opforge dtype name ("bfloat16" too) or None, as a NumPy dtype or None."""
     if dtype is None:
         return None
@@ -151,15 +173,15 @@ def _numpy_dtype(dtype):
             return None
 
 
-def _dtype_name(array):
+def _dtype_name(array: Any) -> str | None:
     """The NumPy name of an array's dtype, or None where it is not a NumPy dtype (torch's)."""
     try:
-        return np.dtype(array.dtype).name
+        return np.dtype(array.dtype).name  # type: ignore[no-any-return, unused-ignore]  # np.dtype(Any): Any
     except TypeError:
         return None
 
 
-def placement(op, args):
+def placement(op: OpLike, args: Sequence[Any]) -> Placement | None:
     """The call's Placement, or None when every tensor is NumPy on the host
     (the plain path).  DeviceError when kinds or devices are mixed."""
     tensors = [(index, kind_of(value)) for index, value in enumerate(args)]
@@ -169,7 +191,7 @@ def placement(op, args):
         return None
     if len(kinds) > 1:
         _mixed(op, args, tensors)
-    kind = kinds.pop()
+    kind: str = kinds.pop()  # type: ignore[assignment]  # tensors holds no None kind: filtered above
     example = args[tensors[0][0]]
     if device_of(example) == HOST:
         views = list(args)
@@ -189,14 +211,14 @@ def placement(op, args):
     return Placement(kind, device, example)
 
 
-def _mixed(op, args, tensors):
+def _mixed(op: OpLike, args: Sequence[Any], tensors: Sequence[tuple[int, str | None]]) -> NoReturn:
     listed = ", ".join(f"'{op.input_name(k)}' is {kind} on {device_name(device_of(args[k]))}" for k, kind in tensors)
     first = tensors[0][1]
     raise DeviceError(f"op '{op.name}': one call takes arrays of one kind on one device, but {listed}; "
                       f"convert them first (e.g. with {first}.from_dlpack or .to(device))")
 
 
-def _host_view(op, index, value):
+def _host_view(op: OpLike, index: int, value: Any) -> np.ndarray[Any, Any]:
     """A host array of another library as a NumPy array sharing its memory, or the typed error saying why not."""
     try:
         return np.from_dlpack(value)
@@ -209,7 +231,7 @@ def _host_view(op, index, value):
                          f"cannot be viewed as a NumPy array: {error}") from None
 
 
-def host_view(op, index, value):
+def host_view(op: OpLike, index: int, value: Any) -> Any:
     """One argument as the host path takes it: arrays of other libraries as NumPy views of their memory."""
     if kind_of(value) in (None, "numpy"):
         return value

@@ -32,12 +32,18 @@ import ctypes
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from ..operator import Kernel
 
 __all__ = ["available", "follow_pool", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
 
+_K = TypeVar("_K", bound="Kernel | list[Kernel]")
+
 _lock = threading.Lock()
-_handle = None
-_error = None  # why loading failed, once it did
+_handle: ctypes.CDLL | None = None
+_error: str | None = None  # why loading failed, once it did
 
 
 def library_path() -> Path | None:
@@ -53,7 +59,7 @@ def library_path() -> Path | None:
     return path if path.exists() else None
 
 
-def load():
+def load() -> ctypes.CDLL | None:
     """Load OpenBLAS once, globally (its symbols then resolve in kernel libraries
     loaded after it); the ctypes handle, or None when it is not installed or does not load."""
     global _handle, _error
@@ -70,6 +76,7 @@ def load():
                 except OSError as error:
                     _error = f"OpenBLAS at {path} does not load: {error}"
                 else:
+                    threads: str | int
                     threads = os.environ.get("OPFORGE_BLAS_THREADS", "").strip()
                     if threads.isdigit():
                         threads = int(threads)
@@ -112,7 +119,7 @@ def reject_reason() -> str | None:
     return _error or "OpenBLAS is not available"
 
 
-def requiring(kernels):
+def requiring(kernels: _K) -> _K:
     """Mark ``op.kernel(...)``'s result (a kernel or a list) as needing OpenBLAS; returns it."""
     for kernel in kernels if isinstance(kernels, list) else [kernels]:
         kernel.requires = reject_reason

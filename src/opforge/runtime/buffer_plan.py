@@ -12,10 +12,18 @@ inference gives, the kernel's Init state and the workspace it asked for.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from .. import _native
 from ..operator import PyKernel
 from .aot import workspace_sizes
 from .dispatch import kernel_error, select_kernel
+
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..operator import Op
+    from ..spec import TensorSpec
 
 
 class BufferPlan:
@@ -31,7 +39,23 @@ class BufferPlan:
     __slots__ = ("op", "kernel", "device", "in_specs", "out_specs", "native", "skip", "extra", "shapes",
                  "dtypes", "workspace", "workspace_bytes", "function")
 
-    def __init__(self, op, attrs, specs, device):
+    op: Op
+    kernel: Any  # an AotKernel where native, else a PyKernel: callers tell them apart by ``native``
+    device: str
+    in_specs: tuple[TensorSpec | None, ...]
+    out_specs: tuple[TensorSpec, ...]
+    native: bool
+    skip: bool
+    extra: Any  # the kernel's Init state (a _native.Extra), None for a Python kernel
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    workspace: tuple[int, ...]
+    workspace_bytes: int
+    function: int | None
+
+    def __init__(self, op: Op, attrs: Mapping[str, AttrValue], specs: Sequence[TensorSpec | None],
+                 device: str) -> None:
+        kernel: Any  # as self.kernel
         self.op, self.device = op, device
         self.in_specs = tuple(specs)
         self.kernel = kernel = select_kernel(op, specs, device=device)
@@ -53,10 +77,10 @@ class BufferPlan:
         self.workspace_bytes = sum(self.workspace)
 
     @property
-    def out_nbytes(self):
+    def out_nbytes(self) -> list[int]:
         return [s.nbytes for s in self.out_specs]
 
-    def pointers(self, inputs, outputs, workspace=0):
+    def pointers(self, inputs: Sequence[int], outputs: Sequence[int], workspace: int = 0) -> list[int]:
         """The kernel's ``params``: input and output data pointers, then one per workspace buffer."""
         pointers = list(inputs) + list(outputs)
         offset = 0
@@ -65,7 +89,7 @@ class BufferPlan:
             offset += size
         return pointers
 
-    def run(self, inputs, outputs, workspace=0, stream=0):
+    def run(self, inputs: Sequence[int], outputs: Sequence[int], workspace: int = 0, stream: int = 0) -> None:
         """Call the kernel on data pointers (inputs, then outputs; ``workspace``: the
         start of ``workspace_bytes``) on ``stream``; raises the op's typed errors."""
         rc, error = _native.call_kernel(self.function, self.pointers(inputs, outputs, workspace), self.shapes,

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..errors import BuildError, CompileError, KernelSourceError
 from .cache import (
@@ -167,7 +167,7 @@ def _local_headers(source: Path, data: bytes, search_dirs: Sequence[Path]) -> It
 def _cache_key(plan: Plan, source_bytes: bytes) -> str:
     digest = hashlib.sha256()
 
-    def feed(item) -> None:
+    def feed(item: object) -> None:
         raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogateescape")
         digest.update(len(raw).to_bytes(8, "little"))
         digest.update(raw)
@@ -241,7 +241,8 @@ def _compile(plan: Plan, entry: Path, library: Path, key: str, verbose: bool) ->
                 entry.rmdir()  # a failed first build leaves no empty entry behind
 
 
-def build(source, *, extra_cflags: Iterable[str] | str = (), include_dirs: Iterable = (),
+def build(source: str | os.PathLike[str], *, extra_cflags: Iterable[str] | str = (),
+          include_dirs: Iterable[str | os.PathLike[str]] = (),
           compiler: str | None = None, cuda_arch: str | None = None, cxx11_abi: bool = False,
           optimization: str = "-O3", verbose: bool = False, force: bool = False) -> BuiltLibrary:
     """Compile ``source`` into the cache (or find it there) and return the library.
@@ -279,7 +280,7 @@ def build(source, *, extra_cflags: Iterable[str] | str = (), include_dirs: Itera
     entry = entry_dir(source, key)
     library = entry / library_name(source)
 
-    def cached(manifest: dict) -> BuiltLibrary:
+    def cached(manifest: dict[str, Any]) -> BuiltLibrary:
         if verbose:
             print(f"opforge: using cached {library}", file=sys.stderr, flush=True)
         tidy_loaded_entry(entry)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..errors import CacheError, OpforgeError
 
@@ -189,7 +189,7 @@ def sha256_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def read_valid_manifest(entry: Path, library: Path, key: str) -> dict | None:
+def read_valid_manifest(entry: Path, library: Path, key: str) -> dict[str, Any] | None:
     """The entry's manifest if the entry is complete and intact, else None."""
     manifest_path = entry / MANIFEST
     try:
@@ -265,7 +265,7 @@ def _entries(root: Path) -> list[Path]:
         return []
 
 
-def cache_info() -> dict:
+def cache_info() -> dict[str, Any]:
     """``{"path": str, "entries": int, "bytes": int}`` for the cache folder."""
     root = cache_dir()
     total = 0

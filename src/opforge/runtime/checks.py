@@ -12,15 +12,19 @@ Graphs run node by node in checked mode.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from .. import _native
 from ..errors import AllocationError, KernelError, OpforgeError
+
+if TYPE_CHECKING:
+    from ..operator import Op
 
 #: The error kinds the native side reports for memory problems (see csrc/native.cc).
 MEMORY_KINDS = frozenset({"overrun", "guard", "alloc"})
 
 
-def set_checks(enabled: bool = True):
+def set_checks(enabled: bool = True) -> None:
     """Turn checked mode (guard pages and poison for every native kernel call) on or off."""
     if enabled not in (True, False):  # (1 and 0 too) a string or None here is a mistake, not a switch
         raise OpforgeError(f"set_checks takes True or False, got {enabled!r}")
@@ -32,19 +36,19 @@ def checks_enabled() -> bool:
     return _native.checked()
 
 
-def _buffer_name(op, index):
+def _buffer_name(op: Op, index: int) -> str:
     """Buffers are counted outputs first, then workspaces."""
     if 0 <= index < len(op.outputs):
         return f"output '{op.outputs[index]}'"
     return f"workspace {index - len(op.outputs)}"
 
 
-def memory_error(op, function, where, error):
+def memory_error(op: Op, function: str, where: str, error: tuple[str, str]) -> KernelError:
     """The typed error for a memory problem the native side reported for one call."""
     kind, detail = error
     fields = detail.split()
     index = int(fields[0])
-    about = dict(op=op.name, function=function, code=0)
+    about: dict[str, Any] = dict(op=op.name, function=function, code=0)
     if kind == "alloc":
         sizes = ["more than fit in size_t" if int(s) == 2**64 - 1 else int(s) for s in fields[1:]]
         if index < 0:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..errors import BuildError, CompilerNotFoundError
 from .cuda_arch import detect_cuda_arch, normalize_arch
@@ -61,7 +61,7 @@ def include_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "include"
 
 
-def is_source(path) -> bool:
+def is_source(path: str | os.PathLike[str]) -> bool:
     """True for a path whose suffix names a kernel source opforge compiles."""
     return Path(path).suffix.lower() in _LANGUAGE_BY_SUFFIX
 
@@ -207,11 +207,11 @@ class Plan:
     search_dirs: list[Path]  # the -I folders, in order, for the header scan
     cxx11_abi: bool
 
-    def command(self, output: str | os.PathLike) -> list[str]:
+    def command(self, output: str | os.PathLike[str]) -> list[str]:
         return [*self.compiler, *self.flags, str(self.source), "-o", str(output)]
 
 
-def _cuda_runtime_rpath(nvcc):
+def _cuda_runtime_rpath(nvcc: str) -> list[str]:
     """Linker flags that let a kernel library find the toolkit's libcudart beside this nvcc."""
     root = Path(os.path.realpath(nvcc)).parent.parent
     for lib in (root / "lib64", root / "lib"):
@@ -220,8 +220,9 @@ def _cuda_runtime_rpath(nvcc):
     return []
 
 
-def plan(source: Path, *, extra_cflags, include_dirs, compiler, cuda_arch,
-          cxx11_abi, optimization) -> Plan:
+def plan(source: Path, *, extra_cflags: Iterable[str] | str,
+         include_dirs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+         compiler: str | os.PathLike[str] | None, cuda_arch: str | None, cxx11_abi: bool, optimization: str) -> Plan:
     language = language_of(source)
     if compiler:
         compiler = os.fspath(compiler)
@@ -275,7 +276,7 @@ def plan(source: Path, *, extra_cflags, include_dirs, compiler, cuda_arch,
 _PR_SET_PDEATHSIG = 1
 
 
-def _death_signal_setter():
+def _death_signal_setter() -> Callable[[], None] | None:
     """A preexec function asking Linux to SIGKILL the child when its parent dies, or None.
 
     Without it, a builder killed with SIGKILL leaves its compiler running, and
@@ -290,7 +291,7 @@ def _death_signal_setter():
         return None
     parent = os.getpid()
 
-    def die_with_parent():
+    def die_with_parent() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the request was made
             os.kill(os.getpid(), signal.SIGKILL)
@@ -298,7 +299,7 @@ def _death_signal_setter():
     return die_with_parent
 
 
-def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess:
+def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a compiler command, its output and errors together in ``stdout``.
 
     The compiler dies with this process (SIGKILL included) on Linux; on any

@@ -28,7 +28,7 @@ _REQUIRED_FLAGS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx512f"},
 }
-_cap = None
+_cap: str | None = None
 
 
 def _cpu_flags() -> set[str]:
@@ -45,7 +45,7 @@ def _cpu_flags() -> set[str]:
 _FLAGS = _cpu_flags() if platform.machine() in ("x86_64", "AMD64", "i686") else set()
 
 
-def normalize_isa(isa) -> str:
+def normalize_isa(isa: str | None) -> str:
     name = "generic" if isa in (None, "", "none") else str(isa).lower().replace(".", "").replace("_", "")
     name = {"sse4": "sse41", "avx512f": "avx512"}.get(name, name)
     if name not in ISA_LEVELS:
@@ -60,7 +60,7 @@ def cpu_features() -> dict[str, bool]:
     return features
 
 
-def set_isa_cap(isa) -> None:
+def set_isa_cap(isa: str | None) -> None:
     """Cap dispatch at ``isa`` (None removes the cap; OPFORGE_ISA still applies)."""
     global _cap
     _cap = None if isa is None else normalize_isa(isa)
@@ -69,7 +69,7 @@ def set_isa_cap(isa) -> None:
     Op.forget_all_plans()  # kernels chosen under the old cap must be chosen again
 
 
-_env_cap = None  # OPFORGE_ISA's cap, read once: the environment is not read on every call
+_env_cap: str | None = None  # OPFORGE_ISA's cap, read once: the environment is not read on every call
 
 
 def isa_cap() -> str:
@@ -83,11 +83,11 @@ def isa_cap() -> str:
     return _env_cap
 
 
-def isa_rank(isa) -> int:
+def isa_rank(isa: str | None) -> int:
     return ISA_LEVELS.index(normalize_isa(isa))
 
 
-def isa_reject_reason(isa) -> str | None:
+def isa_reject_reason(isa: str | None) -> str | None:
     """Why a kernel for ``isa`` cannot run here, or None."""
     isa = normalize_isa(isa)
     if not cpu_features()[isa]:

@@ -30,7 +30,7 @@ WHEEL_FOLDERS = ("nvidia/cublas/lib", "nvidia/cu13/lib", "nvidia/cu12/lib")
 
 _lock = threading.Lock()
 _done = False
-_handle = None
+_handle: ctypes.CDLL | None = None
 
 
 def wheel_library() -> str | None:
@@ -43,7 +43,7 @@ def wheel_library() -> str | None:
     return None
 
 
-def preload():
+def preload() -> ctypes.CDLL | None:
     """Load a wheel's cuBLAS globally, once; the ctypes handle, or None (none found, or it does not load)."""
     global _done, _handle
     if _done:
@@ -60,7 +60,7 @@ def preload():
     return _handle
 
 
-def prepare():
+def prepare() -> None:
     """``Kernel.requires`` of the GPU matmul: preload a wheel's cuBLAS; never a reason to skip the kernel."""
     preload()
     return None

@@ -33,12 +33,20 @@ import glob
 import os
 import sys
 import threading
-from typing import cast
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import _native
 from ..errors import CudaError, DeviceError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..operator import Op
+    from ..spec import TensorSpec
+    from .aot import AotKernel
 
 _H2D, _D2H = 1, 2
 _RELEASE_THRESHOLD = 4  # cudaMemPoolAttrReleaseThreshold
@@ -66,15 +74,17 @@ STICKY_ERRORS = {
 
 _lock = threading.Lock()
 _local = threading.local()  # .stream: the opforge.cuda.stream override; .device: on_device's device
-_runtime = None
+_runtime: ctypes.CDLL | None = None
 _pools: dict[int, int] = {}  # device -> opforge's memory pool there
-_pinned_free: dict = {}  # bucket size -> pinned host pointers ready for reuse
-_pinned_pending: list = []  # (event, size, pointer): staging buffers an asynchronous copy may still read
-_constants: dict = {}  # (device, dtype, bytes) -> [device pointer, event of its upload or None once done]
+_pinned_free: dict[int, list[int]] = {}  # bucket size -> pinned host pointers ready for reuse
+# (event, size, pointer): staging buffers an asynchronous copy may still read
+_pinned_pending: list[tuple[int | None, int, int]] = []
+# (device, dtype, bytes) -> [device pointer, event of its upload or None once done]
+_constants: dict[tuple[int, str, bytes], list[Any]] = {}
 
 
 # -- loading ------------------------------------------------------------------
-def _candidates():
+def _candidates() -> Iterator[str]:
     override = os.environ.get("OPFORGE_CUDART")
     if override:
         yield override
@@ -103,7 +113,7 @@ _SIGNATURES = {  # name: argument types; every call returns cudaError_t (int)
 }
 
 
-def _load():
+def _load() -> ctypes.CDLL:
     errors = []
     for name in _candidates():
         try:
@@ -127,7 +137,7 @@ def _load():
     return lib
 
 
-def runtime():
+def runtime() -> ctypes.CDLL:
     """The loaded CUDA runtime; CudaError if it is missing or sees no device."""
     global _runtime
     if _runtime is None:
@@ -158,7 +168,7 @@ def is_available() -> bool:
     return device_count() > 0
 
 
-def _reset():
+def _reset() -> None:
     """Forget the loaded runtime and everything taken from it (tests point
     ``$OPFORGE_CUDART`` at another library, then call this)."""
     global _runtime
@@ -172,11 +182,11 @@ def _reset():
 
 
 # -- errors -------------------------------------------------------------------
-def _describe(lib, code):
+def _describe(lib: ctypes.CDLL, code: int) -> str:
     return f"{lib.cudaGetErrorString(code).decode()} ({lib.cudaGetErrorName(code).decode()}, cudaError {code})"
 
 
-def _error(lib, code, what, *, sticky=False):
+def _error(lib: ctypes.CDLL, code: int, what: str, *, sticky: bool = False) -> CudaError:
     sticky = sticky or code in STICKY_ERRORS
     message = f"{what}: {_describe(lib, code)}"
     if sticky:
@@ -187,7 +197,7 @@ def _error(lib, code, what, *, sticky=False):
     return error
 
 
-def _failed(lib, code, what, *, reset=True):
+def _failed(lib: ctypes.CDLL, code: int, what: str, *, reset: bool = True) -> CudaError:
     """The CudaError for a failed call.  The call's error is also the thread's
     last error: once that is reset, an error still there is sticky."""
     if reset:
@@ -195,12 +205,12 @@ def _failed(lib, code, what, *, reset=True):
     return _error(lib, code, what, sticky=lib.cudaPeekAtLastError() != 0)
 
 
-def _check(code, what):
+def _check(code: int, what: str) -> None:
     if code != 0:
-        raise _failed(_runtime, code, what)
+        raise _failed(_runtime, code, what)  # type: ignore[arg-type]  # loaded: the code came from it
 
 
-def check_launch(op_name, function_name):
+def check_launch(op_name: str, function_name: str) -> None:
     """After a kernel call: CudaError naming op and kernel if the launch failed."""
     lib = _runtime if _runtime is not None else runtime()
     code = lib.cudaGetLastError()
@@ -227,7 +237,7 @@ def current_device() -> int:
 
 
 @contextlib.contextmanager
-def on_device(device_id):
+def on_device(device_id: int) -> Iterator[None]:
     """Make ``device_id`` the calling thread's current device inside the block."""
     lib = runtime()
     previous = current_device()
@@ -247,7 +257,7 @@ class _PointerAttributes(ctypes.Structure):  # cudaPointerAttributes since CUDA 
     _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int), ("device_pointer", _P), ("host_pointer", _P)]
 
 
-def pointer_device(pointer) -> int:
+def pointer_device(pointer: int) -> int:
     """The device a pointer into device memory belongs to (0 when the runtime cannot tell)."""
     lib = runtime()
     attributes = _PointerAttributes()
@@ -265,16 +275,19 @@ class StreamHandle(int):
     them (a buffer is freed on its stream later; a graph plan orders its next
     call after its last stream), so it keeps their owners with them."""
 
-    def __new__(cls, handle, owner=None):
+    owner: object
+
+    def __new__(cls, handle: int, owner: object = None) -> StreamHandle:
         self = super().__new__(cls, handle)
         self.owner = owner
         return self
 
-    def __reduce__(self):  # pickled (or copied) as the plain handle: an owner does not travel
+    # pickled (or copied) as the plain handle: an owner does not travel
+    def __reduce__(self) -> tuple[type[int], tuple[int]]:
         return (int, (int(self),))
 
 
-def stream_handle(s) -> int:
+def stream_handle(s: Any) -> int:
     """The ``cudaStream_t`` of anything ``opforge.cuda.stream`` accepts: an int as it is,
     a stream object's handle as a StreamHandle that keeps the object alive."""
     if isinstance(s, bool):
@@ -297,7 +310,7 @@ def stream_handle(s) -> int:
 
 
 @contextlib.contextmanager
-def stream(s):
+def stream(s: Any) -> Iterator[Any]:
     """Run opforge's GPU calls in this thread on stream ``s`` inside the block.
 
     ``s`` is an int ``cudaStream_t`` (0: the legacy default stream), an object
@@ -315,11 +328,11 @@ def stream(s):
         _local.stream = outer
 
 
-def current_stream(kind=None, device_id=0) -> int:
+def current_stream(kind: str | None = None, device_id: int = 0) -> int:
     """The stream a call on ``kind`` arrays runs on: ``opforge.cuda.stream``'s, else
     PyTorch's or CuPy's current stream for their arrays, else 0 (legacy default).
     A stream read from a framework comes as a StreamHandle holding its stream object."""
-    handle = getattr(_local, "stream", None)
+    handle: int | None = getattr(_local, "stream", None)
     if handle is not None:
         return handle
     if kind == "torch":
@@ -336,12 +349,12 @@ def current_stream(kind=None, device_id=0) -> int:
     return 0
 
 
-def same_stream(a, b) -> bool:
+def same_stream(a: int, b: int) -> bool:
     """Whether two handles name one stream (0 and cudaStreamLegacy, 1, are both the legacy default stream)."""
     return (a or 1) == (b or 1)
 
 
-def synchronize(s=None):
+def synchronize(s: Any = None) -> None:
     """Wait for stream ``s`` (anything ``stream`` accepts), or for the whole device
     when ``s`` is None; CudaError names a failure found there."""
     lib = runtime()
@@ -351,13 +364,13 @@ def synchronize(s=None):
         _check(lib.cudaStreamSynchronize(stream_handle(s)), "cudaStreamSynchronize")
 
 
-def _new_event(lib):
+def _new_event(lib: ctypes.CDLL) -> int | None:
     event = ctypes.c_void_p()
     _check(lib.cudaEventCreateWithFlags(ctypes.byref(event), _DISABLE_TIMING), "cudaEventCreateWithFlags")
     return event.value
 
 
-def order_after(previous, stream):
+def order_after(previous: int, stream: int) -> None:
     """Make ``stream`` wait for the work queued so far on ``previous`` (an event; no host wait).
     Both are streams of the current device."""
     lib = runtime()
@@ -369,16 +382,16 @@ def order_after(previous, stream):
         lib.cudaEventDestroy(event)  # CUDA keeps what the wait needs
 
 
-def _query(lib, event) -> int:
+def _query(lib: ctypes.CDLL, event: int | None) -> int:
     """cudaEventQuery, without leaving cudaErrorNotReady as the thread's last error
     (the next launch check would blame a kernel for it)."""
-    code = lib.cudaEventQuery(event)
+    code: int = lib.cudaEventQuery(event)
     if code == _NOT_READY and lib.cudaPeekAtLastError() == _NOT_READY:
         lib.cudaGetLastError()
     return code
 
 
-def dlpack_consumer_stream(stream):
+def dlpack_consumer_stream(stream: object) -> int | None:
     """The ``cudaStream_t`` a DLPack consumer named with ``__dlpack__(stream=...)`` for
     a CUDA tensor, or None when it asked for no ordering (-1).  None (not given) and
     1 mean the legacy default stream, 2 the per-thread default stream (both are
@@ -409,11 +422,18 @@ class DeviceBuffer:
 
     __slots__ = ("pointer", "nbytes", "device_id", "stream", "users", "_lib")
 
-    def __init__(self, pointer, nbytes, device_id, stream, lib):
+    pointer: int
+    nbytes: int
+    device_id: int
+    stream: int
+    users: list[int] | None
+    _lib: ctypes.CDLL
+
+    def __init__(self, pointer: int, nbytes: int, device_id: int, stream: int, lib: ctypes.CDLL) -> None:
         self.pointer, self.nbytes, self.device_id, self.stream, self._lib = pointer, nbytes, device_id, stream, lib
         self.users = None
 
-    def export_to(self, stream):
+    def export_to(self, stream: int | None) -> None:
         """DLPack's stream semantics when a consumer takes this memory with
         ``__dlpack__(stream=stream)``: its stream waits for the work queued on
         ``self.stream`` (which produced the contents), and the eventual free
@@ -428,13 +448,13 @@ class DeviceBuffer:
             users.append(consumer)
         self.users = users
 
-    def export(self, shape, dtype):
+    def export(self, shape: Sequence[int], dtype: str) -> Any:
         """This memory as a C-contiguous DLPack tensor of ``shape`` and ``dtype`` (a
         DLPackExport that keeps the buffer alive and orders its consumers' streams)."""
         return _native.DLPackExport(self.pointer, shape, dtype, _DLPACK_CUDA, self.device_id, self,
                                     sync=self.export_to)
 
-    def release(self):
+    def release(self) -> None:
         pointer, self.pointer = self.pointer, 0
         if not pointer:
             return
@@ -457,11 +477,11 @@ class DeviceBuffer:
 
     __del__ = release
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"DeviceBuffer(0x{self.pointer:x}, {self.nbytes} bytes, device {self.device_id}, stream {self.stream})"
 
 
-def _make_current(lib, device_id):
+def _make_current(lib: ctypes.CDLL, device_id: int) -> int | None:
     """Make ``device_id`` current; the device to go back to, or None when it already was."""
     if getattr(_local, "device", None) == device_id:
         return None
@@ -477,7 +497,7 @@ class _PoolProps(ctypes.Structure):  # cudaMemPoolProps (88 bytes since CUDA 11.
                 ("reserved", ctypes.c_ubyte * 64)]
 
 
-def memory_pool(device_id=0) -> int:
+def memory_pool(device_id: int = 0) -> int:
     """opforge's own memory pool on ``device_id`` (a ``cudaMemPool_t``), made on first use.
 
     Its release threshold keeps freed memory for reuse.  That attribute is set on
@@ -502,7 +522,7 @@ def memory_pool(device_id=0) -> int:
     return pool
 
 
-def allocate(nbytes, stream, device_id=0) -> DeviceBuffer:
+def allocate(nbytes: int, stream: int, device_id: int = 0) -> DeviceBuffer:
     """``nbytes`` of device memory on ``device_id`` from opforge's pool, ordered on ``stream``."""
     lib = runtime()
     pool = _pools.get(device_id) or memory_pool(device_id)
@@ -515,15 +535,15 @@ def allocate(nbytes, stream, device_id=0) -> DeviceBuffer:
             code = lib.cudaMallocFromPoolAsync(ctypes.byref(pointer), size, pool, stream)
     if code != 0:
         raise _failed(lib, code, f"cudaMallocFromPoolAsync of {nbytes} bytes on device {device_id}")
-    return DeviceBuffer(pointer.value, int(nbytes), device_id, stream, lib)
+    return DeviceBuffer(pointer.value, int(nbytes), device_id, stream, lib)  # type: ignore[arg-type]  # not NULL
 
 
-def memset(buffer, value, stream):
+def memset(buffer: DeviceBuffer, value: int, stream: int) -> None:
     """Fill a DeviceBuffer with the byte ``value``, ordered on ``stream``."""
     _check(runtime().cudaMemsetAsync(buffer.pointer, value, buffer.nbytes, stream), "cudaMemsetAsync")
 
 
-def upload(array, stream, device_id=0) -> DeviceBuffer:
+def upload(array: npt.NDArray[Any], stream: int, device_id: int = 0) -> DeviceBuffer:
     """A copy of host ``array``'s bytes in device memory, made on ``stream`` without
     waiting: staged through a pinned buffer that is reused once an event says the
     copy has read it.  Call inside ``on_device(device_id)``."""
@@ -552,7 +572,7 @@ def upload(array, stream, device_id=0) -> DeviceBuffer:
     return buffer
 
 
-def constant(array, stream, device_id=0):
+def constant(array: npt.NDArray[Any], stream: int, device_id: int = 0) -> tuple[int, DeviceBuffer | None]:
     """Device memory holding the value of the 0-d host ``array``, ready for work on
     ``stream``: ``(pointer, holder)``.  Each value is uploaded once per device and
     kept for the process (up to ``_CONSTANTS_MAX`` values; then each call uploads
@@ -586,11 +606,11 @@ def constant(array, stream, device_id=0):
 
 
 # -- host arrays: the slow path -----------------------------------------------
-def _bucket(nbytes):
+def _bucket(nbytes: int) -> int:
     return max(_PINNED_MIN, 1 << (max(int(nbytes), 1) - 1).bit_length())
 
 
-def _reclaim_pinned(lib):
+def _reclaim_pinned(lib: ctypes.CDLL) -> None:
     """Return to the pool the staging buffers whose asynchronous copies have finished."""
     with _lock:  # held throughout: an event is queried and destroyed by one thread
         still = []
@@ -605,7 +625,7 @@ def _reclaim_pinned(lib):
         _pinned_pending[:] = still
 
 
-def _take_pinned(lib, nbytes):
+def _take_pinned(lib: ctypes.CDLL, nbytes: int) -> tuple[int, int]:
     size = _bucket(nbytes)
     if _pinned_pending:
         _reclaim_pinned(lib)
@@ -615,16 +635,18 @@ def _take_pinned(lib, nbytes):
             return size, free.pop()
     pointer = ctypes.c_void_p()
     _check(lib.cudaHostAlloc(ctypes.byref(pointer), size, 0), f"cudaHostAlloc of {size} bytes")
-    return size, pointer.value
+    return size, pointer.value  # type: ignore[return-value]  # not NULL: cudaHostAlloc succeeded
 
 
-def _give_back_pinned(taken):
+def _give_back_pinned(taken: Iterable[tuple[int, int]]) -> None:
     with _lock:
         for size, pointer in taken:
             _pinned_free.setdefault(size, []).append(pointer)
 
 
-def run_host_arrays(kernel, op, arrays, out_specs, workspace_sizes, shapes, names, extra):
+def run_host_arrays(kernel: AotKernel, op: Op, arrays: Sequence[Any], out_specs: Sequence[TensorSpec],
+                    workspace_sizes: Sequence[int], shapes: Sequence[tuple[int, ...]], names: Sequence[str],
+                    extra: Any) -> list[npt.NDArray[Any]]:
     """Run a GPU kernel on host (NumPy) arrays: the slow path.
 
     Inputs are staged through pinned, pooled host buffers and copied to device

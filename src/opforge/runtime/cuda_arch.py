@@ -27,7 +27,7 @@ log = logging.getLogger("opforge.build")
 DEFAULT_CUDA_ARCH = "sm_80"
 
 
-def normalize_arch(arch) -> str:
+def normalize_arch(arch: object) -> str:
     """"sm_90", "90", "9.0", "compute_90", "sm_90a" -> "sm_90" / "sm_90a"."""
     text = str(arch).strip().lower()
     for prefix in ("sm_", "compute_", "sm", "compute"):

@@ -20,11 +20,12 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from ..errors import CudaError
 from . import cuda
-from .cuda import order_after  # noqa: F401  (the graph executor orders its arena's streams with it)
+from .cuda import order_after as order_after  # noqa: F401  (the graph executor orders its arena's streams with it)
 
 _P, _I, _U = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
 _SIGNATURES = {
@@ -53,7 +54,7 @@ def enabled() -> bool:
     return os.environ.get("OPFORGE_CUDA_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
 
 
-def _runtime():
+def _runtime() -> ctypes.CDLL:
     """The CUDA runtime with the graph calls' signatures set (once per loaded runtime)."""
     lib = cuda.runtime()
     if _state["lib"] is not lib:
@@ -63,7 +64,7 @@ def _runtime():
     return lib
 
 
-def _configure(lib):
+def _configure(lib: ctypes.CDLL) -> None:
     try:
         for name, argtypes in _SIGNATURES.items():
             function = getattr(lib, name)
@@ -78,7 +79,7 @@ def _configure(lib):
     _state.update(lib=lib, streams={}, instantiate=instantiate)
 
 
-def _check(lib, code, what):
+def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
     if code != 0:
         error_type = CaptureUnsupported if code in CAPTURE_ERRORS else CudaError
         lib.cudaGetLastError()  # a failed capture call must not be blamed on the next launch
@@ -87,14 +88,14 @@ def _check(lib, code, what):
         raise error
 
 
-def _capture_stream(lib, device_id):
+def _capture_stream(lib: ctypes.CDLL, device_id: int) -> int:
     """opforge's own stream for capturing on ``device_id`` (made once; never destroyed)."""
-    stream = _state["streams"].get(device_id)
+    stream: int | None = _state["streams"].get(device_id)
     if stream is None:
         handle = ctypes.c_void_p()
         with cuda.on_device(device_id):
             _check(lib, lib.cudaStreamCreateWithFlags(ctypes.byref(handle), _NON_BLOCKING), "cudaStreamCreateWithFlags")
-        stream = _state["streams"][device_id] = handle.value
+        stream = _state["streams"][device_id] = cast(int, handle.value)  # non-NULL, as the create succeeded
     return stream
 
 
@@ -104,16 +105,19 @@ class CapturedGraph:
 
     __slots__ = ("handle", "_lib")
 
-    def __init__(self, lib, handle):
+    handle: int | None
+    _lib: ctypes.CDLL
+
+    def __init__(self, lib: ctypes.CDLL, handle: int | None) -> None:
         self._lib, self.handle = lib, handle
 
-    def launch(self, stream):
+    def launch(self, stream: int) -> None:
         """Replay the whole graph on ``stream``: one call, ordered after the stream's earlier work."""
         if not self.handle:
             raise CudaError("cudaGraphLaunch: the captured graph was closed")
         _check(self._lib, self._lib.cudaGraphLaunch(self.handle, stream), "cudaGraphLaunch")
 
-    def close(self):
+    def close(self) -> None:
         handle, self.handle = self.handle, None
         if handle:
             self._lib.cudaGraphExecDestroy(handle)
@@ -121,13 +125,13 @@ class CapturedGraph:
     __del__ = close
 
 
-def is_invalidated(lib, stream) -> bool:
+def is_invalidated(lib: ctypes.CDLL, stream: int) -> bool:
     """Whether the capture open on ``stream`` was invalidated (a call it could not record)."""
     status = ctypes.c_int(0)
     return lib.cudaStreamIsCapturing(stream, ctypes.byref(status)) == 0 and status.value == _CAPTURE_INVALIDATED
 
 
-def capture(record, device_id) -> CapturedGraph:
+def capture(record: Callable[[int], object], device_id: int) -> CapturedGraph:
     """Capture what ``record(stream)`` enqueues on ``stream`` into an instantiated graph.
 
     ``record`` gets opforge's capture stream and must enqueue all its work
@@ -156,7 +160,7 @@ def capture(record, device_id) -> CapturedGraph:
     return CapturedGraph(lib, executable.value)
 
 
-def _end(lib, stream, quiet=False):
+def _end(lib: ctypes.CDLL, stream: int, quiet: bool = False) -> int | None:
     graph = ctypes.c_void_p()
     code = lib.cudaStreamEndCapture(stream, ctypes.byref(graph))
     if quiet:
@@ -168,7 +172,7 @@ def _end(lib, stream, quiet=False):
     return graph.value
 
 
-def copy_async(destination, source, nbytes, stream, what, *, from_host=False):
+def copy_async(destination: int, source: int, nbytes: int, stream: int, what: str, *, from_host: bool = False) -> None:
     """Copy ``nbytes`` device-to-device (``from_host``: host-to-device) on ``stream``."""
     if nbytes:
         lib = cuda.runtime()
@@ -176,7 +180,7 @@ def copy_async(destination, source, nbytes, stream, what, *, from_host=False):
                f"{what}: cudaMemcpyAsync")
 
 
-def zero_async(pointer, nbytes, stream, what):
+def zero_async(pointer: int, nbytes: int, stream: int, what: str) -> None:
     if nbytes:
         lib = cuda.runtime()
         _check(lib, lib.cudaMemsetAsync(pointer, 0, nbytes, stream), f"{what}: cudaMemsetAsync")

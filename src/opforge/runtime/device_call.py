@@ -14,6 +14,9 @@ the inputs become 0-d device arrays (``cuda.constant``), typed as on the CPU.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
 import numpy as np
 
 from .. import _native
@@ -26,10 +29,31 @@ from . import cuda
 from .arrays import CUDA, device_name, kind_of
 from .buffer_plan import BufferPlan
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..operator import Op
+    from .arrays import OpLike, Placement
+    from .dispatch import CallPlanner
+
+    class DeviceView(Protocol):
+        """One input in GPU memory as a kernel takes it: a DLTensorView, or an _InterfaceView."""
+
+        @property
+        def data(self) -> int: ...
+        @property
+        def shape(self) -> tuple[int, ...]: ...
+        @property
+        def dtype(self) -> str: ...
+        @property
+        def c_contiguous(self) -> bool: ...
+        @property
+        def nbytes(self) -> int: ...
+
 PLANS_PER_OP = 64
 
 
-def _consumer_stream(stream):
+def _consumer_stream(stream: int) -> int:
     """DLPack's name for a stream: 0 is ambiguous in the protocol, the legacy default stream is 1."""
     return 1 if stream == 0 else stream
 
@@ -39,7 +63,14 @@ class _InterfaceView:
 
     __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "owner")
 
-    def __init__(self, value):
+    data: int
+    shape: tuple[int, ...]
+    dtype: str
+    c_contiguous: bool
+    nbytes: int
+    owner: Any
+
+    def __init__(self, value: Any) -> None:
         interface = value.__cuda_array_interface__
         self.owner = value
         self.data = int(interface["data"][0])
@@ -59,16 +90,23 @@ class _ScalarView:
 
     __slots__ = ("array", "data", "shape", "dtype", "c_contiguous", "nbytes")
 
-    def __init__(self, array):
+    array: npt.NDArray[Any]
+    data: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    c_contiguous: bool
+    nbytes: int
+
+    def __init__(self, array: npt.NDArray[Any]) -> None:
         self.array, self.data, self.shape, self.dtype = array, None, (), normalize_dtype(array.dtype)
         self.c_contiguous, self.nbytes = True, array.nbytes
 
 
-def _is_scalar(value):
+def _is_scalar(value: object) -> bool:
     return type(value) in (int, float, bool) or isinstance(value, np.generic)
 
 
-def device_view(op, index, value, stream):
+def device_view(op: OpLike, index: int, value: Any, stream: int) -> DeviceView:
     """One input on the GPU as a view: data pointer, shape, dtype name (no copy)."""
     if hasattr(value, "__dlpack__"):
         consumer = _consumer_stream(stream)
@@ -81,7 +119,7 @@ def device_view(op, index, value, stream):
             raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__}) cannot be "
                               f"shared through DLPack: {error}") from None
         try:
-            view = _native.DLTensorView(capsule)
+            view: DeviceView = _native.DLTensorView(capsule)
         except ValueError as error:
             raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}': {error}") from None
     else:
@@ -92,14 +130,14 @@ def device_view(op, index, value, stream):
     return view
 
 
-def _plans(planner):
+def _plans(planner: CallPlanner) -> BoundedCache[tuple[Any, ...], BufferPlan]:
     plans = getattr(planner, "_device_plans", None)
     if plans is None:
         plans = planner._device_plans = BoundedCache(PLANS_PER_OP)
     return plans
 
 
-def run_on_device(planner, where, args):
+def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -> Any:
     """Run ``planner``'s op on arrays in GPU memory; outputs are the inputs' kind, on their device."""
     op, attrs = planner.op, planner.attrs
     device_type, device_id = where.device
@@ -117,7 +155,8 @@ def run_on_device(planner, where, args):
                               "a Python or NumPy scalar)")
     with cuda.on_device(device_id):
         stream = cuda.current_stream(where.kind, device_id)
-        views = [None if k in scalars else device_view(op, k, a, stream) for k, a in enumerate(args)]
+        # (None at the scalars' places until _scalar_views fills them)
+        views: list[Any] = [None if k in scalars else device_view(op, k, a, stream) for k, a in enumerate(args)]
         if scalars:
             _scalar_views(op, args, scalars, views)
         signature = tuple((v.shape, v.dtype) for v in views)
@@ -142,7 +181,7 @@ def run_on_device(planner, where, args):
     return where.wrap_result(op, tuple(exports) if op.tuple_output else exports[0])
 
 
-def _scalar_views(op, args, scalars, views):
+def _scalar_views(op: Op, args: Sequence[Any], scalars: Sequence[int], views: list[Any]) -> None:
     """Fills ``views`` at the scalars' places with 0-d arrays.  A Python scalar takes
     the dtype of the first array input, as on the CPU (``x * 2.0`` stays float32);
     a NumPy scalar keeps its own."""
@@ -157,7 +196,7 @@ def _scalar_views(op, args, scalars, views):
                              f"passed to a GPU kernel as a 0-d {target} array: {error}") from None
 
 
-def _upload_scalars(views, scalars, stream, device_id):
+def _upload_scalars(views: Sequence[Any], scalars: Sequence[int], stream: int, device_id: int) -> list[Any]:
     """Puts the scalar views' values on the device; the buffers to release after the
     launch (values the per-device cache of constants does not hold)."""
     held = []

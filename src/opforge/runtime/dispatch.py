@@ -9,8 +9,8 @@ hands the launcher a plan for that signature.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -24,6 +24,17 @@ from .arrays import placement
 from .checks import MEMORY_KINDS, memory_error
 from .cpu import isa_rank, isa_reject_reason
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ..attrs import AttrValue
+    from ..operator import Kernel, Launcher, Op
+    from .arrays import Placement
+    from .buffer_plan import BufferPlan
+
+    #: What a signature resolves to: input specs, the kernel, output specs.
+    _Resolved = tuple[list[TensorSpec | None], Kernel, list[TensorSpec]]
+
 #: Functions ``(op, attrs, args) -> result or NotImplemented`` consulted when a
 #: call's arguments are not all plain arrays; layers above the runtime (the
 #: graph tracer) register here, so every op call has one entry point.
@@ -35,16 +46,18 @@ class Completed:
 
     __slots__ = ("value",)
 
-    def __init__(self, value):
+    value: Any
+
+    def __init__(self, value: Any) -> None:
         self.value = value
 
 
-def launcher_for(op, attrs, n_inputs):
+def launcher_for(op: Op, attrs: dict[str, AttrValue], n_inputs: int) -> Launcher:
     key = (attr_key(attrs), n_inputs)
     launcher = op._launchers.get(key)
     if launcher is None:
-        def make():
-            made = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
+        def make() -> Launcher:
+            made: Launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
             if not any(a.required for a in op.attrs.values()) and key[0] == attr_key(op.resolve_attrs({})):
                 op._default_launcher = made  # what op(*arrays) with no attributes uses
             return made
@@ -53,7 +66,7 @@ def launcher_for(op, attrs, n_inputs):
     return launcher
 
 
-def as_array(op, index, value):
+def as_array(op: Op, index: int, value: Any) -> npt.NDArray[Any]:
     """One tensor argument as a C-contiguous, native-byte-order NumPy array."""
     if isinstance(value, np.ndarray):
         array = value
@@ -73,13 +86,13 @@ def as_array(op, index, value):
     return array if array.flags.c_contiguous and array.flags.aligned else array.copy(order="C")
 
 
-def skips_kernel(op, arrays) -> bool:
+def skips_kernel(op: Op, arrays: Sequence[Any]) -> bool:
     """PPLNN's CanDoExecute: an empty input means empty work (the outputs are
     zeros of their inferred shapes), unless the op has trait always_compute."""
     return "always_compute" not in op.traits and any(a is not None and np.size(a) == 0 for a in arrays)
 
 
-def weak_scalars(args):
+def weak_scalars(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Python scalars take the dtype of the first array argument, as in NumPy
     (``x * 2.0`` stays float32), so the dtype-matched native kernels apply."""
     like = next((a for a in args if isinstance(a, np.ndarray)), None)
@@ -88,8 +101,8 @@ def weak_scalars(args):
     return tuple(np.asarray(a, like.dtype) if type(a) in (int, float, bool) else a for a in args)
 
 
-def input_specs(op, arrays):
-    specs = []
+def input_specs(op: Op, arrays: Sequence[Any]) -> list[TensorSpec | None]:
+    specs: list[TensorSpec | None] = []
     for index, array in enumerate(arrays):
         if array is None:  # an absent optional input
             specs.append(None)
@@ -101,14 +114,14 @@ def input_specs(op, arrays):
     return specs
 
 
-def _preference(kernel, device):
+def _preference(kernel: Kernel, device: str) -> tuple[bool, bool, int, int]:
     """Sort key: the inputs' device first, then native before Python, the best ISA,
     and the reference kernel last."""
     return (kernel.device != device, getattr(kernel, "reference", False), -getattr(kernel, "priority", 1),
             -isa_rank(kernel.isa))
 
 
-def kernels_for_device(op, kernels, device):
+def kernels_for_device(op: Op, kernels: Sequence[Kernel], device: str) -> Sequence[Kernel]:
     """The kernels a call on ``device`` may use.  A kernel never gets pointers of another
     device; host inputs go to a GPU kernel (through copies) only when the op has no CPU kernel."""
     if device == "cpu":
@@ -123,14 +136,15 @@ def kernels_for_device(op, kernels, device):
     return chosen
 
 
-def select_kernel(op, specs, device="cpu", kernels=None):
+def select_kernel(op: Op, specs: Sequence[TensorSpec | None], device: str = "cpu",
+                  kernels: Sequence[Kernel] | None = None) -> Kernel:
     """The preferred kernel (of ``kernels``, default all the op's) that accepts
     the specs; errors list every candidate."""
     kernels = op.kernels if kernels is None else kernels
     if not kernels:
         raise NoKernelError(f"op '{op.name}' has no kernels")
     kernels = kernels_for_device(op, kernels, device)
-    reasons = []
+    reasons: list[tuple[Kernel, str]] = []
     for kernel in sorted(kernels, key=lambda k: _preference(k, device)):
         if not kernel.dispatchable:
             reasons.append((kernel, "a reference: the semantics kernels are checked against, run only where the op says so; "
@@ -149,13 +163,15 @@ def select_kernel(op, specs, device="cpu", kernels=None):
     raise error(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
 
 
-def kernel_error(op, kernel, rc, error, function=None):
+def kernel_error(op: Op, kernel: Kernel, rc: int, error: tuple[str, str] | None,
+                 function: str | None = None) -> AttrError | KernelError:
     function = function or getattr(kernel, "function_name", kernel.name)
     if error is not None and error[0] == "attr":
         return AttrError(error[1])
-    where = f" ({kernel.location})" if getattr(kernel, "location", None) else ""
+    where = f" ({kernel.location})" if getattr(kernel, "location", None) else ""  # type: ignore[attr-defined]
     if error is not None and error[0] in MEMORY_KINDS:
-        return memory_error(op, function, where, error)
+        # (a str: getattr's Any only makes mypy fall back to the parameter's str | None)
+        return memory_error(op, function, where, error)  # type: ignore[arg-type]
     if error is not None:
         message = f"op '{op.name}': kernel function '{function}'{where} raised a C++ exception: {error[1]}"
     else:
@@ -166,17 +182,19 @@ def kernel_error(op, kernel, rc, error, function=None):
 class CallPlanner:
     """Python half of a Launcher: everything that is not the hot path."""
 
-    def __init__(self, op, attrs):
+    _device_plans: BoundedCache[tuple[Any, ...], BufferPlan]  # set by device_call on its first GPU call
+
+    def __init__(self, op: Op, attrs: dict[str, AttrValue]) -> None:
         self.op = op
         self.attrs = attrs
-        self._kernels_by_function = {}
-        self._resolved = BoundedCache(64)
+        self._kernels_by_function: dict[int, Kernel] = {}
+        self._resolved: BoundedCache[tuple[Any, ...], _Resolved] = BoundedCache(64)
 
-    def reject(self, *args, **kwargs):
+    def reject(self, *args: Any, **kwargs: Any) -> Any:
         # Wrong arity or keywords for the fast path: bind properly (raises on bad input).
         return self.op.call(args, kwargs)
 
-    def prepare(self, args):
+    def prepare(self, args: tuple[Any, ...]) -> Completed | tuple[Any, ...]:
         self.op.check_present(args)
         for intercept in INTERCEPTORS:  # e.g. tracing: symbolic values instead of arrays
             result = intercept(self.op, self.attrs, args)
@@ -190,17 +208,18 @@ class CallPlanner:
             return tuple(a if a is None else np.asarray(a) for a in args)  # Python kernels take views
         return tuple(None if a is None else as_array(self.op, k, a) for k, a in enumerate(args))
 
-    def run_placed(self, where, args):
+    def run_placed(self, where: Placement, args: tuple[Any, ...]) -> Any:
         """A call on arrays of another kind than NumPy, or on a GPU: host arrays run as
         NumPy views of their memory; outputs go back as the caller's kind."""
         if where.on_host:
-            result = launcher_for(self.op, self.attrs, len(args))(*where.views)
+            # (placement() gives a host placement its views)
+            result = launcher_for(self.op, self.attrs, len(args))(*where.views)  # type: ignore[misc]
             return where.wrap_result(self.op, result)
         from .device_call import run_on_device
 
         return run_on_device(self, where, args)
 
-    def _resolve(self, arrays):
+    def _resolve(self, arrays: Sequence[Any]) -> _Resolved:
         # Cached per signature: calls that the launcher hands back here every
         # time (Python kernels, GPU kernels on host arrays) skip selection and inference.
         signature = tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays)
@@ -219,7 +238,7 @@ class CallPlanner:
         self._resolved.put(signature, found)
         return found
 
-    def plan(self, arrays):
+    def plan(self, arrays: Sequence[Any]) -> Any:
         specs, kernel, out_specs = self._resolve(arrays)
         if skips_kernel(self.op, arrays):
             return None
@@ -228,17 +247,18 @@ class CallPlanner:
             self._kernels_by_function[plan[0]] = kernel
         return plan
 
-    def run(self, arrays):
+    def run(self, arrays: Sequence[Any]) -> Any:
         specs, kernel, out_specs = self._resolve(arrays)
         if skips_kernel(self.op, arrays):
-            outputs = [np.zeros(s.shape, s.dtype) for s in out_specs]
+            outputs: Sequence[Any] = [np.zeros(s.shape, s.dtype) for s in out_specs]
         else:
             outputs = kernel.run(self.op, arrays, self.attrs, out_specs)
         return tuple(outputs) if self.op.tuple_output else outputs[0]
 
-    def failed(self, rc, error, function_address):
+    def failed(self, rc: int, error: tuple[str, str] | None, function_address: int) -> NoReturn:
         kernel = self._kernels_by_function.get(function_address)
-        raise kernel_error(self.op, kernel, rc, error)
+        # (the launcher reports failures of this planner's plans only: plan() recorded the kernel)
+        raise kernel_error(self.op, kernel, rc, error)  # type: ignore[arg-type]
 
 
 RUNTIME.launcher_for = launcher_for

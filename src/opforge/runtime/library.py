@@ -34,7 +34,7 @@ _OLD_ABI_MARKERS = (b"_ZNSs", b"_ZNKSs")
 _FUNCTION_TYPES = {"T", "t", "W", "i"}
 
 
-def detect_cxx11_abi(path) -> bool:
+def detect_cxx11_abi(path: str | os.PathLike[str]) -> bool:
     """True if the library was built with the new libstdc++ string ABI.
 
     Evidence, in order: mangled names containing ``__cxx11`` (the new ABI's
@@ -163,7 +163,7 @@ def _dlopen(real: str, fresh: bool) -> ctypes.CDLL:
         shutil.rmtree(folder, ignore_errors=True)  # the mapping outlives the file
 
 
-def load_library(path, *, cxx11_abi: bool | None = None) -> Library:
+def load_library(path: str | os.PathLike[str], *, cxx11_abi: bool | None = None) -> Library:
     """Load the shared library at ``path`` (once per file version) and wrap it.
 
     ``cxx11_abi=None`` detects the string ABI from the file (see

@@ -35,7 +35,7 @@ def _default() -> int:
         return os.cpu_count() or 1
 
 
-def _checked(threads, what) -> int:
+def _checked(threads: object, what: str) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise OpforgeError(f"{what} must be a positive int, got {threads!r}")
     return threads
@@ -53,7 +53,8 @@ def set_num_threads(threads: int) -> None:
 
 def get_num_threads() -> int:
     """The pool's size."""
-    return _pool.opforge_parallel_threads()
+    threads: int = _pool.opforge_parallel_threads()
+    return threads
 
 
 set_num_threads(_default())

@@ -37,12 +37,18 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .build import ABI_VERSION, BuiltLibrary, _local_headers
 from .cache import TMP_PREFIX, atomic_write, sha256_file
 from .compilers import is_source, plan, run_compiler
+
+if TYPE_CHECKING:
+    from ..operator import Op
+    from .aot import AotKernel
+    from .compilers import Plan
 
 __all__ = ["PREBUILT_DIR", "builtin_kernels", "declared_by_builtins", "kernel_key", "load_index", "lookup",
            "prebuild"]
@@ -85,7 +91,7 @@ def disabled() -> bool:
 # the key
 
 
-def _source(kernel) -> Path:
+def _source(kernel: AotKernel) -> Path:
     return Path(os.path.realpath(kernel.path))
 
 
@@ -97,13 +103,13 @@ def _portable(text: str, source_dir: str) -> str:
     return text
 
 
-def _plan(kernel, compiler, source=None):
+def _plan(kernel: AotKernel, compiler: str | None, source: Path | None = None) -> Plan:
     cxx11_abi = False if kernel.cxx11_abi is None else kernel.cxx11_abi  # build()'s default
     return plan(source or _source(kernel), extra_cflags=kernel.cflags, include_dirs=kernel.include_dirs, compiler=compiler,
                 cuda_arch=None, cxx11_abi=cxx11_abi, optimization="-O3")
 
 
-def kernel_key(kernel) -> str | None:
+def kernel_key(kernel: AotKernel) -> str | None:
     """The prebuilt key of a built-in CPU kernel compiled from source, else None (GPU kernels: see above).
 
     Never looks for a compiler: the plan is made with a stand-in one and only
@@ -130,7 +136,7 @@ def kernel_key(kernel) -> str | None:
 # run time
 
 
-def load_index(folder: Path = PREBUILT_DIR) -> dict:
+def load_index(folder: Path = PREBUILT_DIR) -> dict[str, Any]:
     """key -> entry of the index in ``folder``; empty when there is none or it is of another format."""
     try:
         index = json.loads((Path(folder) / INDEX).read_bytes())
@@ -142,7 +148,7 @@ def load_index(folder: Path = PREBUILT_DIR) -> dict:
     return kernels if isinstance(kernels, dict) else {}
 
 
-def _intact(folder: Path, entry) -> bool:
+def _intact(folder: Path, entry: object) -> bool:
     """Whether the library of index entry ``entry`` is in ``folder`` with the checksum and size it lists."""
     try:
         return isinstance(entry, dict) and sha256_file(folder / entry["file"]) == (entry["sha256"], entry["size"])
@@ -150,10 +156,10 @@ def _intact(folder: Path, entry) -> bool:
         return False
 
 
-_loaded: dict = {}
+_loaded: dict[Path, dict[str, Any]] = {}
 
 
-def lookup(kernel, folder: Path | None = None) -> BuiltLibrary | None:
+def lookup(kernel: AotKernel, folder: Path | None = None) -> BuiltLibrary | None:
     """The prebuilt library of ``kernel``, or None when it has none (then it builds as usual)."""
     if not getattr(kernel, "builtin", False) or disabled():
         return None
@@ -177,7 +183,7 @@ def lookup(kernel, folder: Path | None = None) -> BuiltLibrary | None:
 # package build
 
 
-def builtin_kernels():
+def builtin_kernels() -> list[tuple[Op, AotKernel]]:
     """(op, kernel) for every built-in kernel that can be prebuilt, in registry order."""
     import opforge  # noqa: F401 - registers the built-in ops
 
@@ -188,7 +194,7 @@ def builtin_kernels():
             if isinstance(kernel, AotKernel) and kernel_key(kernel) is not None]
 
 
-def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
+def _compile(kernel: AotKernel, key: str, folder: Path, staging: Path) -> dict[str, Any]:
     """Compile one variant to ``folder/<key>.so``; its index entry."""
     # an inline source compiles from the copy prebuild wrote, the others from where they are
     build_plan = _plan(kernel, None, staging / _source(kernel).name if kernel.code is not None else None)
@@ -206,7 +212,8 @@ def _compile(kernel, key: str, folder: Path, staging: Path) -> dict:
     return {"file": name, "sha256": sha, "size": size, "cxx11_abi": build_plan.cxx11_abi}
 
 
-def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = None, stream=sys.stderr) -> dict:
+def prebuild(folder: Path = PREBUILT_DIR, *, kernels: Iterable[tuple[Op, AotKernel]] | None = None,
+             jobs: int | None = None, stream: TextIO = sys.stderr) -> dict[str, Any]:
     """Compile ``kernels`` ((op, kernel) pairs; every built-in by default) into ``folder``.
 
     Libraries already there under the same key are kept.  A variant that fails
@@ -217,7 +224,7 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     pairs = builtin_kernels() if kernels is None else list(kernels)
-    wanted: dict[str, tuple[Any, Any]] = {}  # key -> (op, kernel): identical variants compile once
+    wanted: dict[str, tuple[Op, AotKernel]] = {}  # key -> (op, kernel): identical variants compile once
     for op, kernel in pairs:
         key = kernel_key(kernel)
         if key is not None:
@@ -277,7 +284,7 @@ def prebuild(folder: Path = PREBUILT_DIR, *, kernels=None, jobs: int | None = No
             "failed": failed, "seconds": seconds}
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opforge.runtime.prebuilt",
                                      description="Compile opforge's built-in kernels into the prebuilt folder.")
     parser.add_argument("folder", nargs="?", default=str(PREBUILT_DIR), help="where (default: %(default)s)")

@@ -17,6 +17,8 @@ imported only here.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,15 +32,18 @@ from .autograd import Gradient
 from .calls import Binding
 from .schema import qualified_name, torch_schema
 
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+
 __all__ = ["register", "register_all", "torch_schema"]
 
 PYTHON_PREFIX = "_opforge_python_"  # ns::<prefix><name>: the op's Python implementation
 
-_bindings: dict[tuple, Binding] = {}  # (torch namespace, name) -> its binding
+_bindings: dict[tuple[str, str], Binding] = {}  # (torch namespace, name) -> its binding
 _lock = threading.RLock()
 
 
-def _define(op) -> Binding:
+def _define(op: Op) -> Binding:
     """Define ``op`` in torch (once per Op object; a replaced op is defined anew).
 
     Two torch ops: ``ns::name``, which users call, and ``ns::_opforge_python_name``,
@@ -86,11 +91,11 @@ def _define(op) -> Binding:
         if sharding.available():
             sharding.register(binding)
         _bindings[(namespace, name)] = binding
-        op._torch_binding = binding
+        op._torch_binding = binding  # type: ignore[attr-defined]  # the op's binding, read by _binding_of
         return binding
 
 
-def _ops_named(target):
+def _ops_named(target: Op | str) -> list[Op]:
     if isinstance(target, Op):
         return [target]
     if not isinstance(target, str):
@@ -104,7 +109,7 @@ def _ops_named(target):
     return found
 
 
-def register(*targets):
+def register(*targets: Op | str) -> Any:
     """Define opforge ops in PyTorch: each target is an ``Op``, an op's name, or a
     namespace (all its ops).  Returns the torch op (``torch.ops.<ns>.<name>``),
     or a list of them when several ops were named."""
@@ -112,10 +117,10 @@ def register(*targets):
     return packets[0] if len(packets) == 1 else packets
 
 
-def register_all():
+def register_all() -> list[Any]:
     """Define every registered opforge op in PyTorch (ops whose attributes torch's
     schemas cannot express are skipped); returns the torch ops."""
-    packets = []
+    packets: list[Any] = []
     for op in registered_ops():
         try:
             packets.append(_define(op).packet)
@@ -124,12 +129,12 @@ def register_all():
     return packets
 
 
-def _binding_of(op) -> Binding:
+def _binding_of(op: Op) -> Binding:
     binding = op.__dict__.get("_torch_binding")  # the op's current binding, set by _define
     return binding if binding is not None else _define(op)
 
 
-def torch_op_call(op, attrs, tensors):
+def torch_op_call(op: Op, attrs: Mapping[str, AttrValue], tensors: Sequence[Any]) -> Any:
     """``op`` on torch tensors (``attrs``: opforge's values) as a call of its torch op."""
     binding = _binding_of(op)
     args, kwargs = binding.call_args(tensors, binding.torch_attrs(attrs))
@@ -139,7 +144,7 @@ def torch_op_call(op, attrs, tensors):
 _JOINS_TENSORS = (torch.Tensor, bool, int, float, type(None))
 
 
-def _call_on_tensors(op, attrs, args):
+def _call_on_tensors(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     """The interceptor: an opforge op called on torch tensors runs as its torch op.
     Python scalars join as tensors of the first tensor's dtype (weak, as in NumPy);
     arrays of another kind are left to the DLPack path, which refuses the mix."""
@@ -161,7 +166,7 @@ def _call_on_tensors(op, attrs, args):
     return binding.packet.default(*call_args, **kwargs)  # (torch_op_call, with the binding found already)
 
 
-def _on_declared(name):
+def _on_declared(name: str) -> None:
     """A registry listener: an op declared (or declared again) becomes a torch op at once."""
     op = lookup(name)
     if op is not None:

@@ -15,6 +15,9 @@ the C++ path.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
 import torch
 
 from ..attrs import attr_key
@@ -25,15 +28,25 @@ from ..graph.passes import infer_shapes
 from ..spec import TensorSpec
 from .symbolic import Signature
 
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..graph.ir import Graph
+    from .calls import Binding
+
+    #: ``rebuild(tensors)``: a call's (args, kwargs) with those tensors in their places.
+    _Rebuild: TypeAlias = Callable[[Sequence[Any]], tuple[list[Any], dict[str, Any]]]
+    #: A signature's (backward graph, present, used): see ``Gradient._graph_for``.
+    _Backward: TypeAlias = tuple[Graph, Sequence[bool], list[bool]]
+
 GRAPHS_PER_OP = 64
 
 
-class _Apply(torch.autograd.Function):
+class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to mypy (follow_imports=skip)
     """One differentiable call: ``flat`` holds its tensors (a Tensor[] argument's
     elements each), ``rebuild(flat)`` gives the call's (args, kwargs) back."""
 
     @staticmethod
-    def forward(ctx, gradient, rebuild, slots, *flat):
+    def forward(ctx: Any, gradient: Gradient, rebuild: _Rebuild, slots: Sequence[int], *flat: Any) -> Any:
         args, kwargs = rebuild(flat)
         output = gradient.binding.packet.default(*args, **kwargs)  # grad mode is off in here
         outputs = output if gradient.binding.op.tuple_output else (output,)
@@ -43,24 +56,24 @@ class _Apply(torch.autograd.Function):
         return output
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         per_input = ctx.gradient.backward(ctx, *grads)
         return (None, None, None, *[per_input[slot] for slot in ctx.slots])
 
 
 class Gradient:
-    def __init__(self, binding):
+    def __init__(self, binding: Binding) -> None:
         self.binding = binding
-        self.graphs = BoundedCache(GRAPHS_PER_OP)
+        self.graphs: BoundedCache[tuple[Any, ...], _Backward] = BoundedCache(GRAPHS_PER_OP)
         binding.op.plan_caches.append(self.graphs)
         # Named after the op, so a tensor's grad_fn says which op made it (opforge_reluBackward).
-        self.function = type(binding.packet._qualified_op_name.replace("::", "_"), (_Apply,), {})
+        self.function: Any = type(binding.packet._qualified_op_name.replace("::", "_"), (_Apply,), {})
 
     # -- the autograd kernel -------------------------------------------------------
-    def kernel(self, below_autograd):
+    def kernel(self, below_autograd: Callable[..., Any]) -> Callable[..., Any]:
         """The op's autograd kernel; ``below_autograd(*args, **kwargs)`` runs the call
         below autograd (the same overload, with the autograd keys excluded)."""
-        def autograd_kernel(*args, **kwargs):
+        def autograd_kernel(*args: Any, **kwargs: Any) -> Any:
             flat, slots, rebuild = self._flatten(args, kwargs)
             if not (torch.is_grad_enabled() and any(t.requires_grad for t in flat)):
                 with torch._C._AutoDispatchBelowAutograd():
@@ -69,7 +82,7 @@ class Gradient:
 
         return autograd_kernel
 
-    def _problem(self):
+    def _problem(self) -> str | None:
         op = self.binding.op
         if "no_grad" in op.traits:
             return f"op '{op.name}' has trait no_grad and cannot be differentiated"
@@ -77,12 +90,15 @@ class Gradient:
             return f"op '{op.name}' has no gradient rule; attach one with @op.grad (or give Custom a bprop)"
         return None
 
-    def _flatten(self, args, kwargs):
+    def _flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], list[int], _Rebuild]:
         """(the call's tensors, the op input each belongs to, rebuild): ``rebuild(tensors)``
         gives the call's (args, kwargs) with those tensors in their places."""
         n = len(args)
         values = list(args) + list(kwargs.values())
         names = list(kwargs)
+        places: list[tuple[int, int | None]]
+        flat: list[Any]
+        slots: list[int]
         places, flat, slots = [], [], []
         for at, value in enumerate(values):
             if isinstance(value, torch.Tensor):
@@ -98,7 +114,7 @@ class Gradient:
             name = names[at - n] if at >= n else None
             slots.append(at if name is None else [i.name for i in self.binding.op.inputs].index(name))
 
-        def rebuild(tensors):
+        def rebuild(tensors: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
             out = list(values)
             out[0] = list(out[0]) if self.binding.variadic and values else out[0]
             for (at, k), tensor in zip(places, tensors):
@@ -110,7 +126,8 @@ class Gradient:
 
         return flat, slots, rebuild
 
-    def setup_context(self, ctx, inputs, keyword_only_inputs, output):
+    def setup_context(self, ctx: Any, inputs: Sequence[Any], keyword_only_inputs: Mapping[str, Any],
+                      output: Any) -> None:
         binding = self.binding
         tensors, attrs = binding.split(inputs, keyword_only_inputs)
         outputs = list(output) if binding.op.tuple_output else [output]
@@ -126,7 +143,8 @@ class Gradient:
             return
         ctx.save_for_backward(*[v if keep else None for v, keep in zip(tensors + outputs, used)])
 
-    def _graph_for(self, attrs, tensors, outputs):
+    def _graph_for(self, attrs: dict[str, AttrValue], tensors: Sequence[Any],
+                   outputs: Sequence[Any]) -> _Backward:
         """(backward graph, present, used) for this signature.  Symbolic dims (SymInts, when
         torch traces) stay unknown to the trace, and the graph is checked by inference at
         the sizes torch traces with: a rule that needs their sizes (one that builds an
@@ -148,26 +166,29 @@ class Gradient:
         return self.graphs.get_or_create((attr_key(attrs), tuple(in_specs), tuple(out_specs)),
                                          lambda: self._backward_graph(attrs, in_specs, out_specs))
 
-    def _backward_graph(self, attrs, in_specs, out_specs):
-        graph, present = op_backward(self.binding.op, attrs, in_specs, out_specs)
+    def _backward_graph(self, attrs: dict[str, AttrValue], in_specs: Sequence[TensorSpec | None],
+                        out_specs: Sequence[TensorSpec | None]) -> _Backward:
+        # (out_specs hold no None: an output is never absent)
+        graph, present = op_backward(self.binding.op, attrs, in_specs, out_specs)  # type: ignore[arg-type]
         read = {v.id for node in graph.nodes for v in node.inputs if v is not None} | {v.id for v in graph.outputs}
         n_saved = len(in_specs) + len(out_specs)
         return graph, present, [v.id in read for v in graph.inputs[:n_saved]]
 
-    def backward(self, ctx, *grads):
+    def backward(self, ctx: Any, *grads: Any) -> list[Any]:
         """The gradient of each tensor input of the op (of each element of a Tensor[] one)."""
         if isinstance(ctx.problem, Exception):
             raise ctx.problem
         if ctx.problem is not None:
             raise GradientError(ctx.problem)
         saved = list(ctx.saved_tensors)
-        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+        # (grads, the *args tuple, becomes a list)
+        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g  # type: ignore[assignment]
                  for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
-        found = iter(replay(ctx.graph, saved + grads, like=grads[0]))
+        found = iter(replay(ctx.graph, saved + grads, like=grads[0]))  # type: ignore[operator]  # as above
         return [next(found) if keep else None for keep in ctx.present]
 
 
-def _holds_at(graph, specs) -> bool:
+def _holds_at(graph: Graph, specs: Sequence[TensorSpec | None]) -> bool:
     """Whether the graph, traced with unknown dims, infers every value at these concrete sizes."""
     absent = TensorSpec([], "float32")
     try:
@@ -177,7 +198,7 @@ def _holds_at(graph, specs) -> bool:
     return all(spec.is_static for spec in found.values())
 
 
-def replay(graph, args, like):
+def replay(graph: Graph, args: Sequence[Any], like: Any) -> list[Any]:
     """The graph's outputs for ``args``, each node run as its torch op (so the result is
     differentiable again); constants become tensors on ``like``'s device."""
     from . import torch_op_call

@@ -11,6 +11,9 @@ tensors' memory.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
@@ -23,6 +26,10 @@ from . import fast as fast_path
 from . import symbolic
 from .schema import attr_value, dtype_name, torch_dtype
 
+if TYPE_CHECKING:
+    from ..attrs import AttrValue
+    from ..operator import Op
+
 PLANS_PER_OP = 256
 
 
@@ -30,7 +37,7 @@ class Binding:
     """One opforge op as a torch op: splits torch's arguments into tensors and
     attributes, and runs the op on them."""
 
-    def __init__(self, op, packet):
+    def __init__(self, op: Op, packet: Any) -> None:
         self.op = op
         self.packet = packet  # torch.ops.<ns>.<name>
         self.variadic = op.variadic
@@ -38,12 +45,12 @@ class Binding:
         self.attrs = list(op.attrs.values())
         self.positional = [a for a in self.attrs if a.positional]
         self.dtype_attrs = {a.name for a in self.attrs if a.type == "DType"}
-        self.plans = BoundedCache(PLANS_PER_OP)
+        self.plans: BoundedCache[tuple[Any, ...], BufferPlan] = BoundedCache(PLANS_PER_OP)
         op.plan_caches.append(self.plans)  # dropped when the op's kernels or the ISA cap change
-        self.library = None  # the torch.library.Library defining it
-        self.fast = None  # its C++ path (fast.FastPath), when loaded
+        self.library: Any = None  # the torch.library.Library defining it
+        self.fast: fast_path.FastPath | None = None  # its C++ path (fast.FastPath), when loaded
 
-    def remove(self):
+    def remove(self) -> None:
         """Undefine the torch op (before the op is defined again)."""
         if self.fast is not None:
             self.fast.remove()
@@ -52,7 +59,7 @@ class Binding:
         self.library._destroy()
 
     # -- arguments --------------------------------------------------------------
-    def split(self, args, kwargs):
+    def split(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, AttrValue]]:
         """torch's (args, kwargs) -> (tensor inputs, opforge attribute values)."""
         n = self.n_tensors
         tensors = list(args[0]) if self.variadic else list(args[:n]) + [None] * (n - len(args[:n]))
@@ -64,18 +71,20 @@ class Binding:
         given = {a.name: attr_value(self.op, a, values[a.name]) for a in self.attrs if a.name in values}
         return tensors, self.op.resolve_attrs(given)
 
-    def call_args(self, tensors, kwargs):
+    def call_args(self, tensors: Iterable[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], Mapping[str, Any]]:
         """opforge's tensors and torch's keyword arguments as a call of ``torch.ops``: (args, kwargs)."""
         return ([list(tensors)] if self.variadic else list(tensors)), kwargs
 
-    def torch_attrs(self, attrs):
+    def torch_attrs(self, attrs: Mapping[str, AttrValue]) -> Mapping[str, Any]:
         """opforge's attribute values as torch takes them (a dtype name as a torch.dtype)."""
         if not self.dtype_attrs:
             return attrs
-        return {name: torch_dtype(value) if name in self.dtype_attrs else value for name, value in attrs.items()}
+        # a DType attribute's value is a dtype name
+        return {name: torch_dtype(value) if name in self.dtype_attrs else value  # type: ignore[arg-type]
+                for name, value in attrs.items()}
 
     # -- the real kernel ----------------------------------------------------------
-    def run(self, *args, **kwargs):
+    def run(self, *args: Any, **kwargs: Any) -> Any:
         op = self.op
         tensors, attrs = self.split(args, kwargs)
         present = [t for t in tensors if t is not None]
@@ -112,7 +121,8 @@ class Binding:
                          workspace.data_ptr() if workspace is not None else 0)
         return tuple(outputs) if op.tuple_output else outputs[0]
 
-    def native_plan(self, kind, device_index, specs, attrs):
+    def native_plan(self, kind: str, device_index: int, specs: Sequence[tuple[Sequence[int], str] | None],
+                    attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """The C++ path's plan for one signature: (kernel address, Init state address,
         output shapes, output dtypes, workspace sizes, skip, cudaGetLastError address,
         torch's current-stream getter, opforge_take_attr_error address, the BufferPlan
@@ -135,7 +145,8 @@ class Binding:
         return (plan.function, extra, [list(s.shape) for s in plan.out_specs], [s.dtype for s in plan.out_specs],
                 plan.workspace, plan.skip, last_error, current_stream, fast_path.take_attr_error_address(), plan)
 
-    def specs(self, tensors, names=None, concrete=False):
+    def specs(self, tensors: Sequence[Any], names: Sequence[str] | None = None,
+              concrete: bool = False) -> list[TensorSpec | None]:
         """TensorSpecs of tensors (the op's inputs, or those ``names`` names); ``concrete``:
         symbolic dims as their sizes (which makes torch guard on them)."""
         op = self.op
@@ -145,7 +156,7 @@ class Binding:
                                       else f"'{names[k]}'"))
                 for k, t in enumerate(tensors)]
 
-    def run_python(self, plan, tensors, attrs, device):
+    def run_python(self, plan: BufferPlan, tensors: Sequence[Any], attrs: dict[str, AttrValue], device: Any) -> Any:
         """A Python kernel: NumPy views of host tensors in, its (checked, copied) arrays out as tensors;
         a Python GPU kernel gets the CUDA tensors themselves."""
         op = self.op
@@ -164,12 +175,12 @@ class Binding:
         return tuple(outputs) if op.tuple_output else outputs[0]
 
     # -- the fake kernel ------------------------------------------------------------
-    def unknown_specs(self, tensors, names=None):
+    def unknown_specs(self, tensors: Sequence[Any], names: Sequence[str] | None = None) -> list[TensorSpec | None]:
         """TensorSpecs of tensors (the op's inputs, or those ``names`` names) whose dims
         may be SymInts: a symbolic dim is unknown (-1)."""
         return symbolic.Signature(self.op, tensors, names).unknown
 
-    def fake(self, *args, **kwargs):
+    def fake(self, *args: Any, **kwargs: Any) -> Any:
         """Outputs of the right shape, dtype and device, from opforge's inference alone
         (see ``symbolic``: dims of symbolic inputs become SymInt expressions, sizes only
         the data decides become unbacked sizes)."""

@@ -14,7 +14,9 @@ import os
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,12 +25,12 @@ from ..errors import OpforgeError
 from ..runtime.build import build
 
 _lock = threading.Lock()
-_library = None
-_reason = None
+_library: ctypes.PyDLL | None = None
+_reason: str | None = None
 _tried = False
 
 
-def _flags():
+def _flags() -> list[str]:
     root = Path(torch.__file__).parent
     lib = root / "lib"
     return [
@@ -39,7 +41,7 @@ def _flags():
     ]
 
 
-def library():
+def library() -> ctypes.PyDLL | None:
     """The loaded C++ path, or None (see ``reason()``)."""
     global _library, _reason, _tried
     if _tried:
@@ -67,7 +69,7 @@ def library():
         return _library
 
 
-def reason():
+def reason() -> str | None:
     """Why the C++ path is not in use (None when it is)."""
     library()
     return _reason
@@ -92,14 +94,16 @@ def current_stream_address() -> int:
 class FastPath:
     """The C++ kernels of one torch op; ``clear()`` drops their plans (with the op's own)."""
 
-    def __init__(self, namespace, name, python_name, planner):
-        self.handle = library().opforge_torch_bind(namespace.encode(), name.encode(), python_name.encode(), planner)
+    def __init__(self, namespace: str, name: str, python_name: str, planner: Callable[..., Any]) -> None:
+        # a FastPath is made only once library() has loaded
+        self.handle: int | None = library().opforge_torch_bind(  # type: ignore[union-attr]
+            namespace.encode(), name.encode(), python_name.encode(), planner)
 
-    def clear(self):
+    def clear(self) -> None:
         if self.handle:
-            library().opforge_torch_clear(self.handle)
+            library().opforge_torch_clear(self.handle)  # type: ignore[union-attr]  # loaded: see __init__
 
-    def remove(self):
+    def remove(self) -> None:
         if self.handle:
-            library().opforge_torch_unbind(self.handle)
+            library().opforge_torch_unbind(self.handle)  # type: ignore[union-attr]  # loaded: see __init__
             self.handle = None

@@ -12,12 +12,17 @@ is read back as opforge's default, so both give the same value.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..attrs import REQUIRED
 from ..dtypes import ABI_DTYPES
 from ..errors import DTypeError, SchemaError
+
+if TYPE_CHECKING:
+    from ..attrs import AttrDef
+    from ..operator import Op
 
 BUILTIN_NAMESPACE = "opforge"
 
@@ -29,13 +34,13 @@ _TORCH_DTYPES = {name: getattr(torch, name) for name in ABI_DTYPES if isinstance
 _OPFORGE_DTYPES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 
 
-def qualified_name(op) -> tuple[str, str]:
+def qualified_name(op: Op) -> tuple[str, str]:
     """(torch namespace, op name) of an opforge op."""
     namespace, _, name = op.name.rpartition("::")
     return (namespace.replace(".", "_") if namespace else BUILTIN_NAMESPACE), name
 
 
-def _literal(value) -> str | None:
+def _literal(value: object) -> str | None:
     """A default as torch's schema writes it, or None where it has no way to."""
     if isinstance(value, bool):
         return "True" if value else "False"
@@ -51,7 +56,7 @@ def _literal(value) -> str | None:
     return None
 
 
-def _type_of_value(value) -> str | None:
+def _type_of_value(value: object) -> str | None:
     """The torch type of an untyped (``any``) attribute, from its default: such attributes
     (MindSpore ``Custom``'s) reach the kernel with their value's own type."""
     if isinstance(value, bool):
@@ -70,7 +75,7 @@ def _type_of_value(value) -> str | None:
     return None
 
 
-def torch_schema(op) -> str:
+def torch_schema(op: Op) -> str:
     """The ``torch.library`` schema of ``op`` (without its namespace)."""
     # torch takes no positional parameter without a default after one with a default
     positional = [(i.optional, i) for i in op.inputs] + [(a.default is not REQUIRED, a) for a in op.attrs.values()
@@ -105,11 +110,11 @@ def torch_schema(op) -> str:
     return f"{name}({', '.join(params)}) -> " + (f"({outputs})" if op.tuple_output else outputs)
 
 
-def torch_dtype(name):
+def torch_dtype(name: str) -> Any:
     return _TORCH_DTYPES[name]
 
 
-def dtype_name(dtype, *, op=None, what="a tensor") -> str:
+def dtype_name(dtype: Any, *, op: Op | None = None, what: str = "a tensor") -> str:
     """The opforge (ABI) name of a torch dtype; DTypeError for one kernels cannot take."""
     name = _OPFORGE_DTYPES.get(dtype)
     if name is None:
@@ -119,7 +124,7 @@ def dtype_name(dtype, *, op=None, what="a tensor") -> str:
     return name
 
 
-def attr_value(op, attr, value):
+def attr_value(op: Op, attr: AttrDef, value: Any) -> object:
     """One attribute as torch handed it, as opforge takes it."""
     if value is None and attr.default is not REQUIRED:  # the `T? name=None` spelling of a default
         return attr.default

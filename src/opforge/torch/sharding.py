@@ -9,18 +9,23 @@ redistributed only where no signature fits its placements.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from ..sbp import Split, broadcast, partial_sum
 from ..spec import TensorSpec
 from .schema import dtype_name
 
+if TYPE_CHECKING:
+    from .calls import Binding
+
 
 def available() -> bool:
-    return torch.distributed.is_available()
+    return torch.distributed.is_available()  # type: ignore[no-any-return]  # torch is Any to mypy here
 
 
-def _placement(sbp):
+def _placement(sbp: object) -> Any:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     if isinstance(sbp, Split):
@@ -32,7 +37,7 @@ def _placement(sbp):
     return None  # an absent optional input
 
 
-def register(binding):
+def register(binding: Binding) -> None:
     """Give DTensor the op's signatures (none for ops with a Tensor[] input)."""
     from torch.distributed.tensor.experimental import register_sharding
 
@@ -41,7 +46,7 @@ def register(binding):
         return
     n_positional_attrs = len(binding.positional)
 
-    def strategies(*args, **kwargs):
+    def strategies(*args: Any, **kwargs: Any) -> list[tuple[list[Any], list[Any]]]:
         tensors, attrs = binding.split(args, kwargs)
         specs = [None if t is None else TensorSpec(tuple(t.shape), dtype_name(t.tensor_meta.dtype, op=op))
                  for t in tensors]

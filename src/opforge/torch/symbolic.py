@@ -13,8 +13,17 @@ makes it an unbacked size.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from ..spec import TensorSpec
 from .schema import dtype_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..attrs import AttrValue
+    from ..operator import Op
 
 _NO_HINT = 1024  # where a symbol without a hint (an unbacked size) is evaluated
 
@@ -22,10 +31,16 @@ _NO_HINT = 1024  # where a symbol without a hint (an unbacked size) is evaluated
 class Signature:
     """The specs of tensors whose dims may be SymInts, and where each symbol sits."""
 
-    def __init__(self, op, tensors, names=None):
+    unknown: list[TensorSpec | None]
+    where: list[list[int | None] | None]  # per dim of each tensor: the index of its symbol, or None
+    dtypes: list[str | None]
+
+    def __init__(self, op: Op, tensors: Sequence[Any], names: Sequence[str] | None = None) -> None:
         self.op = op
-        self.symbols = []  # [(SymInt, the size it is evaluated at)]
-        index_of = {}
+        self.symbols: list[tuple[torch.SymInt, int]] = []  # [(SymInt, the size it is evaluated at)]
+        index_of: dict[str, int] = {}
+        dims: list[int]
+        where: list[int | None]
         self.unknown, self.where, self.dtypes = [], [], []
         for k, t in enumerate(tensors):
             if t is None:
@@ -52,19 +67,21 @@ class Signature:
             self.where.append(where)
             self.dtypes.append(dtype)
 
-    def evaluated(self, shift=None):
+    def evaluated(self, shift: Mapping[int, int] | None = None) -> list[TensorSpec | None]:
         """The specs with every symbol at its size (plus ``shift[symbol index]``)."""
         shift = shift or {}
-        specs = []
+        specs: list[TensorSpec | None] = []
         for spec, where, dtype in zip(self.unknown, self.where, self.dtypes):
             if spec is None:
                 specs.append(None)
                 continue
+            # (where is None only for an absent tensor, whose spec is None)
             specs.append(TensorSpec([d if at is None else self.symbols[at][1] + shift.get(at, 0)
-                                     for d, at in zip(spec.shape, where)], dtype))
+                                     for d, at in zip(spec.shape, where)], dtype))  # type: ignore[arg-type]
         return specs
 
-    def output_dims(self, attrs, out_specs, concrete_specs):
+    def output_dims(self, attrs: Mapping[str, AttrValue], out_specs: Sequence[TensorSpec],
+                    concrete_specs: Callable[[], Sequence[TensorSpec | None]]) -> list[list[Any]]:
         """Each output's dims: ints, SymInt expressions, or -1 for a size only the data
         decides.  ``concrete_specs()`` gives the inputs' specs with symbols specialized."""
         shapes = [list(s.shape) for s in out_specs]
@@ -72,9 +89,10 @@ class Signature:
             return shapes
         op = self.op
 
-        def run(shift):
+        def run(shift: Mapping[int, int]) -> list[tuple[int, ...]]:
             return [s.shape for s in op.infer_specs(self.evaluated(shift), attrs)]
 
+        base: list[tuple[int, ...]] | None
         try:
             base = run({})
             moved = [run({k: 2}) for k in range(len(self.symbols))]
@@ -96,7 +114,7 @@ class Signature:
                       for dims, spec in zip(result, concrete)]
         return result
 
-    def _linear(self, base, moved, check):
+    def _linear(self, base: int, moved: Sequence[int], check: int) -> int | torch.SymInt | None:
         """``base`` as ``c0 + sum(c_i * symbol_i)`` from the dims ``moved`` gave (symbol i
         moved by 2), verified on ``check`` (symbol i moved by 2(i+1)); None when it is not
         such a combination with integer coefficients."""

@@ -5,6 +5,11 @@ through it, as in MindSpore: under tracing (``ops.GradOperation``) the whole
 Cell becomes one op whose kernel runs ``construct`` and whose gradient rule
 is ``bprop``.
 """
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
 
 from ... import dtypes as _dtypes
@@ -17,27 +22,31 @@ from .tensor import Tensor, unwrap, wrap
 
 
 class Cell:
-    def __init__(self, auto_prefix=True, flags=None):
-        self._input_specs = None
+    bprop: Callable[..., Any]  # optional: a Cell may define bprop(self, *inputs, out, dout)
 
-    def set_inputs(self, *inputs):
+    def __init__(self, auto_prefix: bool = True, flags: object = None) -> None:
+        self._input_specs: list[TensorSpec] | None = None
+
+    def set_inputs(self, *inputs: Any) -> None:
         """Declare the inputs' specs (None dims are dynamic); calls are checked against them.
 
         opforge needs no graph compilation for dynamic shapes: every op infers
         per call.  To see what an op produces for a dynamic spec, ask it:
         ``op.infer(opforge.TensorSpec([4, None], "float32"), ...)``.
         """
-        self._input_specs = [t.spec if isinstance(t, Tensor) and t.is_placeholder else TensorSpec.of(np.asarray(t))
+        self._input_specs = [t.spec  # type: ignore[misc]  # a placeholder's spec is set
+                             if isinstance(t, Tensor) and t.is_placeholder else TensorSpec.of(np.asarray(t))
                              for t in inputs]
 
-    def construct(self, *inputs):
+    def construct(self, *inputs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")
 
-    def _check_inputs(self, inputs):
-        if len(inputs) != len(self._input_specs):
-            raise ArityError(f"{type(self).__name__}: set_inputs declared {len(self._input_specs)} inputs, "
-                             f"got {len(inputs)}")
-        for index, (value, spec) in enumerate(zip(inputs, self._input_specs)):
+    def _check_inputs(self, inputs: Sequence[Any]) -> None:
+        # called once set_inputs has set _input_specs
+        if len(inputs) != len(self._input_specs):  # type: ignore[arg-type]
+            raise ArityError(f"{type(self).__name__}: set_inputs declared "
+                             f"{len(self._input_specs)} inputs, got {len(inputs)}")  # type: ignore[arg-type]
+        for index, (value, spec) in enumerate(zip(inputs, self._input_specs)):  # type: ignore[arg-type]
             # Arrays, and the symbolic values of a trace (GradOperation), both carry shape and dtype.
             given = value if hasattr(value, "shape") and hasattr(value, "dtype") else np.asarray(value)
             dtype = _dtypes.normalize(given.dtype)
@@ -48,28 +57,28 @@ class Cell:
                 raise ShapeError(f"{type(self).__name__}: input {index} has shape {list(given.shape)}, but "
                                  f"set_inputs declared {spec}")
 
-    def __call__(self, *inputs):
-        inputs = [unwrap(x) for x in inputs]
+    def __call__(self, *inputs: Any) -> Any:
+        inputs = [unwrap(x) for x in inputs]  # type: ignore[assignment]  # the args, now as a list
         if self._input_specs is not None:
             self._check_inputs(inputs)
         if hasattr(self, "bprop") and any(isinstance(x, Value) for x in inputs):
             return self._bprop_op(inputs)(*inputs)
         return wrap(self.construct(*inputs))
 
-    def _bprop_op(self, inputs):
+    def _bprop_op(self, inputs: Sequence[Any]) -> Custom:
         """The Cell as one op (per input signature) whose gradient rule is its ``bprop``."""
         specs = tuple(x.spec if isinstance(x, Value) else TensorSpec.of(np.asarray(x)) for x in inputs)
-        ops = self.__dict__.setdefault("_bprop_ops", {})
+        ops: dict[tuple[TensorSpec, ...], Custom] = self.__dict__.setdefault("_bprop_ops", {})
         if specs not in ops:
             outputs = trace(self.construct, *specs).outputs  # only for the output specs
             several = len(outputs) > 1
             shapes = tuple(list(v.spec.shape) for v in outputs)
             dtypes = tuple(v.spec.dtype for v in outputs)
 
-            def construct(*arrays):
+            def construct(*arrays: Any) -> Any:
                 return unwrap(self.construct(*arrays))
 
-            def bprop(*arrays):
+            def bprop(*arrays: Any) -> Any:
                 return unwrap(self.bprop(*arrays))
 
             construct.__name__ = type(self).__name__

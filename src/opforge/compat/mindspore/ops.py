@@ -4,6 +4,11 @@ The arithmetic primitives are opforge's built-in ops, so they have kernels
 and gradient rules; ``GradOperation`` differentiates a Cell (or function)
 with ``opforge.vjp``, through those rules and a Custom op's ``bprop``.
 """
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from ...errors import GradientError, NoKernelError, TracingError
@@ -19,8 +24,8 @@ class _BuiltinPrimitive:
 
     builtin: str | None = None  # the built-in op's name, set by each subclass
 
-    def __call__(self, x, y):
-        op = lookup(self.builtin)
+    def __call__(self, x: Any, y: Any) -> Any:
+        op = lookup(self.builtin)  # type: ignore[arg-type]  # each subclass sets builtin
         if op is None:
             raise NoKernelError(f"ops.{type(self).__name__} needs opforge's built-in op '{self.builtin}', "
                                 "which is not registered")
@@ -50,22 +55,22 @@ class GradOperation:
     ``sens_param`` the output's gradient is ones, as in MindSpore; with it, the
     last argument is the output's gradient (a tuple for several outputs)."""
 
-    def __init__(self, get_all=False, get_by_list=False, sens_param=False):
+    def __init__(self, get_all: bool = False, get_by_list: bool = False, sens_param: bool = False) -> None:
         if get_by_list:
             raise GradientError("GradOperation(get_by_list=True) differentiates Parameters, which opforge's Cells "
                                 "do not have: pass the weights as inputs and use get_all=True")
         self.get_all = get_all
         self.sens_param = sens_param
 
-    def __call__(self, fn, weights=None):
+    def __call__(self, fn: Callable[..., Any], weights: object = None) -> Callable[..., Any]:
         if weights is not None:
             raise GradientError("GradOperation takes no weights (get_by_list is not supported): pass the weights "
                                 "as inputs and use get_all=True")
 
-        def forward(*values):
+        def forward(*values: Any) -> Any:
             return unwrap(fn(*values))
 
-        def gradient(*args):
+        def gradient(*args: Any) -> Any:
             if self.sens_param:
                 if not args:
                     raise GradientError("GradOperation(sens_param=True): the last argument must be the output's "
@@ -85,12 +90,12 @@ class GradOperation:
         return gradient
 
 
-def shape(input_x):
+def shape(input_x: Any) -> tuple[int, ...]:
     """The shape as a tuple of ints (MindSpore's ``ops.shape``); -1 for a dynamic dim of a placeholder."""
     return tuple(np.shape(input_x) if isinstance(input_x, (list, tuple, int, float)) else input_x.shape)
 
 
-def dyn_shape(input_x):
+def dyn_shape(input_x: Any) -> Tensor:
     """The shape as an int64 Tensor (MindSpore's ``ops.dyn_shape``)."""
     dims = shape(input_x)
     if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
@@ -102,14 +107,14 @@ def dyn_shape(input_x):
 class Shape:
     """``ops.Shape()(x)``: the shape as a tuple of ints."""
 
-    def __call__(self, input_x):
+    def __call__(self, input_x: Any) -> tuple[int, ...]:
         return shape(input_x)
 
 
 class TensorShape:
     """``ops.TensorShape()(x)``: the shape as an int64 Tensor."""
 
-    def __call__(self, input_x):
+    def __call__(self, input_x: Any) -> Tensor:
         return dyn_shape(input_x)
 
 

@@ -1,21 +1,26 @@
 """``Tensor``: a NumPy array with MindSpore's constructor, or a shape-only placeholder."""
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from ... import dtypes as _dtypes
 from ...errors import DTypeError, ShapeError
-from ...spec import TensorSpec
+from ...spec import ShapeLike, TensorSpec
 
 
 class Tensor:
     """``Tensor(array)`` holds data; ``Tensor(shape=[4, None], dtype=...)`` is a
     placeholder for ``Cell.set_inputs`` (None or -1 marks a dynamic dim)."""
 
-    def __init__(self, input_data=None, dtype=None, shape=None):
+    def __init__(self, input_data: Any = None, dtype: _dtypes.DTypeLike = None, shape: ShapeLike = None) -> None:
         if input_data is None:
             if shape is None or dtype is None:
                 raise ShapeError("Tensor without data needs both shape and dtype")
-            self._array = None
-            self.spec = TensorSpec(shape, _dtypes.to_numpy(dtype))
+            self._array: npt.NDArray[Any] | None = None
+            self.spec: TensorSpec | None = TensorSpec(shape, _dtypes.to_numpy(dtype))
             return
         try:
             array = np.asarray(input_data.asnumpy() if isinstance(input_data, Tensor) else input_data)
@@ -27,40 +32,41 @@ class Tensor:
         self.spec = None
 
     @property
-    def is_placeholder(self):
+    def is_placeholder(self) -> bool:
         return self._array is None
 
-    def asnumpy(self):
+    def asnumpy(self) -> npt.NDArray[Any]:
         if self._array is None:
             raise ShapeError(f"{self.spec} is a shape-only placeholder and holds no data")
         return self._array
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> npt.NDArray[Any]:
         array = self.asnumpy()
         return array if dtype is None else array.astype(dtype)
 
     @property
-    def shape(self):
-        return self.spec.shape if self._array is None else self._array.shape
+    def shape(self) -> tuple[int, ...]:
+        # spec is set exactly when _array is None (a placeholder)
+        return self.spec.shape if self._array is None else self._array.shape  # type: ignore[union-attr]
 
     @property
-    def dtype(self):
-        return self.spec.dtype if self._array is None else self._array.dtype
+    def dtype(self) -> str | np.dtype[Any]:
+        return self.spec.dtype if self._array is None else self._array.dtype  # type: ignore[union-attr]  # as above
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Tensor:
         return Tensor(self.asnumpy()[index])
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.asnumpy())
 
-    def __str__(self):
+    def __str__(self) -> str:
         return str(self.spec) if self._array is None else str(self._array)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return repr(self.spec) if self._array is None else f"Tensor({self._array!r})"
 
 
-def unwrap(value):
+def unwrap(value: Any) -> Any:
     """Tensors (also inside tuples and lists) as their arrays; anything else as it is."""
     if isinstance(value, Tensor):
         return value.asnumpy()
@@ -69,7 +75,7 @@ def unwrap(value):
     return value
 
 
-def wrap(value):
+def wrap(value: Any) -> Any:
     """Arrays and NumPy scalars (also inside tuples and lists) as Tensors; traced values stay as they are."""
     if isinstance(value, (np.ndarray, np.generic)):
         return Tensor(value)

@@ -1,18 +1,19 @@
 """MindSpore-style dtype objects (``mstype.float32``), each naming a NumPy dtype."""
+from __future__ import annotations
 
 
 class Type:
-    def __init__(self, name, numpy_dtype):
+    def __init__(self, name: str, numpy_dtype: str) -> None:
         self.name = name
         self.numpy_dtype = numpy_dtype
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self.name[0].upper() + self.name[1:]
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Type) and other.numpy_dtype == self.numpy_dtype
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.numpy_dtype)
 
 
