@@ -438,6 +438,8 @@ static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
 CONV = CONV_COMMON + r"""
 // Work (multiply-adds or copied elements) worth handing to another thread.
 static const int64_t kParallelWork = 1 << 15;
+static const int64_t kConvTasks = 4;  // tasks per convolution to aim for (more cost packing w again)
+static const int64_t kLeastWidth = 128;  // columns of a block: narrower ones run gemm below speed
 
 // Depthwise 2-d convolution (one input channel per group, m_group output channels each): every output
 // plane is its bias plus, per kernel tap, the tap's weight times a strided window of the input plane.
@@ -578,10 +580,19 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
       return 0;
     }
     // Per image (a sample's group): y[:, columns] = w (m_group x inner) @ the columns (inner x width).
-    // A task is a block of columns (made by im2col, unless direct) times a part of the output channels
-    // (parts only where there are few blocks: each part makes the block's columns again).
-    const int64_t runs = RunsPerBlock(*g, inner), blocks = (g->outer + runs - 1) / runs;
-    const int64_t images = n * g->group, parts = Parts(m_group, images * blocks, 32);
+    // A task is a block of columns (made by im2col, unless direct) times a part of the output channels.
+    // Images with few blocks are cut into smaller ones (down to kLeastWidth columns) to give the pool
+    // kConvTasks tasks, and only then the channels into two parts (each part makes its columns again,
+    // so one thread does extra work for them).
+    const int64_t images = n * g->group;
+    int64_t runs = RunsPerBlock(*g, inner), blocks = (g->outer + runs - 1) / runs;
+    if (images > 0 && images * blocks < kConvTasks) {
+      const int64_t per_image = (kConvTasks + images - 1) / images;
+      const int64_t least = (kLeastWidth + g->last_out - 1) / g->last_out;
+      runs = std::min(runs, std::max(least, (g->outer + per_image - 1) / per_image));
+      blocks = (g->outer + runs - 1) / runs;
+    }
+    const int64_t parts = Parts(m_group, images * blocks, 128, 2);
     RunTasks(images * blocks * parts, m_group / parts * inner * runs * g->last_out, [&](int64_t t) {
       const int64_t part = t % parts, block = t / parts % blocks, image = t / parts / blocks;
       const int64_t first = block * runs, count = std::min(runs, g->outer - first);

@@ -113,6 +113,30 @@ void ByRows(const Geometry &g, const T *xp, Line fold, Finish finish) {
     }
 }
 
+// The output columns [lo, hi) whose windows lie wholly inside x along the last axis.
+inline void Interior(const Axis &C, int64_t *lo, int64_t *hi) {
+  *lo = 0;
+  while (*lo < C.out && !(C.first[*lo] == 0 && C.last[*lo] == C.k)) ++*lo;
+  *hi = *lo;
+  while (*hi < C.out && C.first[*hi] == 0 && C.last[*hi] == C.k) ++*hi;
+}
+
+// y[k] = the max of line's taps k * s - pb + t * d (t < taps) for the interior outputs k in [lo, hi):
+// one pass per tap, so the loops vectorise (S: the stride compiled in, 1 or 2; 0 reads C.s).
+template <int S, typename T>
+void InteriorMax(const Axis &C, int64_t lo, int64_t hi, const T *__restrict line, T *__restrict y) {
+  const int64_t s = S ? S : C.s;
+  const T *base = line - C.pb;
+  for (int64_t k = lo; k < hi; k++) y[k] = base[k * s];
+  for (int64_t t = 1; t < C.k; t++) {
+    const T *tap = base + t * C.d;
+    for (int64_t k = lo; k < hi; k++) {
+      const T v = tap[k * s];
+      y[k] = v > y[k] ? v : y[k];
+    }
+  }
+}
+
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
 // max (contiguous, vectorised), then each output takes the max of its taps along that line.
 template <typename T>
@@ -120,9 +144,11 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
   const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
   const T lowest = Lowest<T>();
-  ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+  int64_t lo = 0, hi = 0;
+  Interior(C, &lo, &hi);
+  ForPlanes(g, true, [&](int64_t first_plane, int64_t end_plane) {
     std::vector<T> line(C.in);
-    for (int64_t plane = lo; plane < hi; plane++) {
+    for (int64_t plane = first_plane; plane < end_plane; plane++) {
       T *yp = y + plane * out;
       ByRows(g, x + plane * in,
              [&](const T *row, bool first) {
@@ -133,7 +159,7 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
                for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
              },
              [&](int64_t, int64_t, bool empty) {
-               for (int64_t k = 0; k < C.out; k++) {
+               auto edge = [&](int64_t k) {  // a window reaching into the padding: its taps inside x
                  const int64_t c0 = k * C.s - C.pb;
                  T best = lowest;
                  if (!empty)
@@ -141,8 +167,18 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
                      const T v = line[c0 + tc * C.d];
                      best = v > best ? v : best;
                    }
-                 *yp++ = best;
+                 yp[k] = best;
+               };
+               if (empty) {
+                 std::fill(yp, yp + C.out, lowest);
+               } else {
+                 for (int64_t k = 0; k < lo; k++) edge(k);
+                 if (C.s == 1) InteriorMax<1>(C, lo, hi, line.data(), yp);
+                 else if (C.s == 2) InteriorMax<2>(C, lo, hi, line.data(), yp);
+                 else InteriorMax<0>(C, lo, hi, line.data(), yp);
+                 for (int64_t k = hi; k < C.out; k++) edge(k);
                }
+               yp += C.out;
              });
     }
   });
@@ -164,14 +200,6 @@ template <typename T>
 inline T Clean(T v) {
   if constexpr (std::numeric_limits<T>::has_quiet_NaN) return v == v ? v : -std::numeric_limits<T>::infinity();
   return v;
-}
-
-// The output columns [lo, hi) whose windows lie wholly inside x along the last axis.
-inline void Interior(const Axis &C, int64_t *lo, int64_t *hi) {
-  *lo = 0;
-  while (*lo < C.out && !(C.first[*lo] == 0 && C.last[*lo] == C.k)) ++*lo;
-  *hi = *lo;
-  while (*hi < C.out && C.first[*hi] == 0 && C.last[*hi] == C.k) ++*hi;
 }
 
 // One thread's buffers: RowMax of every input row of a plane (value, column), then the plane's answer.
