@@ -313,6 +313,17 @@ def test_errors_inside_converters_become_model_errors():
     assert isinstance(info.value.__cause__, opforge.ShapeError)
 
 
+def test_a_node_missing_a_required_input_is_a_model_error():
+    # Slice (opset 13) needs starts and ends; Reshape its shape.  Neither is there.
+    for node in (helper.make_node("Slice", ["x"], ["y"], name="cut"), helper.make_node("Reshape", ["x"], ["y"],
+                                                                                       name="cut")):
+        graph = helper.make_graph([node], "g", [value("x")], [value("y", shape=None)])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        with pytest.raises(ox.ModelError, match=rf"cut.*{node.op_type}.*cannot convert it") as info:
+            ox.load(m)
+        assert "inputs ['x']" in str(info.value)
+
+
 def test_importing_opforge_does_not_import_onnx():
     import subprocess
     import sys

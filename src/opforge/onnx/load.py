@@ -353,6 +353,10 @@ def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> Load
                 raise
             except OpforgeError as error:
                 raise ModelError(f"model '{plan.name}': {label}: {type(error).__name__}: {error}") from error
+            except (TypeError, ValueError, IndexError, KeyError) as error:  # a required input or attribute missing
+                raise ModelError(f"model '{plan.name}': {label}: cannot convert it ({type(error).__name__}: "
+                                 f"{error}); check its inputs {list(node.input)} and attributes against "
+                                 f"{node.op_type}'s definition") from error
             for name, value in zip(node.output, _outputs_of(ctx, result)):
                 if not name:
                     continue
