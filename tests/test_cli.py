@@ -292,6 +292,83 @@ def test_ops_import_lists_a_modules_ops(env, tmp_path, monkeypatch, capsys):
     assert "    defined at: " + str(Path(opforge_package.__file__).parent / "builtins" / "relu.py") in done.stdout
 
 
+TWO_VARIANTS = """\
+import opforge
+op = opforge.op("cli_test::triple(Tensor x) -> Tensor y")
+op.def_infer(opforge.infer.same_as(0))
+op.kernel(function="Triple", dtypes={"x": ["float32", "float64"]}, code=r'''
+#include "custom_aot_extra.h"
+extern "C" int Triple(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                      void *stream, void *extra) {
+  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
+  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
+  for (int64_t i = 0; i < shapes[0][0]; i++) y[i] = 3 * x[i];
+  return 0;
+}
+''')
+"""
+
+
+@needs_gxx
+def test_build_op_compiles_every_variant_once(env, tmp_path):
+    (tmp_path / "triple_ops.py").write_text(TWO_VARIANTS)
+    env = {**env, "OPFORGE_QUIET": "0"}
+
+    def build(*args):
+        return subprocess.run([sys.executable, "-m", "opforge", "build", *args, "--import", "triple_ops"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    cold = build("--op", "cli_test::triple", "-j", "2")
+    assert cold.returncode == 0, cold.stderr
+    assert cold.stdout.strip().startswith("2 kernel variant(s) of 1 op(s): 2 compiled, 0 already built, 0 failed")
+    warm = build("--all")  # --all: the ops --import declared; all built now
+    assert warm.returncode == 0, warm.stderr
+    assert "2 kernel variant(s) of 1 op(s): 0 compiled, 2 already built, 0 failed" in warm.stdout
+    assert "compiled op" not in warm.stderr and "building" not in warm.stderr
+    # the first call in a fresh process finds the variant built: no compile line
+    run = subprocess.run([sys.executable, "-c", "import numpy as np, triple_ops; "
+                          "print(triple_ops.op(np.ones(2, np.float32)).tolist())"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "[3.0, 3.0]" and "compiled" not in run.stderr, run.stderr
+
+    for args, message in ((["--op", "cli_test::nope"], "no op named 'cli_test::nope'"),
+                          ([str(tmp_path / "triple_ops.py"), "--op", "cli_test::triple"], "not both")):
+        done = build(*args)
+        assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_logs_above_it(monkeypatch):
+    import io
+    import logging
+
+    from opforge.runtime.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    monkeypatch.delenv("OPFORGE_QUIET", raising=False)
+    progress = Progress("building 4 kernel variant(s)", 4, after=0.0)
+    progress.step(2)
+    logging.getLogger("opforge.build").info("compiled op 'x', kernel X in 1.0 s")
+    progress.close()
+    text = screen.getvalue()
+    bar = "opforge: building 4 kernel variant(s) [" + "#" * 15 + "." * 15 + "] 2/4 "
+    assert text.startswith("\r\033[K" + bar)
+    # the log line wipes the bar, prints, and draws the bar again below it
+    assert "\r\033[Kopforge: compiled op 'x', kernel X in 1.0 s\n" + bar in text
+    assert text.endswith("opforge: building 4 kernel variant(s): 4/4 done in " + text.rsplit(" in ", 1)[1])
+    assert text.rstrip("\n").rsplit("\r\033[K", 1)[1].startswith("opforge: building 4 kernel variant(s): 4/4")
+
+    monkeypatch.setenv("OPFORGE_QUIET", "1")  # silenced: nothing drawn
+    screen.seek(0), screen.truncate()
+    quiet = Progress("quiet", 2, after=0.0)
+    quiet.step(1), quiet.close()
+    assert screen.getvalue() == ""
+
+
 def test_doctor_reports_the_frameworks_and_their_bridges(env):
     done = opforge(env, "doctor", timeout=300)
     assert done.returncode == 0, done.stderr

@@ -2,6 +2,7 @@
 
     opforge build FILE [--dtype [NAME=]DTYPE]... [--isa ISA] [--layout LAYOUT] [-D NAME[=VALUE]]...
                        [--cflags FLAGS] [-I DIR]... [--cuda-arch ARCH] [--cxx11-abi] [--force] [--verbose]
+    opforge build (--op NAME)... | --all  [-j N] [--load FILE]... [--import MODULE]...
     opforge cache info | clear
     opforge include
     opforge ops [--load FILE]... [--import MODULE]...
@@ -26,9 +27,21 @@ import importlib
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .errors import CompileError, OpforgeError
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import numpy as np
+
+    from .graph import Graph
+    from .operator import Op
+    from .spec import TensorSpec
+
+    _Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 class UsageError(OpforgeError):
@@ -39,16 +52,25 @@ class UsageError(OpforgeError):
 # opforge build
 
 
-def add_build(subparsers) -> None:
+def add_build(subparsers: _Subparsers) -> None:
     from .runtime.cpu import ISA_LEVELS
 
     parser = subparsers.add_parser(
-        "build", help="compile a kernel source into the cache",
+        "build", help="compile a kernel source, or every kernel variant of ops, into the cache",
         description="Compile a kernel source (.c .cc .cpp .cxx .cu) into opforge's cache and "
                     "print the library's path. A source that is already built is not recompiled. "
                     "--dtype, --isa and --layout define the macros op.kernel(dtypes=, isa=, layout=) "
-                    "compiles a source with.")
-    parser.add_argument("file", help="kernel source file")
+                    "compiles a source with. With --op (or --all) instead of FILE: compile every CPU "
+                    "kernel variant (dtype, ISA, layout) of those ops, -j at a time, with a progress bar, "
+                    "so their first calls find them built.")
+    parser.add_argument("file", nargs="?", help="kernel source file")
+    parser.add_argument("--op", dest="ops", action="append", default=[], metavar="NAME",
+                        help="build every CPU kernel variant of this op (repeatable)")
+    parser.add_argument("--all", action="store_true",
+                        help="build the kernels of every op that --load and --import declare")
+    parser.add_argument("-j", "--jobs", type=_positive_int, default=None, metavar="N",
+                        help="compilers at a time for --op/--all (default: the CPU count)")
+    _add_declaration_options(parser)
     parser.add_argument("--dtype", dest="dtypes", action="append", default=[], metavar="[NAME=]DTYPE",
                         help="define OPFORGE_T as the dtype's C type and OPFORGE_DTYPE_<DTYPE>=1 (the first "
                              "--dtype); NAME=DTYPE also defines OPFORGE_T_<NAME> (repeatable)")
@@ -78,7 +100,7 @@ def _identifier(name: str, what: str) -> str:
     return name
 
 
-def variant_flags(args) -> list[str]:
+def variant_flags(args: argparse.Namespace) -> list[str]:
     """The -D and instruction-set flags ``--dtype``, ``--isa``, ``--layout`` and ``-D`` ask for,
     made by the functions op.kernel uses, in the same order."""
     import shlex
@@ -108,9 +130,16 @@ def variant_flags(args) -> list[str]:
         layout_flags(_identifier(args.layout, "--layout").lower())
 
 
-def run_build(args) -> int:
-    from .runtime.build import SOURCE_SUFFIXES, build, is_source
+def run_build(args: argparse.Namespace) -> int:
+    from .runtime.build import build, is_source
+    from .runtime.compilers import SOURCE_SUFFIXES
 
+    if args.ops or args.all:
+        if args.file:
+            raise UsageError("give a kernel source FILE or --op/--all, not both")
+        return build_op_kernels(args)
+    if args.file is None:
+        raise UsageError("give a kernel source FILE to build, or --op NAME / --all to build ops' kernels")
     if not is_source(args.file):
         raise UsageError(f"{args.file} is not a kernel source (expected {' '.join(SOURCE_SUFFIXES)}); "
                          "a prebuilt library needs no build")
@@ -127,11 +156,62 @@ def run_build(args) -> int:
     return 0
 
 
+def build_op_kernels(args: argparse.Namespace) -> int:
+    """``opforge build --op NAME... | --all``: every CPU kernel variant of the ops, into the cache."""
+    import concurrent.futures
+
+    import opforge
+    from .runtime.aot import AotKernel
+    from .runtime.progress import Progress
+
+    builtin = {op.name for op in opforge.registered_ops()}  # (import opforge registers the built-ins)
+    declare_ops(args)
+    if args.all:
+        ops = [op for op in opforge.registered_ops() if op.name not in builtin]
+        if not ops and not args.ops:
+            raise UsageError("--all builds the ops that --load and --import declare; they declared none")
+    else:
+        ops = []
+    for name in args.ops:
+        op = opforge.lookup(name)
+        if op is None:
+            raise UsageError(f"no op named {name!r} (see `opforge ops`; declare yours with --load or --import)")
+        if op not in ops:
+            ops.append(op)
+    kernels = [(op, k) for op in ops for k in op.kernels if isinstance(k, AotKernel)]
+    cpu = [(op, k) for op, k in kernels if k.device == "cpu"]
+    if len(cpu) < len(kernels):
+        print(f"{len(kernels) - len(cpu)} GPU kernel(s) left to build at their first use on a GPU (nvcc targets "
+              "the GPU it runs on)")
+    built = failed = 0
+    progress = Progress(f"building {len(cpu)} kernel variant(s)", len(cpu), after=0.5)
+    start = time.perf_counter()
+
+    def load(kernel: AotKernel) -> bool:  # whether a compiler ran
+        return kernel.load().compiled
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs or os.cpu_count() or 1) as pool:  # compilers run apart
+        futures = {pool.submit(load, kernel): (op, kernel) for op, kernel in cpu}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            op, kernel = futures[future]
+            try:
+                built += future.result()
+            except OpforgeError as exc:
+                failed += 1
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"op '{op.name}', kernel {kernel.name}: {first}", file=sys.stderr)
+            progress.step(done)
+    progress.close()
+    print(f"{len(cpu)} kernel variant(s) of {len(ops)} op(s): {built} compiled, {len(cpu) - built - failed} "
+          f"already built, {failed} failed ({time.perf_counter() - start:.1f} s)")
+    return 1 if failed else 0
+
+
 # --------------------------------------------------------------------------
 # opforge cache
 
 
-def add_cache(subparsers) -> None:
+def add_cache(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser("cache", help="inspect or clear the build cache",
                                    description="Inspect or clear opforge's build cache "
                                                "($OPFORGE_CACHE_DIR, else ~/.cache/opforge).")
@@ -151,7 +231,7 @@ def _human_size(size: int) -> str:
     return f"{size} B"  # unreachable
 
 
-def run_cache_info(args) -> int:
+def run_cache_info(args: argparse.Namespace) -> int:
     from .runtime.build import cache_info
 
     info = cache_info()
@@ -161,7 +241,7 @@ def run_cache_info(args) -> int:
     return 0
 
 
-def run_cache_clear(args) -> int:
+def run_cache_clear(args: argparse.Namespace) -> int:
     from .runtime.build import cache_dir, clear_cache
 
     removed = clear_cache()
@@ -173,7 +253,7 @@ def run_cache_clear(args) -> int:
 # opforge include
 
 
-def add_include(subparsers) -> None:
+def add_include(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "include", help="print the folder holding custom_aot_extra.h",
         description="Print the folder holding opforge's custom_aot_extra.h, "
@@ -181,7 +261,7 @@ def add_include(subparsers) -> None:
     parser.set_defaults(func=run_include)
 
 
-def run_include(args) -> int:
+def run_include(args: argparse.Namespace) -> int:
     from .runtime.build import include_dir
 
     print(include_dir())
@@ -192,7 +272,7 @@ def run_include(args) -> int:
 # opforge ops
 
 
-def add_ops(subparsers) -> None:
+def add_ops(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "ops", help="list registered ops with signatures and kernels",
         description="List every registered op (the built-ins, and the ops the files and modules given "
@@ -214,7 +294,7 @@ def _import_user_module(name: str) -> None:
         raise UsageError(f"importing module {name!r} raised {type(exc).__name__}: {exc}") from None
 
 
-def _kernel_line(kernel) -> str:
+def _kernel_line(kernel: Any) -> str:  # any Kernel: its optional attributes are read with getattr
     tags = [kernel.device]
     if kernel.isa:
         tags.append(kernel.isa)
@@ -230,7 +310,7 @@ def _kernel_line(kernel) -> str:
     return line
 
 
-def declare_ops(args) -> None:
+def declare_ops(args: argparse.Namespace) -> None:
     """Import ``--import`` modules and load ``--load`` declaration files."""
     import opforge
 
@@ -243,7 +323,7 @@ def declare_ops(args) -> None:
             raise UsageError(str(exc)) from None
 
 
-def run_ops(args) -> int:
+def run_ops(args: argparse.Namespace) -> int:
     import opforge
 
     declare_ops(args)
@@ -259,7 +339,7 @@ def run_ops(args) -> int:
     return 0
 
 
-def _sbp_line(op) -> str:
+def _sbp_line(op: Op) -> str:
     """The op's SBP signatures as far as they are known without shapes: a fixed list is shown
     (on inputs of unknown rank), a function or trait that needs shapes is named."""
     from opforge.spec import TensorSpec
@@ -283,12 +363,12 @@ def _sbp_line(op) -> str:
 # opforge doctor
 
 
-def add_doctor(subparsers) -> None:
+def add_doctor(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser("doctor", help="report compilers, CPU features, CUDA and the framework bridges")
     parser.set_defaults(func=run_doctor)
 
 
-def run_doctor(args) -> int:
+def run_doctor(args: argparse.Namespace) -> int:
     import platform
 
     import numpy
@@ -316,35 +396,35 @@ def run_doctor(args) -> int:
     return 0
 
 
-def _framework_lines():
+def _framework_lines() -> Iterator[str]:
     """One line per optional framework: its version, and whether opforge's bridge to it works
     (an op run through it on a tiny input), or why not."""
     import importlib
     import importlib.metadata
 
-    def version(distribution):
+    def version(distribution: str) -> str | None:
         try:
             return importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    def bridge_torch():
+    def bridge_torch() -> bool:
         import torch
 
         import opforge.torch  # noqa: F401 - registers every op with torch.library
 
         y = torch.ops.opforge.relu(torch.tensor([-1.0, 2.0]))
-        return y.tolist() == [0.0, 2.0]
+        return y.tolist() == [0.0, 2.0]  # type: ignore[no-any-return]  # torch is Any to mypy
 
-    def bridge_jax():
+    def bridge_jax() -> bool:
         import jax.numpy as jnp
 
         import opforge.jax  # noqa: F401 - opforge ops take JAX arrays as XLA FFI calls
         from opforge import ops
 
-        return ops.relu(jnp.array([-1.0, 2.0])).tolist() == [0.0, 2.0]
+        return ops.relu(jnp.array([-1.0, 2.0])).tolist() == [0.0, 2.0]  # type: ignore[no-any-return]  # jax: Any
 
-    def bridge_onnx():
+    def bridge_onnx() -> bool:
         import numpy as np
         import onnx
         from onnx import helper
@@ -355,7 +435,8 @@ def _framework_lines():
         x_info = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
         y_info = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
         model = helper.make_model(helper.make_graph([node], "doctor", [x_info], [y_info]))
-        return opforge.onnx.load(model)(np.array([-1.0, 2.0], np.float32)).tolist() == [0.0, 2.0]
+        return (opforge.onnx.load(model)(np.array([-1.0, 2.0], np.float32)).tolist()  # type: ignore[no-any-return]
+                == [0.0, 2.0])  # (a graph's outputs are Any to mypy)
 
     # JAX last: a compiler started after JAX's threads exist draws a fork warning from JAX
     checks = [("torch", "torch", bridge_torch), ("onnx", "onnx", bridge_onnx), ("onnxruntime", "onnxruntime", None),
@@ -380,7 +461,7 @@ def _framework_lines():
 # opforge run / opforge convert (ONNX models; need the optional onnx package)
 
 
-def add_run(subparsers) -> None:
+def add_run(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run an ONNX model and print its outputs and latency",
         description="Load an ONNX model, run it once on the inputs given (random ones, seeded, for the "
@@ -401,7 +482,7 @@ def add_run(subparsers) -> None:
     parser.set_defaults(func=run_run)
 
 
-def _add_declaration_options(parser, models=False) -> None:
+def _add_declaration_options(parser: argparse.ArgumentParser, models: bool = False) -> None:
     """--load and --import, which ``declare_ops`` reads (``models``: a command that loads a model)."""
     parser.add_argument("--load", action="append", default=[], metavar="FILE",
                         help="load op declarations (YAML or JSON) first"
@@ -431,7 +512,7 @@ def set_threads(count: int) -> None:
     set_num_threads(count)
 
 
-def _onnx():
+def _onnx() -> Any:
     try:
         import opforge.onnx
     except ImportError as exc:
@@ -439,7 +520,7 @@ def _onnx():
     return opforge.onnx
 
 
-def _load_model(args):
+def _load_model(args: argparse.Namespace) -> Any:
     """The model of ``args.model`` as a Graph, once the ops of ``--import`` / ``--load`` are declared."""
     if not os.path.isfile(args.model):
         raise UsageError(f"no model file at {args.model!r}")
@@ -451,12 +532,12 @@ def _load_model(args):
     return _onnx().load(args.model)
 
 
-def _graph_input_names(graph) -> list[str]:
+def _graph_input_names(graph: Graph) -> list[str]:
     names = getattr(graph, "input_names", None)
     return list(names) if names is not None else [v.name for v in graph.inputs]
 
 
-def _given_inputs(pairs: list[str], names: list[str]) -> dict:
+def _given_inputs(pairs: list[str], names: list[str]) -> dict[str, np.ndarray[Any, Any]]:
     import numpy as np
 
     given = {}
@@ -474,7 +555,7 @@ def _given_inputs(pairs: list[str], names: list[str]) -> dict:
     return given
 
 
-def _random_input(spec, rng):
+def _random_input(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray[Any, Any]:
     """A random array for ``spec``: unknown dims are 1; floats normal, integers in [0, 10), bools fair."""
     import numpy as np
 
@@ -487,7 +568,7 @@ def _random_input(spec, rng):
     return rng.integers(0, 10, shape).astype(dtype)
 
 
-def _model_inputs(graph, args) -> list:
+def _model_inputs(graph: Graph, args: argparse.Namespace) -> list[np.ndarray[Any, Any]]:
     import numpy as np
 
     names = _graph_input_names(graph)
@@ -510,11 +591,11 @@ def _model_inputs(graph, args) -> list:
     return arrays
 
 
-def _dims(shape) -> str:
+def _dims(shape: Sequence[int]) -> str:
     return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
 
 
-def run_run(args) -> int:
+def run_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     if args.threads is not None:
@@ -548,7 +629,7 @@ def run_run(args) -> int:
     return 0
 
 
-def add_convert(subparsers) -> None:
+def add_convert(subparsers: _Subparsers) -> None:
     parser = subparsers.add_parser(
         "convert", help="convert an ONNX model into an opforge graph JSON file, or back",
         description="Load an ONNX model and write it as an opforge graph (Graph.save), which "
@@ -563,7 +644,7 @@ def add_convert(subparsers) -> None:
     parser.set_defaults(func=run_convert)
 
 
-def run_convert(args) -> int:
+def run_convert(args: argparse.Namespace) -> int:
     graph = _load_model(args)
     if args.output.lower().endswith(".onnx"):
         model = _onnx().export(graph, args.output, opset=args.opset)
@@ -578,7 +659,8 @@ def run_convert(args) -> int:
 
 # --------------------------------------------------------------------------
 
-SUBCOMMANDS: list[Callable] = [add_build, add_cache, add_include, add_ops, add_doctor, add_run, add_convert]
+SUBCOMMANDS: list[Callable[[_Subparsers], None]] = [add_build, add_cache, add_include, add_ops, add_doctor, add_run,
+                                                    add_convert]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -90,8 +90,9 @@ class AotKernel(Kernel):
         self.cflags = tuple(cflags)
         self.include_dirs = tuple(include_dirs)
         self.cxx11_abi = cxx11_abi
-        self.library = None
-        self.code = None  # source text, for kernels declared with code=
+        self.library: Library | None = None
+        self.compiled = False  # whether loading it ran a compiler (else: the cache or the prebuilt set)
+        self.code: str | None = None  # source text, for kernels declared with code=
         self.builtin = False  # declared by opforge.builtins: may load from the prebuilt set
         self._function = self._init = self._infer = None
         # Bounded: shapes and attribute values may vary per call.  An evicted
@@ -129,7 +130,10 @@ class AotKernel(Kernel):
             if _build.is_source(self.path):
                 start = time.perf_counter()
                 built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
-                                     **({} if self.cxx11_abi is None else {"cxx11_abi": self.cxx11_abi}))
+                                     # (mypy checks a ** dict against every keyword; this one holds cxx11_abi alone)
+                                     **({} if self.cxx11_abi is None  # type: ignore[arg-type]
+                                        else {"cxx11_abi": self.cxx11_abi}))
+                self.compiled = not built.from_cache
                 if not built.from_cache:
                     owner = f"op '{self.op_name}', " if self.op_name else ""
                     _build.report_build(f"{owner}kernel {self.name}", time.perf_counter() - start)

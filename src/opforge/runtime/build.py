@@ -92,23 +92,50 @@ BUILD_REPORT_SECONDS = 0.5
 log = logging.getLogger("opforge.build")
 
 
+def _quiet() -> bool:
+    return os.environ.get("OPFORGE_QUIET", "").strip() not in ("", "0")
+
+
 class _StderrUnlessQuiet(logging.Handler):
-    def emit(self, record):
-        if os.environ.get("OPFORGE_QUIET", "").strip() not in ("", "0"):
+    status = ""  # a progress bar shown on a terminal (runtime.progress): each record prints above it
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _quiet():
             return
         try:
-            sys.stderr.write(self.format(record) + "\n")  # the stream of the moment (pytest swaps it)
+            # the stream of the moment (pytest swaps it); a bar is wiped, then drawn again under the line
+            clear = "\r\033[K" if self.status else ""
+            sys.stderr.write(clear + self.format(record) + "\n" + self.status)
+            sys.stderr.flush()
         except Exception:  # noqa: BLE001 - logging's own convention
             self.handleError(record)
 
 
 _opforge_log = logging.getLogger("opforge")
-if not any(isinstance(h, _StderrUnlessQuiet) for h in _opforge_log.handlers):
+_handler = next((h for h in _opforge_log.handlers if isinstance(h, _StderrUnlessQuiet)), None)
+if _handler is None:
     _handler = _StderrUnlessQuiet(logging.INFO)
     _handler.setFormatter(logging.Formatter("opforge: %(message)s"))
     _opforge_log.addHandler(_handler)
     if _opforge_log.level == logging.NOTSET:
         _opforge_log.setLevel(logging.INFO)
+
+
+def show_status(text: str) -> bool:
+    """Draw ``text`` as the last line of a terminal, in place of the one before (a progress
+    bar), where progress lines would print: stderr is a terminal, OPFORGE_QUIET is unset
+    and the "opforge.progress" logger takes INFO.  "" wipes it.  Whether it was drawn."""
+    assert _handler is not None
+    stream = sys.stderr
+    if text and (_quiet() or not logging.getLogger("opforge.progress").isEnabledFor(logging.INFO)
+                 or not getattr(stream, "isatty", lambda: False)()):
+        return False
+    if not text and not _handler.status:
+        return False
+    _handler.status = f"opforge: {text}" if text else ""
+    stream.write("\r\033[K" + _handler.status)
+    stream.flush()
+    return True
 
 
 def report_build(what: str, seconds: float) -> None:
