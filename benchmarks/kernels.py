@@ -26,8 +26,9 @@ compared with opforge's; a peer that disagrees is marked ``!`` (its time is
 still printed, but no ratio is taken against it).
 
 Threads: each thread count runs in its own process, with
-``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
-``OPFORGE_NUM_THREADS`` and ``OPFORGE_BLAS_THREADS`` set before NumPy loads;
+``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and
+``OPFORGE_NUM_THREADS`` set before NumPy loads (opforge's own OpenBLAS stays on
+one thread: its pool multiplies the blocks of a product);
 inside it ``opforge.set_num_threads`` and ``torch.set_num_threads`` set the
 same count.  ``all`` is the cores this process may run on.
 
@@ -896,9 +897,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="opforge-bench-kernels-results-") as folder:
         for threads in args.threads:
             env = dict(os.environ)
-            for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPFORGE_NUM_THREADS",
-                        "OPFORGE_BLAS_THREADS"):
+            for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPFORGE_NUM_THREADS"):
                 env[var] = str(threads)
+            env.pop("OPFORGE_BLAS_THREADS", None)  # opforge's OpenBLAS on one thread: the pool multiplies
             results = Path(folder) / f"{threads}.json"
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(threads), "--results",
                        str(results), "--rounds", str(rounds), "--ops", ",".join(names)]

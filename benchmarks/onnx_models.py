@@ -7,14 +7,13 @@ that opforge's output agrees with onnxruntime's on the same seeded random
 input (rtol 1e-3, atol 1e-4), then time both after --warmup runs: the median
 of --repeat runs, with
 
-- opforge on one BLAS thread against onnxruntime with ``intra_op_num_threads=1``;
-- opforge with one BLAS thread per core against onnxruntime with all threads
+- opforge on one thread (``opforge.set_num_threads(1)``) against onnxruntime
+  with ``intra_op_num_threads=1``;
+- opforge with one thread per core against onnxruntime with all threads
   (``intra_op_num_threads=0``).
 
-opforge's own kernels run on one thread; only the BLAS behind matmul, gemm
-and conv uses more.  A ratio is opforge's median over onnxruntime's (below 1:
-opforge is faster).  The machine's load shows in the figures; compare ratios
-taken in one run.
+A ratio is opforge's median over onnxruntime's (below 1: opforge is faster).
+The machine's load shows in the figures; compare ratios taken in one run.
 
     python benchmarks/onnx_models.py --models squeezenet,shufflenet,alexnet --repeat 20
 

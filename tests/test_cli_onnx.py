@@ -76,16 +76,17 @@ def test_run_with_given_input_and_bench(model, tmp_path, capsys):
     assert "bench: 3 runs, median " in out and " ms, min " in out
 
 
-def test_run_threads_sets_the_blas_threads(model, capsys, monkeypatch):
-    monkeypatch.setenv("OPFORGE_BLAS_THREADS", "1")
+def test_run_threads_sets_the_pool_and_leaves_openblas_on_one(model, capsys, monkeypatch):
+    monkeypatch.setenv("OPFORGE_NUM_THREADS", "1")
+    before = opforge.get_num_threads()
     handle = blas.load()
     try:
         assert main(["run", str(model), "--threads", "2", "--seed", "3"]) == 0
-        assert os.environ["OPFORGE_BLAS_THREADS"] == "2"
-        assert handle.scipy_openblas_get_num_threads() == 2
+        assert os.environ["OPFORGE_NUM_THREADS"] == "2" and opforge.get_num_threads() == 2
+        assert handle.scipy_openblas_get_num_threads() == 1
         assert "(seed 3)" in capsys.readouterr().out
     finally:
-        blas.set_num_threads(1)
+        opforge.set_num_threads(before)
 
 
 def test_convert_writes_a_graph_json_that_runs(model, tmp_path, capsys):

@@ -84,8 +84,14 @@ def test_conv_leaves_openblas_its_thread_count():
         ops.conv_transpose(x, w, None, pads=[1, 1, 1, 1])
         return handle.scipy_openblas_get_num_threads()
 
-    assert on_threads(2, run) == 2  # (serial only while the tasks ran)
-    assert on_threads(1, run) == 1
+    before = handle.scipy_openblas_get_num_threads()
+    try:
+        blas.set_num_threads(2)  # OpenBLAS given threads of its own: serial only while the tasks ran
+        assert on_threads(2, run) == 2
+        blas.set_num_threads(1)  # (as opforge loads it)
+        assert on_threads(2, run) == 1 and on_threads(1, run) == 1
+    finally:
+        blas.set_num_threads(before)
 
 
 @needs_blas
@@ -153,3 +159,24 @@ def test_empty_batches_and_channels(threads):
     y = on_threads(threads, lambda: ops.conv(np.zeros((2, 0, 6, 6), np.float32), np.zeros((5, 0, 3, 3), np.float32),
                                              b, pads=[1, 1, 1, 1]))
     np.testing.assert_array_equal(y, np.broadcast_to(b[:, None, None], (2, 5, 6, 6)))
+
+
+PRODUCTS = [  # op, input shapes (None: absent), attributes
+    ("matmul", [(256, 300), (300, 200)], {}),  # more rows than columns: cut by rows
+    ("matmul", [(96, 400), (400, 520)], {}),  # cut by columns
+    ("matmul", [(6, 64, 48), (6, 48, 40)], {}),  # small batch entries: a group of them per task
+    ("matmul", [(3, 200, 160), (1, 160, 300)], {}),  # each large entry cut
+    ("gemm", [(300, 160), (300, 170), (170,)], {"trans_a": True, "alpha": 0.5}),
+    ("gemm", [(160, 300), (500, 300), None], {"trans_b": True}),
+]
+
+
+@needs_blas
+@pytest.mark.parametrize("name,shapes,attrs", PRODUCTS)
+def test_products_on_the_pool_give_the_same_bits_on_any_thread_count(name, shapes, attrs):
+    inputs = [None if s is None else normal(s, k) for k, s in enumerate(shapes)]
+    op = getattr(ops, name)
+    y = {t: on_threads(t, lambda: op(*inputs, **attrs)) for t in (1, 2, 3)}
+    wide = op(*[None if x is None else x.astype(np.float64) for x in inputs], **attrs)
+    np.testing.assert_allclose(y[1], wide, rtol=1e-4, atol=1e-3)
+    assert np.array_equal(y[1], y[2]) and np.array_equal(y[1], y[3])

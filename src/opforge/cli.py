@@ -504,11 +504,11 @@ def _positive_int(text: str) -> int:
 
 
 def set_threads(count: int) -> None:
-    """Run opforge's kernels, and the OpenBLAS behind its linear ops, on ``count`` threads, now and in
+    """Run opforge's kernels (the products of its linear ops included) on ``count`` threads, now and in
     child processes."""
     from .runtime.parallel import set_num_threads
 
-    os.environ["OPFORGE_NUM_THREADS"] = os.environ["OPFORGE_BLAS_THREADS"] = str(count)
+    os.environ["OPFORGE_NUM_THREADS"] = str(count)
     set_num_threads(count)
 
 

@@ -159,7 +159,11 @@ extern "C" int Gemm(int nparam, void **params, int *ndims, int64_t **shapes, con
     else
       for (int64_t j = 0; j < n; j++) y_row[j] = beta * c_row[j];
   }
-  OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, T(1), y, n);
+  try {  // (the pool): nothing crosses the ABI
+    OpforgeGemmParallel(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, T(1), y, n);
+  } catch (...) {
+    return 5;
+  }
   return 0;
 }
 """

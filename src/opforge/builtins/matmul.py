@@ -119,6 +119,37 @@ MATMUL = r"""
 
 typedef OPFORGE_T T;
 
+// y[s] = a[s] @ b[s] for every batch entry s (a or b broadcast along dims of size 1).  One product per
+// entry: on the pool a group of entries at a time where they are small, else each cut for the pool.
+static void Batched(const T *a, const T *b, T *y, int rank, const int64_t *as, const int64_t *bs, const int64_t *ys,
+                    int64_t m, int64_t n, int64_t k, int64_t batch) {
+  const bool small = m * n * k < 2 * kOpforgeGemmTaskWork;
+  auto product = [&](int64_t s) {
+    // The batch index s of y, split into dims, gives a's and b's matrices (0 along a broadcast dim).
+    int64_t rest = s, offset_a = 0, offset_b = 0, stride_a = m * k, stride_b = k * n;
+    for (int d = rank - 3; d >= 0; d--) {
+      const int64_t index = rest % ys[d];
+      rest /= ys[d];
+      if (as[d] != 1) offset_a += index * stride_a;
+      if (bs[d] != 1) offset_b += index * stride_b;
+      stride_a *= as[d];
+      stride_b *= bs[d];
+    }
+    if (small)
+      OpforgeGemm(false, false, m, n, k, T(1), a + offset_a, k, b + offset_b, n, T(0), y + s * m * n, n);
+    else
+      OpforgeGemmParallel(false, false, m, n, k, T(1), a + offset_a, k, b + offset_b, n, T(0), y + s * m * n, n);
+  };
+  if (small) {
+    opforge::parallel_for(0, batch, std::max<int64_t>(1, kOpforgeGemmTaskWork / std::max<int64_t>(1, m * n * k)),
+                          [&](int64_t lo, int64_t hi) {
+                            for (int64_t s = lo; s < hi; s++) product(s);
+                          });
+  } else {
+    for (int64_t s = 0; s < batch; s++) product(s);
+  }
+}
+
 extern "C" int MatMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                       void *stream, void *extra) {
   const T *a = static_cast<const T *>(params[0]);
@@ -138,22 +169,14 @@ extern "C" int MatMul(int nparam, void **params, int *ndims, int64_t **shapes, c
     b_single = b_single && bs[d] == 1;
   }
   if (!OpforgeBlasFits({m, n, k, batch * m})) return 4;
-  if (a_whole && b_single) {  // the batch's rows of a are one (batch * m, k) matrix
-    OpforgeGemm(false, false, batch * m, n, k, T(1), a, k, b, n, T(0), y, n);
-    return 0;
-  }
-  for (int64_t s = 0; s < batch; s++) {
-    // The batch index s of y, split into dims, gives a's and b's matrices (0 along a broadcast dim).
-    int64_t rest = s, offset_a = 0, offset_b = 0, stride_a = m * k, stride_b = k * n;
-    for (int d = rank - 3; d >= 0; d--) {
-      const int64_t index = rest % ys[d];
-      rest /= ys[d];
-      if (as[d] != 1) offset_a += index * stride_a;
-      if (bs[d] != 1) offset_b += index * stride_b;
-      stride_a *= as[d];
-      stride_b *= bs[d];
+  try {  // (the pool): nothing crosses the ABI
+    if (a_whole && b_single) {  // the batch's rows of a are one (batch * m, k) matrix
+      OpforgeGemmParallel(false, false, batch * m, n, k, T(1), a, k, b, n, T(0), y, n);
+      return 0;
     }
-    OpforgeGemm(false, false, m, n, k, T(1), a + offset_a, k, b + offset_b, n, T(0), y + s * m * n, n);
+    Batched(a, b, y, rank, as, bs, ys, m, n, k, batch);
+  } catch (...) {
+    return 5;
   }
   return 0;
 }

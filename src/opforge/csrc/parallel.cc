@@ -8,14 +8,17 @@
 // opforge_parallel_for(begin, end, grain, fn, context) splits [begin, end)
 // into chunks of at least `grain` and runs fn(chunk_begin, chunk_end,
 // context) on the calling thread and the pool's workers, returning when all
-// chunks are done.  Workers sleep on a condition variable between calls, so
-// an idle pool takes no CPU from NumPy's or torch's BLAS threads (workers that
-// spun for the next job took cores from OpenBLAS's threads in a model's
-// matmuls).  A caller done with its chunks polls for the workers' end for a
-// short while (kSpin) before sleeping: waking it would cost tens of
-// microseconds, as much as a short kernel's whole run.  A call from
-// inside a chunk, or while another thread holds the pool, runs serially on
-// its caller: threads never pile up.
+// chunks are done.  The caller takes chunks too, and waits for the chunks to
+// be done, never for a worker to turn up: a worker that wakes late (waking a
+// sleeping thread cost 50-150 us on the virtual machines measured, more than
+// a short kernel's whole run) finds the job finished and sleeps again, so a
+// parallel call is never much slower than a serial one.  Workers poll for the
+// next job for kWorkerSpin after each before sleeping on a condition variable
+// (back-to-back kernels then start on both threads at once); an idle pool
+// takes no CPU from NumPy's or torch's threads.  A caller done with its
+// chunks polls for the others' end for a short while (kSpin) before
+// sleeping.  A call from inside a chunk, or while another thread holds the
+// pool, runs serially on its caller: threads never pile up.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -35,11 +38,12 @@ thread_local int thread_index = 0;        // 0: a caller; workers are 1..n-1
 thread_local bool inside_a_chunk = false;
 
 constexpr auto kSpin = std::chrono::microseconds(200);
+constexpr auto kWorkerSpin = std::chrono::microseconds(100);
 
-// Polls `ready` until it holds or kSpin has passed; whether it held.
+// Polls `ready` until it holds or `spin` has passed; whether it held.
 template <typename Ready>
-bool SpinUntil(const Ready &ready) {
-  const auto until = std::chrono::steady_clock::now() + kSpin;
+bool SpinUntil(const Ready &ready, std::chrono::microseconds spin = kSpin) {
+  const auto until = std::chrono::steady_clock::now() + spin;
   for (int k = 0;; ++k) {
     if (ready()) return true;
     if ((k & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
@@ -48,6 +52,16 @@ bool SpinUntil(const Ready &ready) {
 #endif
   }
 }
+
+// One parallel call.  Chunks are claimed through `claim`: the job's number in the high 32 bits, the
+// next chunk in the low ones, so a worker still holding an earlier job's copy claims nothing of a
+// later job's (its compare-and-swap fails on the number).
+struct Job {
+  uint32_t number = 0;
+  int64_t begin = 0, end = 0, chunks = 0;
+  RangeFn fn = nullptr;
+  void *context = nullptr;
+};
 
 class Pool {
  public:
@@ -66,54 +80,64 @@ class Pool {
 
   int threads() const { return threads_; }
 
-  // Runs the job on this thread and every worker; false when the pool is busy (the caller runs it serially).
+  // Runs the job on this thread and every worker that comes; false when the pool is busy (the caller
+  // runs it serially).
   bool Run(int64_t begin, int64_t end, int64_t grain, RangeFn fn, void *context) {
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
-    const int64_t n = end - begin;
-    const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, int64_t(threads_) * 4);
+    Job job;
     {
       std::lock_guard<std::mutex> hold(mutex_);
-      begin_ = begin;
-      end_ = end;
-      chunks_ = chunks;
-      fn_ = fn;
-      context_ = context;
-      next_.store(0, std::memory_order_relaxed);
-      active_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      job = {++number_, begin, end, std::min<int64_t>((end - begin + grain - 1) / grain, int64_t(threads_) * 4),
+             fn, context};
+      job_ = job;
+      done_.store(0, std::memory_order_relaxed);
+      claim_.store(uint64_t(job.number) << 32, std::memory_order_release);
     }
     wake_.notify_all();
-    Chunks();
-    if (SpinUntil([this] { return active_.load(std::memory_order_acquire) == 0; })) return true;
+    Chunks(job);
+    const auto finished = [&] { return done_.load(std::memory_order_acquire) == job.chunks; };
+    if (SpinUntil(finished)) return true;
     std::unique_lock<std::mutex> hold(mutex_);
-    done_.wait(hold, [this] { return active_.load(std::memory_order_acquire) == 0; });
+    all_done_.wait(hold, finished);
     return true;
   }
 
  private:
-  void Chunks() {
+  // Runs chunks of `job` until none is left to claim (or a later job has replaced it).
+  void Chunks(const Job &job) {
     inside_a_chunk = true;
-    for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < chunks_;) {
-      const int64_t n = end_ - begin_;
-      fn_(begin_ + n * c / chunks_, begin_ + n * (c + 1) / chunks_, context_);
+    const int64_t n = job.end - job.begin;
+    for (uint64_t seen = claim_.load(std::memory_order_acquire);;) {
+      if (uint32_t(seen >> 32) != job.number || int64_t(seen & 0xffffffffu) >= job.chunks) break;
+      if (!claim_.compare_exchange_weak(seen, seen + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        continue;  // (seen now holds the current value)
+      const int64_t c = int64_t(seen & 0xffffffffu);
+      job.fn(job.begin + n * c / job.chunks, job.begin + n * (c + 1) / job.chunks, job.context);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == job.chunks) {
+        std::lock_guard<std::mutex> hold(mutex_);  // (the caller checks under it before it sleeps)
+        all_done_.notify_one();
+      }
+      seen = claim_.load(std::memory_order_acquire);
     }
     inside_a_chunk = false;
   }
 
   void Work(int index) {
     thread_index = index;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
+      // the next job, if it comes soon, without sleeping
+      SpinUntil([&] { return uint32_t(claim_.load(std::memory_order_acquire) >> 32) != seen; }, kWorkerSpin);
+      Job job;
       {
-        std::unique_lock<std::mutex> hold(mutex_);  // the job's fields were written under this lock
-        wake_.wait(hold, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+        std::unique_lock<std::mutex> hold(mutex_);  // the job was written under this lock
+        wake_.wait(hold, [&] { return stopping_ || job_.number != seen; });
         if (stopping_) return;
-        seen = generation_.load(std::memory_order_relaxed);
+        job = job_;
+        seen = job.number;
       }
-      Chunks();
-      std::lock_guard<std::mutex> hold(mutex_);
-      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.notify_one();
+      Chunks(job);
     }
   }
 
@@ -121,14 +145,12 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one job at a time
   std::mutex mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, all_done_;
   bool stopping_ = false;
-  std::atomic<uint64_t> generation_{0};  // changed under mutex_; read without it while spinning
-  std::atomic<int> active_{0};
-  int64_t begin_ = 0, end_ = 0, chunks_ = 0;
-  RangeFn fn_ = nullptr;
-  void *context_ = nullptr;
-  std::atomic<int64_t> next_{0};
+  uint32_t number_ = 0;  // the last job's number (under mutex_)
+  Job job_;              // the current job (under mutex_)
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};  // the current job's chunks done
 };
 
 std::mutex pool_mutex;

@@ -10,8 +10,11 @@
 #ifndef OPFORGE_BLAS_H_
 #define OPFORGE_BLAS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+
+#include "opforge/parallel.h"
 
 enum { OpforgeBlasRowMajor = 101 };
 enum { OpforgeBlasNoTrans = 111, OpforgeBlasTrans = 112 };
@@ -25,6 +28,7 @@ void scipy_cblas_sgemv(int order, int trans, int m, int n, float alpha, const fl
                        int incx, float beta, float *y, int incy);
 void scipy_cblas_dgemv(int order, int trans, int m, int n, double alpha, const double *a, int lda, const double *x,
                        int incx, double beta, double *y, int incy);
+int scipy_openblas_get_num_threads(void);
 }
 
 // The CBLAS gemm of each element type.
@@ -74,6 +78,40 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   OpforgeCblasGemm(OpforgeBlasRowMajor, trans_a ? OpforgeBlasTrans : OpforgeBlasNoTrans,
                    trans_b ? OpforgeBlasTrans : OpforgeBlasNoTrans, int(m), int(n), int(k), alpha, a, int(lda), b,
                    int(ldb), beta, c, int(ldc));
+}
+
+// OpforgeGemm on opforge's pool: a product worth more than one thread is cut into blocks of C's
+// columns, or of its rows where it has more rows than columns (each task packs again the operand the
+// blocks share), that the pool's threads multiply with OpenBLAS on one thread each (opforge loads it so,
+// see runtime/blas.py; given threads of its own, OpenBLAS gets the product whole).  Two blocks per
+// thread, each at least kOpforgeGemmTaskWork multiply-adds and 16 wide; on one thread the product is
+// one call.  Cutting leaves each element's sum over k as OpenBLAS adds it, so the bits do not depend on
+// the thread count (tests/test_builtin_linear.py checks).
+constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
+
+template <typename T>
+inline void OpforgeGemmParallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
+                                int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
+  const int64_t threads = opforge::num_threads(), work = m * n * std::max<int64_t>(k, 0);
+  const bool by_columns = m <= n;  // cut the larger dim of the output (the smaller operand is packed again)
+  const int64_t length = by_columns ? n : m;
+  const int64_t tasks = std::min({2 * threads, work / kOpforgeGemmTaskWork, length / 16});
+  if (threads < 2 || tasks < 2 || m == 1 || n == 1 || scipy_openblas_get_num_threads() > 1) {
+    OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int64_t width = ((length + tasks - 1) / tasks + 15) / 16 * 16;
+  opforge::parallel_for(0, (length + width - 1) / width, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; t++) {
+      const int64_t first = t * width, count = std::min(width, length - first);
+      if (by_columns)
+        OpforgeGemm(trans_a, trans_b, m, count, k, alpha, a, lda, trans_b ? b + first * ldb : b + first, ldb, beta,
+                    c + first, ldc);
+      else
+        OpforgeGemm(trans_a, trans_b, count, n, k, alpha, trans_a ? a + first : a + first * lda, lda, b, ldb, beta,
+                    c + first * ldc, ldc);
+    }
+  });
 }
 
 // Whether every size fits OpenBLAS's 32-bit integers.

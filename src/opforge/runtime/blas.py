@@ -11,20 +11,17 @@ installed: each carries ``requires=blas.reject_reason`` (see
 ``Kernel.requires``), which loads OpenBLAS on first use.  Without it those
 ops run their NumPy reference, which is BLAS-backed too.
 
-OpenBLAS runs on as many threads as opforge's pool (``opforge.set_num_threads``,
-``OPFORGE_NUM_THREADS``): one knob for both, so the two never add up to more
-threads than the pool was given.  They never run at once: matmul and gemm
-hold the calling thread while OpenBLAS works, and the pool's workers sleep;
-the convolutions cut their products into blocks for the pool instead and
-hold OpenBLAS at one thread meanwhile (each block's gemm runs on the thread
-that took it), giving OpenBLAS its count back as they return.
-``OPFORGE_BLAS_THREADS`` gives OpenBLAS a count of its own when it loads (0:
-OpenBLAS's default, one per core), and ``set_num_threads(n)`` here changes
-OpenBLAS alone, until the next ``opforge.set_num_threads``.  On a machine
-whose cores are busy, one thread (``opforge.set_num_threads(1)``) suits small
-products best: each multi-threaded product waits for its threads to be
-scheduled (about a scheduler tick, 4 ms, per call was measured with 2 cores
-shared).
+OpenBLAS runs on one thread: the parallelism is opforge's pool's.  matmul and
+gemm cut a large product into blocks of columns (or rows) that the pool's
+threads multiply (``OpforgeGemmParallel`` in ``opforge_blas.h``), and the
+convolutions cut theirs into tasks, each calling OpenBLAS on the thread that
+took it.  OpenBLAS's own threads would add to the pool's: after each product
+they poll for work for about a tenth of a second, taking the core the pool's
+next kernel needs (resnet50 at two threads: 111 ms with them, 72 ms
+without).  ``OPFORGE_BLAS_THREADS`` gives OpenBLAS a count of its own when it
+loads (0: OpenBLAS's default, one per core), and ``set_num_threads(n)`` here
+changes it; while it is above one, matmul and gemm hand OpenBLAS each
+product whole.
 """
 from __future__ import annotations
 
@@ -37,7 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from ..operator import Kernel
 
-__all__ = ["available", "follow_pool", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
+__all__ = ["available", "library_path", "load", "reject_reason", "requiring", "set_num_threads"]
 
 _K = TypeVar("_K", bound="Kernel | list[Kernel]")
 
@@ -76,13 +73,8 @@ def load() -> ctypes.CDLL | None:
                 except OSError as error:
                     _error = f"OpenBLAS at {path} does not load: {error}"
                 else:
-                    threads: str | int
-                    threads = os.environ.get("OPFORGE_BLAS_THREADS", "").strip()
-                    if threads.isdigit():
-                        threads = int(threads)
-                    else:
-                        from .parallel import get_num_threads
-                        threads = get_num_threads()
+                    given = os.environ.get("OPFORGE_BLAS_THREADS", "").strip()
+                    threads = int(given) if given.isdigit() else 1
                     if threads > 0:
                         handle.scipy_openblas_set_num_threads(threads)
                     _handle = handle
@@ -98,13 +90,6 @@ def set_num_threads(n: int) -> None:
     handle = load()
     if handle is not None:
         handle.scipy_openblas_set_num_threads(n)
-
-
-def follow_pool(n: int) -> None:
-    """opforge.set_num_threads's share: OpenBLAS takes the pool's new size now
-    if it is loaded (else it reads the size when it loads)."""
-    if _handle is not None:
-        _handle.scipy_openblas_set_num_threads(n)
 
 
 def available() -> bool:

@@ -6,8 +6,9 @@ loads that extension again into the global symbol scope (it exports nothing
 else: its other symbols are hidden), so a kernel library loaded afterwards
 finds them without linking anything.  Its size is ``OPFORGE_NUM_THREADS`` when
 set, else the cores this process may run on; ``set_num_threads`` changes it,
-and the threads of OpenBLAS behind matmul, gemm and conv with it (see
-``runtime.blas``): one count for every thread opforge starts.
+and so the threads that multiply matmul's, gemm's and conv's products
+(OpenBLAS itself runs on one thread, see ``runtime.blas``): one count for every
+thread opforge starts.
 """
 from __future__ import annotations
 
@@ -43,12 +44,9 @@ def _checked(threads: object, what: str) -> int:
 
 def set_num_threads(threads: int) -> None:
     """Use ``threads`` threads (the calling one included) in kernels that run in
-    parallel, OpenBLAS's included; 1 runs them serially.  A kernel already
-    running keeps its pool."""
-    from . import blas  # (imports nothing heavy: OpenBLAS loads at its first use)
-
+    parallel, the products behind matmul, gemm and conv included; 1 runs them
+    serially.  A kernel already running keeps its pool."""
     _pool.opforge_set_num_threads(_checked(threads, "opforge.set_num_threads"))
-    blas.follow_pool(threads)
 
 
 def get_num_threads() -> int:
