@@ -1,10 +1,11 @@
-"""Folding an inference-form batch_norm into the conv before it (graph.passes.fold_batch_norm_into_conv)."""
+"""Folding an inference-form batch_norm into the conv before it (graph.passes.fold_batch_norm_into_conv), and
+a per-channel mul / add into the conv or batch_norm before it (fold_scale_and_shift)."""
 import numpy as np
 import pytest
 
 import opforge
 from opforge import TensorSpec, ops
-from opforge.graph.passes import fold_batch_norm_into_conv
+from opforge.graph.passes import fold_batch_norm_into_conv, fold_scale_and_shift
 
 
 def _params(channels, in_per_group, kernel, dtype, seed=0, bias=True):
@@ -131,3 +132,62 @@ def test_onnx_conv_batch_normalization_matches_onnxruntime():
     (expected,) = ort.InferenceSession(model.SerializeToString(), options,
                                        providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(loaded(x), expected, rtol=1e-4, atol=1e-4)
+
+
+# -- fold_scale_and_shift ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("constant_shape", [(6, 1, 1), (1, 6, 1, 1), (), (1,)])
+def test_scale_and_shift_fold_into_the_conv_and_agree(dtype, constant_shape):
+    w, b, *_ = _params(6, 4, (3, 3), dtype)
+    rng = np.random.default_rng(3)
+    s = rng.uniform(0.5, 2.0, constant_shape).astype(dtype)
+    t = rng.standard_normal(constant_shape).astype(dtype)
+    x = rng.standard_normal((2, 4, 6, 7)).astype(dtype)
+
+    def model(x):
+        return ops.relu(ops.add(ops.mul(ops.conv(x, w, b, pads=[1, 1, 1, 1]), s), t))
+
+    plain = opforge.trace(model, TensorSpec((-1, 4, 6, 7), dtype), optimize=False)
+    folded = opforge.trace(model, TensorSpec((-1, 4, 6, 7), dtype), optimize=False)
+    assert fold_scale_and_shift(folded) == 2 and fold_scale_and_shift(folded) == 0
+    assert _op_names(folded) == ["conv", "relu"]
+    assert _op_names(opforge.trace(model, TensorSpec((-1, 4, 6, 7), dtype))) == ["conv", "relu"]  # trace folds
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(folded(x), plain(x), **tolerance)
+    assert folded(x).dtype == np.dtype(dtype)
+
+
+def test_scale_and_shift_fold_into_a_batch_norm_with_the_constant_first():
+    _, _, scale, shift, mean, var = _params(5, 1, (1, 1), "float32")
+    s, t = np.float32(1.5) * np.ones((5, 1, 1), np.float32), np.arange(5, dtype=np.float32).reshape(5, 1, 1)
+    x = np.random.default_rng(4).standard_normal((1, 5, 3, 3)).astype(np.float32)
+
+    def model(x):
+        return ops.add(t, ops.mul(s, ops.batch_norm(x, scale, shift, mean, var, epsilon=1e-5)))
+
+    graph = opforge.trace(model, x)
+    assert _op_names(graph) == ["batch_norm"]
+    (norm,) = [n for n in graph.nodes if not n.is_constant]
+    np.testing.assert_array_equal(norm.inputs[1].producer.value, scale * np.float32(1.5))
+    np.testing.assert_allclose(graph(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_scale_and_shift_stay_when_they_are_not_per_channel_or_not_the_only_reader():
+    w, b, *_ = _params(3, 2, (1, 1), "float32")
+    x = np.random.default_rng(5).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    along_width = np.arange(1, 5, dtype=np.float32)  # (4,): broadcasts along the last dim, not the channels
+    graph = opforge.trace(lambda x: ops.mul(ops.conv(x, w, b), along_width), x)
+    assert _op_names(graph) == ["conv", "mul"]
+    np.testing.assert_allclose(graph(x), ops.mul(ops.conv(x, w, b), along_width), rtol=1e-6)
+
+    def shared(x):
+        y = ops.conv(x, w, b)
+        return ops.mul(y, np.float32(2)), ops.neg(y)
+
+    assert sorted(_op_names(opforge.trace(shared, x))) == ["conv", "mul", "neg"]
+    wider = np.ones((1, 3, 4, 4), np.float32)  # per element, not per channel
+    assert _op_names(opforge.trace(lambda x: ops.add(ops.conv(x, w, b), wider), x)) == ["conv", "add"]
+    as_input = opforge.trace(lambda x, s: ops.mul(ops.conv(x, w, b), s), x, np.ones((3, 1, 1), np.float32))
+    assert _op_names(as_input) == ["conv", "mul"]

@@ -1,5 +1,5 @@
 """Graph passes: inference, dead-code elimination, constant folding, folding
-batch_norm into convolutions, layout selection and memory planning.  Each
+batch_norm (and a per-channel mul / add) into convolutions, layout selection and memory planning.  Each
 takes a Graph and changes it in place (or, for inference and planning,
 returns what it found)."""
 from __future__ import annotations
@@ -15,6 +15,8 @@ from ..spec import TensorSpec
 from .ir import Node, Value, constant_node
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from ..operator import Kernel, Op
     from .ir import Graph
 
@@ -157,6 +159,112 @@ def fold_batch_norm_into_conv(graph: Graph) -> int:
         eliminate_dead_code(graph)
         graph.invalidate()
     return folded
+
+
+def _per_channel(value: Value, like: Value) -> npt.NDArray[np.float64] | None:
+    """A constant ``value`` as one float64 number per channel of ``like`` (N x C x ...), when it
+    broadcasts against ``like`` along the channels alone (shape (C, 1, ..., 1), (1, C, 1, ...), or one
+    element) and has its dtype; else None."""
+    if value.producer is None or not value.producer.is_constant:
+        return None
+    array = np.asarray(value.producer.value)
+    shape, rank = like.spec.shape, like.spec.rank
+    if (rank is None or rank < 2 or shape[1] == -1 or array.ndim > rank or array.dtype != np.dtype(like.spec.dtype)
+            or value.spec.layout != "ndarray"):
+        return None
+    aligned = (1,) * (rank - array.ndim) + array.shape
+    if any(d != 1 for k, d in enumerate(aligned) if k != 1) or aligned[1] not in (1, shape[1]):
+        return None
+    return np.broadcast_to(array.astype(np.float64).reshape(-1), (shape[1],))
+
+
+def fold_scale_and_shift(graph: Graph) -> int:
+    """Fold a ``mul`` by, or an ``add`` of, a per-channel constant into the ``conv`` or inference-form
+    ``batch_norm`` before it -- the Mul and Add a batch normalization becomes in some exported models --
+    when the conv's or batch_norm's output is the mul's or add's only use and its parameters are
+    constants: a conv's w' = w * s per output channel and b' = b * s, or b' = b + t; a batch_norm's
+    scale' = scale * s and shift' = shift * s, or shift' = shift + t.  Computed in float64, cast back.
+    Runs until nothing is left to fold; returns how many muls and adds went."""
+    total = 0
+    while True:
+        folded = _fold_scale_and_shift_once(graph)
+        if not folded:
+            return total
+        total += folded
+
+
+def _fold_scale_and_shift_once(graph: Graph) -> int:
+    readers: dict[int, int] = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None:
+                readers[v.id] = readers.get(v.id, 0) + 1
+    for v in graph.outputs:
+        readers[v.id] = readers.get(v.id, 0) + 1
+    user_of: dict[int, Node] = {}  # value id -> the mul or add reading it
+    for n in graph.nodes:
+        if not n.is_constant and n.op.name in ("mul", "add") and len(n.inputs) == 2:
+            for v in n.inputs:
+                if v is not None:
+                    user_of[v.id] = n
+
+    def constant(value: Value | None) -> TypeGuard[_Constant]:
+        return value is not None and value.producer is not None and value.producer.is_constant
+
+    folded: set[int] = set()
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if id(node) in folded:
+            continue
+        nodes.append(node)
+        if node.is_constant or node.op.name not in ("conv", "batch_norm") or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        user = user_of.get(out.id)
+        if user is None or readers.get(out.id) != 1 or out.spec.layout != "ndarray" or id(user) in folded:
+            continue
+        other = user.inputs[1] if user.inputs[0] is out else user.inputs[0]
+        factor = None if other is None else _per_channel(other, out)
+        if factor is None or user.outputs[0].spec.shape != out.spec.shape:
+            continue
+        is_mul = user.op.name == "mul"
+        if node.op.name == "conv":
+            w = node.inputs[1]
+            b = node.inputs[2] if len(node.inputs) > 2 else None
+            if not constant(w) or (b is not None and not constant(b)):
+                continue
+            weights = np.asarray(w.producer.value)
+            if weights.ndim < 1 or weights.shape[0] != factor.shape[0]:
+                continue
+            bias = np.zeros(weights.shape[0]) if b is None else np.asarray(b.producer.value, np.float64)
+            if is_mul:
+                weights = (weights.astype(np.float64) * factor.reshape((-1,) + (1,) * (weights.ndim - 1))
+                           ).astype(weights.dtype)
+            new_w = constant_node(weights) if is_mul else w.producer
+            new_b = constant_node((bias * factor if is_mul else bias + factor).astype(weights.dtype))
+            nodes[-1:] = ([new_w] if is_mul else []) + [new_b, node]
+            node.inputs = [node.inputs[0], new_w.outputs[0], new_b.outputs[0]]
+        else:  # batch_norm: x, scale, shift, mean, var
+            if len(node.inputs) != 5 or not all(constant(v) for v in node.inputs[1:5]):
+                continue
+            scale_value, shift_value = cast("list[_Constant]", node.inputs[1:3])
+            scale, shift = np.asarray(scale_value.producer.value), np.asarray(shift_value.producer.value)
+            if scale.shape != factor.shape or shift.shape != factor.shape:
+                continue
+            dtype = scale.dtype
+            new_scale = constant_node((scale * factor).astype(dtype)) if is_mul else scale_value.producer
+            new_shift = constant_node((shift * factor if is_mul else shift + factor).astype(dtype))
+            nodes[-1:] = ([new_scale] if is_mul else []) + [new_shift, node]
+            node.inputs = [node.inputs[0], new_scale.outputs[0], new_shift.outputs[0], *node.inputs[3:]]
+        result = user.outputs[0]  # the node now computes the mul's or add's output: its readers stay
+        result.producer, result.index = node, 0
+        node.outputs = [result]
+        folded.add(id(user))
+    if folded:
+        graph.nodes = [n for n in nodes if id(n) not in folded]
+        eliminate_dead_code(graph)
+        graph.invalidate()
+    return len(folded)
 
 
 # -- layouts ------------------------------------------------------------------
