@@ -478,12 +478,27 @@ inline int64_t Count(const Geometry &g, int64_t i, int64_t j, int64_t k, bool in
   return (A.last[i] - A.first[i]) * (B.last[j] - B.first[j]) * (C.last[k] - C.first[k]);
 }
 
+// sum[k] = the sum of line's taps k * s - pb + t * d (t < taps, added in that order) for the interior
+// outputs k in [lo, hi): one pass per tap, so the loops vectorise (S as in InteriorMax).
+template <int S>
+void InteriorSum(const Axis &C, int64_t lo, int64_t hi, const double *__restrict line, double *__restrict sum) {
+  const int64_t s = S ? S : C.s;
+  const double *base = line - C.pb;
+  for (int64_t k = lo; k < hi; k++) sum[k] = base[k * s];
+  for (int64_t t = 1; t < C.k; t++) {
+    const double *tap = base + t * C.d;
+    for (int64_t k = lo; k < hi; k++) sum[k] += tap[k * s];
+  }
+}
+
 template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
   const Axis &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
+  int64_t k_lo = 0, k_hi = 0;
+  Interior(C, &k_lo, &k_hi);
   ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
-    std::vector<double> line(C.in);  // the window's rows summed
+    std::vector<double> line(C.in), sums(C.out);  // the window's rows summed; the interior windows' sums
     for (int64_t plane = lo; plane < hi; plane++) {
       T *yp = y + plane * out;
       ByRows(g, x + plane * in,
@@ -492,14 +507,27 @@ int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
                for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
              },
              [&](int64_t i, int64_t j, bool empty) {
-               for (int64_t k = 0; k < C.out; k++) {
+               auto window = [&](int64_t k) {  // one output, its taps inside x
                  const int64_t c0 = k * C.s - C.pb;
                  double sum = 0;
                  if (!empty)
                    for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) sum += line[c0 + tc * C.d];
                  const int64_t n = Count(g, i, j, k, include_pad);
-                 *yp++ = n > 0 ? static_cast<T>(sum / n) : T(0);
+                 yp[k] = n > 0 ? static_cast<T>(sum / n) : T(0);
+               };
+               for (int64_t k = 0; k < k_lo; k++) window(k);
+               const int64_t n = k_hi > k_lo ? Count(g, i, j, k_lo, include_pad) : 0;  // the same for each
+               if (empty || n <= 0) {
+                 for (int64_t k = k_lo; k < k_hi; k++) window(k);
+               } else {
+                 if (C.s == 1) InteriorSum<1>(C, k_lo, k_hi, line.data(), sums.data());
+                 else if (C.s == 2) InteriorSum<2>(C, k_lo, k_hi, line.data(), sums.data());
+                 else InteriorSum<0>(C, k_lo, k_hi, line.data(), sums.data());
+                 const double count = static_cast<double>(n);
+                 for (int64_t k = k_lo; k < k_hi; k++) yp[k] = static_cast<T>(sums[k] / count);
                }
+               for (int64_t k = k_hi; k < C.out; k++) window(k);
+               yp += C.out;
              });
     }
   });
