@@ -18,7 +18,23 @@ cache for the gemm) times, where there are few blocks, a part of the output
 channels -- each calling OpenBLAS on its own thread: a free thread takes
 what a busy one leaves, where OpenBLAS's own threads would wait for each
 other.  How the work is cut depends on the shapes only, so the results are
-the same on any number of threads.  A batch_norm after a conv is folded into
+the same on any number of threads.
+
+A 2-d 3 x 3 convolution with stride 1 and dilation 1 (any pads, any group)
+runs as Winograd's F(2 x 2, 3 x 3) where it pays: 16 products of the
+transformed weights (m x c per group, made on every call) by the transformed
+input tiles (c x tiles), 2.25 times fewer multiplies than im2col's; a task is
+a block of an image's tiles (transform, 16 gemms, output transform plus the
+bias), times a part of the output channels where there are few blocks.  It is taken with >= 8 input and >= 8 output channels per group and
+>= 25 tiles (2 x 2 outputs) per image, thresholds measured on a 2-core
+AVX-512 EPYC: with fewer tiles (resnet's 7 x 7 layers) each gemm packs its
+m x c matrix for too few columns, and with 3 input channels (a network's
+first layer) the transforms cost more than the products save.  Its error
+against a float64 reference, over conv(|x|, |w|) + |b| per element, was at
+most 1.9e-7 in float32 on N(0, 1) data (im2col's 3.2e-7 on the same shapes;
+tests/test_conv_winograd.py holds it to 2e-6).  The C++ macro
+OPFORGE_CONV_WINOGRAD (0 never, 2 wherever it applies) overrides the choice.
+A batch_norm after a conv is folded into
 its weights by the graph pass ``fold_batch_norm_into_conv``.
 Where OpenBLAS is missing the NumPy reference runs.
 
@@ -35,7 +51,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import FLOATS, known_dims
+from opforge.builtins.common import FLOATS, SIMD_ISAS, known_dims
 from opforge.builtins.gemm import same_float_dtype, zeros_for_absent
 from opforge.runtime import blas
 
@@ -191,6 +207,7 @@ def conv_grad(saved: Any, dy: Any, *, strides: Sequence[int], pads: Sequence[int
 CONV_COMMON = r"""
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -547,6 +564,256 @@ static void Depthwise2D(const ConvGeometry &g, int64_t n, int64_t m, const ConvA
   });
 }
 
+// -- Winograd F(2 x 2, 3 x 3) ------------------------------------------------------------------
+// A 2-d 3 x 3 convolution with stride 1 and dilation 1 (any pads) multiplies 2.25 times fewer
+// values as Winograd's F(2 x 2, 3 x 3): the output is cut into 2 x 2 tiles, each computed from the
+// 4 x 4 input window around it (zero outside the image; tiles past the right or bottom edge are
+// computed and cut).  In the transformed domain the convolution becomes 16 independent products
+//   M_k (m_group x tiles) = U_k (m_group x c_group) @ V_k (c_group x tiles),   k = (row, col) of 4 x 4,
+// U = G g G^T for each 3 x 3 kernel g (made on every call: the weights may change between calls),
+// V = B^T d B for each 4 x 4 input window d, and a tile's output Y = A^T M A (+ the bias), with
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1].
+// A task is a block of an image's tiles (an image: a sample's group), or a part of its output channels
+// for them: it transforms their input into V (16 x c_group x count, a per-thread buffer), runs the 16
+// gemms into M and writes their output, so
+// V and M stay in cache.  The blocks depend on the shapes only: the same bits on any thread count.
+// OPFORGE_CONV_WINOGRAD: 0 never, 1 where it pays (WinogradPays), 2 wherever it applies.
+#ifndef OPFORGE_CONV_WINOGRAD
+#define OPFORGE_CONV_WINOGRAD 1
+#endif
+#ifndef OPFORGE_CONV_WINOGRAD_MIN_C
+#define OPFORGE_CONV_WINOGRAD_MIN_C 8
+#endif
+#ifndef OPFORGE_CONV_WINOGRAD_MIN_M
+#define OPFORGE_CONV_WINOGRAD_MIN_M 8
+#endif
+#ifndef OPFORGE_CONV_WINOGRAD_MIN_TILES
+#define OPFORGE_CONV_WINOGRAD_MIN_TILES 25
+#endif
+static const int64_t kWinogradBlockBytes = 1 << 20;  // a task's V and M together
+static const int64_t kWinogradLeastTiles = 64;       // gemm's n: narrower products run below speed
+
+static bool WinogradApplies(const ConvGeometry &g) {
+  return g.rank == 2 && g.kernel[0] == 3 && g.kernel[1] == 3 && g.stride[0] == 1 && g.stride[1] == 1 &&
+         g.dilation[0] == 1 && g.dilation[1] == 1;
+}
+
+// Measured (see the module's docstring): gemm with a short inner dim (c_group) or few rows (m_group)
+// runs well below speed while the transforms cost the same per tile and channel, and with few tiles
+// per image each gemm packs its U_k (m_group x c_group, out of cache for many channels) for few columns.
+static bool WinogradPays(const ConvGeometry &g, int64_t c_group, int64_t m_group) {
+  const int64_t tiles = (g.out[0] + 1) / 2 * ((g.out[1] + 1) / 2);
+  return c_group >= OPFORGE_CONV_WINOGRAD_MIN_C && m_group >= OPFORGE_CONV_WINOGRAD_MIN_M &&
+         tiles >= OPFORGE_CONV_WINOGRAD_MIN_TILES;
+}
+
+// w (m x c_group x 3 x 3) -> u: per group, 16 matrices of m_group x c_group (k major), on the pool.
+// An output channel's 16 rows are made in a per-thread buffer, then copied out row by row (written
+// straight, the 16 rows m_group * c_group apart would fight over the same cache sets).
+static void WinogradWeights(const T *w, int64_t m, int64_t m_group, int64_t c_group, T *u) {
+  const T h = T(0.5);
+  opforge::parallel_for(0, m, std::max<int64_t>(1, kParallelWork / (32 * std::max<int64_t>(c_group, 1))),
+                        [&](int64_t lo, int64_t hi) {
+    T *rows = Scratch(16 * c_group);
+    for (int64_t o = lo; o < hi; o++) {
+      for (int64_t c = 0; c < c_group; c++) {
+        const T *k = w + (o * c_group + c) * 9;
+        T t[4][3];  // G g
+        for (int j = 0; j < 3; j++) {
+          t[0][j] = k[j];
+          t[1][j] = h * (k[j] + k[3 + j] + k[6 + j]);
+          t[2][j] = h * (k[j] - k[3 + j] + k[6 + j]);
+          t[3][j] = k[6 + j];
+        }
+        for (int i = 0; i < 4; i++) {  // (G g) G^T
+          rows[(4 * i) * c_group + c] = t[i][0];
+          rows[(4 * i + 1) * c_group + c] = h * (t[i][0] + t[i][1] + t[i][2]);
+          rows[(4 * i + 2) * c_group + c] = h * (t[i][0] - t[i][1] + t[i][2]);
+          rows[(4 * i + 3) * c_group + c] = t[i][2];
+        }
+      }
+      T *dst = u + (o / m_group * 16 * m_group + o % m_group) * c_group;
+      for (int64_t k = 0; k < 16; k++)
+        std::memcpy(dst + k * m_group * c_group, rows + k * c_group, size_t(c_group) * sizeof(T));
+    }
+  });
+}
+
+// Loads and stores of a Vec (any alignment) or of one T, for the transforms' loops and their tails.
+static inline Vec LoadAs(const Vec *, const T *p) { return *reinterpret_cast<const Vec *>(p); }
+static inline T LoadAs(const T *, const T *p) { return *p; }
+static inline void Store(T *p, const Vec &v) { *reinterpret_cast<Vec *>(p) = v; }
+static inline void Store(T *p, T v) { *p = v; }
+
+// Narrower vectors for the tails of short runs (a 56-wide image has runs of 28 tiles: with 16 lanes,
+// 12 would otherwise be done one at a time).
+#if OPFORGE_VECTOR_BYTES > 32
+typedef T Vec32 __attribute__((vector_size(32), aligned(sizeof(T)), may_alias));
+static inline Vec32 LoadAs(const Vec32 *, const T *p) { return *reinterpret_cast<const Vec32 *>(p); }
+static inline void Store(T *p, const Vec32 &v) { *reinterpret_cast<Vec32 *>(p) = v; }
+#endif
+#if OPFORGE_VECTOR_BYTES > 16
+static inline Vec16 LoadAs(const Vec16 *, const T *p) { return *reinterpret_cast<const Vec16 *>(p); }
+static inline void Store(T *p, const Vec16 &v) { *reinterpret_cast<Vec16 *>(p) = v; }
+#endif
+
+// Runs body(V(), q) for q = 0, lanes, 2 * lanes, ... while a Vec fits in n, then with narrower
+// vectors while they fit, then body(T(), q) for the rest.
+template <typename Body>
+static inline void Lanes(int64_t n, Body body) {
+  int64_t q = 0;
+  for (; q + kLanes <= n; q += kLanes) body(static_cast<const Vec *>(nullptr), q);
+#if OPFORGE_VECTOR_BYTES > 32
+  for (; q + int64_t(32 / sizeof(T)) <= n; q += 32 / sizeof(T)) body(static_cast<const Vec32 *>(nullptr), q);
+#endif
+#if OPFORGE_VECTOR_BYTES > 16
+  for (; q + int64_t(16 / sizeof(T)) <= n; q += 16 / sizeof(T)) body(static_cast<const Vec16 *>(nullptr), q);
+#endif
+  for (; q < n; q++) body(static_cast<const T *>(nullptr), q);
+}
+
+// Input row r (of in_w) split into even[q] = row[2 q + shift] and odd[q] = row[2 q + shift + 1] for
+// q <= seg, zero outside the row.
+static void SplitRow(const T *__restrict__ row, int64_t iw, int64_t shift, int64_t seg, T *__restrict__ even,
+                     T *__restrict__ odd) {
+  // q in [lo, hi): both columns inside the row
+  int64_t lo = shift >= 0 ? 0 : (-shift + 1) / 2, hi = iw - 2 - shift >= 0 ? (iw - 2 - shift) / 2 + 1 : 0;
+  lo = std::min(lo, seg + 1), hi = std::min(std::max(hi, lo), seg + 1);
+  for (int64_t q = 0; q <= seg; q++) {
+    if (q == lo) q = hi;  // (the inside is done below, without the checks)
+    if (q > seg) break;
+    const int64_t col = 2 * q + shift;
+    even[q] = col >= 0 && col < iw ? row[col] : T(0);
+    odd[q] = col + 1 >= 0 && col + 1 < iw ? row[col + 1] : T(0);
+  }
+  const T *src = row + shift;
+  for (int64_t q = lo; q < hi; q++) even[q] = src[2 * q], odd[q] = src[2 * q + 1];
+}
+
+// V of the tiles first .. first + count - 1 of an image (c_group x in_h x in_w) into v (16 x c_group
+// x count).  Per tile row and channel, each of the 4 input rows is split into its even and odd
+// columns, where tile tx reads even[tx], odd[tx], even[tx + 1], odd[tx + 1]: the transform is then
+// the same arithmetic on runs of tiles, a vector of them at a time.
+static void WinogradInput(const ConvGeometry &g, int64_t c_group, int64_t first, int64_t count, const T *image,
+                          T *__restrict__ v, T *__restrict__ rows) {
+  const int64_t ih = g.in[0], iw = g.in[1], top = g.pad[0], left = g.pad[1], tw = (g.out[1] + 1) / 2;
+  const int64_t step = c_group * count;  // from one of the 16 matrices to the next
+  for (int64_t t = first; t < first + count;) {
+    const int64_t ty = t / tw, tx0 = t % tw, seg = std::min(tw - tx0, first + count - t), at = t - first;
+    for (int64_t c = 0; c < c_group; c++) {
+      const T *plane = image + c * ih * iw;
+      const T *even[4], *odd[4];
+      for (int i = 0; i < 4; i++) {
+        T *e = rows + 2 * i * (seg + 1), *o = e + seg + 1;
+        even[i] = e, odd[i] = o;
+        const int64_t r = 2 * ty - top + i;
+        if (r < 0 || r >= ih)
+          std::fill(e, e + 2 * (seg + 1), T(0));
+        else
+          SplitRow(plane + r * iw, iw, 2 * tx0 - left, seg, e, o);
+      }
+      T *out = v + c * count + at;
+      Lanes(seg, [&](auto *kind, int64_t q) {
+        typedef typename std::remove_const<typename std::remove_pointer<decltype(kind)>::type>::type V;
+        V d[4][4];  // d B, row by row
+        for (int i = 0; i < 4; i++) {
+          const V e0 = LoadAs(kind, even[i] + q), e1 = LoadAs(kind, even[i] + q + 1);
+          const V o0 = LoadAs(kind, odd[i] + q), o1 = LoadAs(kind, odd[i] + q + 1);
+          d[i][0] = e0 - e1, d[i][1] = o0 + e1, d[i][2] = e1 - o0, d[i][3] = o0 - o1;
+        }
+        for (int j = 0; j < 4; j++) {  // B^T (d B)
+          Store(out + j * step + q, V(d[0][j] - d[2][j]));
+          Store(out + (4 + j) * step + q, V(d[1][j] + d[2][j]));
+          Store(out + (8 + j) * step + q, V(d[2][j] - d[1][j]));
+          Store(out + (12 + j) * step + q, V(d[1][j] - d[3][j]));
+        }
+      });
+    }
+    t += seg;
+  }
+}
+
+// The output of those tiles from M (16 x m_group x count): y (m_group x out_h x out_w, from the
+// image's first output channel) = A^T M A + the bias, the tiles' rows and columns past the edges cut.
+static void WinogradOutput(const ConvGeometry &g, int64_t m_group, int64_t first, int64_t count, const T *mt,
+                           const T *bias, T *y, T *__restrict__ rows) {
+  const int64_t oh = g.out[0], ow = g.out[1], tw = (ow + 1) / 2;
+  const int64_t step = m_group * count;
+  for (int64_t t = first; t < first + count;) {
+    const int64_t ty = t / tw, tx0 = t % tw, seg = std::min(tw - tx0, first + count - t), at = t - first;
+    const int64_t x0 = 2 * tx0, width = std::min(2 * seg, ow - x0);  // the segment's output columns
+    const bool two = 2 * ty + 1 < oh;
+    for (int64_t r = 0; r < m_group; r++) {
+      const T *src = mt + r * count + at;
+      T *__restrict__ y00 = rows, *__restrict__ y01 = rows + seg, *__restrict__ y10 = rows + 2 * seg,
+                      *__restrict__ y11 = rows + 3 * seg;
+      const T b = bias[r];
+      Lanes(seg, [&](auto *kind, int64_t q) {
+        typedef typename std::remove_const<typename std::remove_pointer<decltype(kind)>::type>::type V;
+        V s[4][2];  // M A, row by row
+        for (int i = 0; i < 4; i++) {
+          const V m0 = LoadAs(kind, src + (4 * i) * step + q), m1 = LoadAs(kind, src + (4 * i + 1) * step + q);
+          const V m2 = LoadAs(kind, src + (4 * i + 2) * step + q), m3 = LoadAs(kind, src + (4 * i + 3) * step + q);
+          s[i][0] = m0 + m1 + m2, s[i][1] = m1 - m2 - m3;
+        }
+        Store(y00 + q, V(b + (s[0][0] + s[1][0] + s[2][0])));  // A^T (M A)
+        Store(y01 + q, V(b + (s[0][1] + s[1][1] + s[2][1])));
+        Store(y10 + q, V(b + (s[1][0] - s[2][0] - s[3][0])));
+        Store(y11 + q, V(b + (s[1][1] - s[2][1] - s[3][1])));
+      });
+      T *__restrict__ out = y + (r * oh + 2 * ty) * ow + x0;
+      const int64_t pairs = width / 2;
+      for (int64_t q = 0; q < pairs; q++) out[2 * q] = y00[q], out[2 * q + 1] = y01[q];
+      if (width % 2) out[width - 1] = y00[pairs];
+      if (!two) continue;
+      out += ow;
+      for (int64_t q = 0; q < pairs; q++) out[2 * q] = y10[q], out[2 * q + 1] = y11[q];
+      if (width % 2) out[width - 1] = y10[pairs];
+    }
+    t += seg;
+  }
+}
+
+// The weights' transform, kept by the calling thread for its next calls (the tasks use Scratch).
+static T *WinogradWeightBuffer(int64_t n) {
+  static thread_local std::vector<T> buffer;
+  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
+  return buffer.data();
+}
+
+static void Winograd2D(const ConvGeometry &g, int64_t n, int64_t m, int64_t c_group, const ConvArgs &a) {
+  const int64_t m_group = m / g.group, images = n * g.group, tw = (g.out[1] + 1) / 2;
+  const int64_t tiles = (g.out[0] + 1) / 2 * tw;
+  T *u = WinogradWeightBuffer(16 * m * c_group);
+  WinogradWeights(a.w, m, m_group, c_group, u);
+  // Blocks of about kWinogradBlockBytes of V and M, but at least kWinogradLeastTiles (each gemm packs
+  // its U_k again); more blocks (down to 32 tiles) while there are fewer than kConvTasks tasks, all of
+  // about the same size, and then two parts of the output channels (each transforming the input again).
+  const int64_t tile_bytes = 16 * (c_group + m_group) * int64_t(sizeof(T));
+  const int64_t widest = std::max(kWinogradLeastTiles, kWinogradBlockBytes / tile_bytes);
+  int64_t blocks = (tiles + widest - 1) / widest;
+  if (images * blocks < kConvTasks)
+    blocks = std::max(blocks, std::min((kConvTasks + images - 1) / std::max<int64_t>(images, 1), tiles / 32));
+  const int64_t per_block = (tiles + blocks - 1) / blocks;
+  blocks = (tiles + per_block - 1) / per_block;
+  const int64_t parts = Parts(m_group, images * blocks, 64, 2);
+  RunTasks(images * blocks * parts, 16 * m_group / parts * c_group * per_block, [&](int64_t t) {
+    const int64_t part = t % parts, block = t / parts % blocks, image = t / parts / blocks;
+    const int64_t first = block * per_block, count = std::min(per_block, tiles - first);
+    const int64_t r0 = m_group * part / parts, rows_of_part = m_group * (part + 1) / parts - r0;
+    const int64_t group = image % g.group, channel0 = image / g.group * m + group * m_group + r0;
+    T *v = Scratch(16 * (c_group + rows_of_part) * count + 8 * (tw + 1));
+    T *mt = v + 16 * c_group * count, *rows = mt + 16 * rows_of_part * count;
+    WinogradInput(g, c_group, first, count, a.x + image * c_group * g.in_size, v, rows);
+    const T *uk = u + (group * 16 * m_group + r0) * c_group;
+    for (int64_t k = 0; k < 16; k++)
+      OpforgeGemm(false, false, rows_of_part, count, c_group, T(1), uk + k * m_group * c_group, c_group,
+                  v + k * c_group * count, count, T(0), mt + k * rows_of_part * count, count);
+    WinogradOutput(g, rows_of_part, first, count, mt, a.b + channel0 % m, a.y + channel0 * g.out_size, rows);
+  });
+}
+
 // x: N x C x in..., w: M x C/group x kernel..., b: M -> y: N x M x out...
 extern "C" int ConvInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
@@ -567,6 +834,11 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
   try {
     if (c_group == 1 && m_group <= 4 && g->rank == 2) {  // (more outputs per channel: gemm does better)
       Depthwise2D(*g, n, m, a);
+      return 0;
+    }
+    if (OPFORGE_CONV_WINOGRAD && WinogradApplies(*g) &&
+        (OPFORGE_CONV_WINOGRAD == 2 || WinogradPays(*g, c_group, m_group))) {
+      Winograd2D(*g, n, m, c_group, a);
       return 0;
     }
     if (c_group == 1 && m_group == 1) {  // depthwise in 1 or 3+ spatial dims: the generic taps
@@ -613,7 +885,10 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
   return 0;
 }
 """
-blas.requiring(conv.kernel(function="Conv", dtypes={"x": FLOATS, "w": FLOATS, "b": FLOATS}, code=CONV))
+# Built per ISA: the depthwise taps and Winograd's transforms take the widest vectors the CPU has.
+for _isa in SIMD_ISAS:
+    blas.requiring(conv.kernel(function="Conv", dtypes={"x": FLOATS, "w": FLOATS, "b": FLOATS}, code=CONV, isa=_isa))
+del _isa
 zeros_for_absent(conv, 2, lambda x, w, b, **_: np.zeros(w.shape[0], x.dtype), {"x": FLOATS, "w": FLOATS})
 
 
