@@ -168,6 +168,12 @@ PRODUCTS = [  # op, input shapes (None: absent), attributes
     ("matmul", [(3, 200, 160), (1, 160, 300)], {}),  # each large entry cut
     ("gemm", [(300, 160), (300, 170), (170,)], {"trans_a": True, "alpha": 0.5}),
     ("gemm", [(160, 300), (500, 300), None], {"trans_b": True}),
+    # lengths just past a multiple of 16: no block may be one wide (gemv adds in another order)
+    ("gemm", [(33, 8000), (8000, 33), None], {}),
+    ("gemm", [(8000, 65), (65, 8000), None], {"trans_a": True, "trans_b": True}),
+    ("matmul", [(33, 8000), (8000, 32)], {}),
+    ("matmul", [(2, 3, 33, 8000), (2, 3, 8000, 33)], {}),
+    ("matmul", [(5, 16, 40000), (5, 40000, 16)], {}),  # entries too narrow to cut: a group per task
 ]
 
 

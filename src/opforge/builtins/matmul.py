@@ -123,7 +123,9 @@ typedef OPFORGE_T T;
 // entry: on the pool a group of entries at a time where they are small, else each cut for the pool.
 static void Batched(const T *a, const T *b, T *y, int rank, const int64_t *as, const int64_t *bs, const int64_t *ys,
                     int64_t m, int64_t n, int64_t k, int64_t batch) {
-  const bool small = m * n * k < 2 * kOpforgeGemmTaskWork;
+  // (an entry OpforgeGemmParallel would not cut is small too; and with OpenBLAS given threads of its own,
+  // the entries run one after another, each on OpenBLAS's threads)
+  const bool small = !OpforgeGemmCuts(m, n, k) && scipy_openblas_get_num_threads() <= 1;
   auto product = [&](int64_t s) {
     // The batch index s of y, split into dims, gives a's and b's matrices (0 along a broadcast dim).
     int64_t rest = s, offset_a = 0, offset_b = 0, stride_a = m * k, stride_b = k * n;

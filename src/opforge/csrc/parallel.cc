@@ -66,17 +66,15 @@ struct Job {
 class Pool {
  public:
   explicit Pool(int threads) : threads_(std::max(threads, 1)) {
-    for (int k = 1; k < threads_; ++k) workers_.emplace_back([this, k] { Work(k); });
+    try {
+      for (int k = 1; k < threads_; ++k) workers_.emplace_back([this, k] { Work(k); });
+    } catch (...) {  // a thread could not start: end those that did, and let the caller run serially
+      Stop();
+      throw;
+    }
   }
 
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> hold(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread &worker : workers_) worker.join();
-  }
+  ~Pool() { Stop(); }
 
   int threads() const { return threads_; }
 
@@ -104,7 +102,18 @@ class Pool {
   }
 
  private:
-  // Runs chunks of `job` until none is left to claim (or a later job has replaced it).
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread &worker : workers_) worker.join();
+    workers_.clear();
+  }
+
+  // Runs chunks of `job` until none is left to claim (or a later job has replaced it).  fn must not
+  // throw (opforge/parallel.h's wrapper catches and rethrows on the caller).
   void Chunks(const Job &job) {
     inside_a_chunk = true;
     const int64_t n = job.end - job.begin;
@@ -178,7 +187,12 @@ __attribute__((visibility("default"))) int opforge_parallel_for(int64_t begin, i
   std::shared_ptr<Pool> current;
   {
     std::lock_guard<std::mutex> hold(pool_mutex);
-    if (pool == nullptr && wanted_threads > 1 && !inside_a_chunk) pool = std::make_shared<Pool>(wanted_threads);
+    if (pool == nullptr && wanted_threads > 1 && !inside_a_chunk) {
+      try {
+        pool = std::make_shared<Pool>(wanted_threads);
+      } catch (...) {  // no threads to be had: this call runs serially, the next tries again
+      }
+    }
     current = pool;
   }
   if (current == nullptr || current->threads() == 1 || inside_a_chunk || end - begin <= grain ||

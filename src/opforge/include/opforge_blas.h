@@ -83,27 +83,36 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 // OpforgeGemm on opforge's pool: a product worth more than one thread is cut into blocks of C's
 // columns, or of its rows where it has more rows than columns (each task packs again the operand the
 // blocks share), that the pool's threads multiply with OpenBLAS on one thread each (opforge loads it so,
-// see runtime/blas.py; given threads of its own, OpenBLAS gets the product whole).  Two blocks per
-// thread, each at least kOpforgeGemmTaskWork multiply-adds and 16 wide; on one thread the product is
-// one call.  Cutting leaves each element's sum over k as OpenBLAS adds it, so the bits do not depend on
-// the thread count (tests/test_builtin_linear.py checks).
+// see runtime/blas.py; given threads of its own, OpenBLAS gets the product whole).  About two blocks
+// per thread, each of at least kOpforgeGemmTaskWork multiply-adds and a multiple of 16 wide (the last
+// takes the rest, so none is narrow: a one-wide block would run as gemv, which adds in another order);
+// on one thread the product is one call.  Every block is a gemm over the whole of k, so each element
+// is summed as OpenBLAS sums it alone: tests/test_conv_tasks.py checks the same bits on 1, 2 and 3
+// threads.
 constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
+
+// Whether OpforgeGemmParallel would cut this product (else it runs as one call).
+inline bool OpforgeGemmCuts(int64_t m, int64_t n, int64_t k) {
+  const int64_t work = m * n * std::max<int64_t>(k, 0), length = m <= n ? n : m;
+  return opforge::num_threads() > 1 && work >= 2 * kOpforgeGemmTaskWork && length >= 32 && m > 1 && n > 1 &&
+         scipy_openblas_get_num_threads() <= 1;
+}
 
 template <typename T>
 inline void OpforgeGemmParallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T *a,
                                 int64_t lda, const T *b, int64_t ldb, T beta, T *c, int64_t ldc) {
-  const int64_t threads = opforge::num_threads(), work = m * n * std::max<int64_t>(k, 0);
-  const bool by_columns = m <= n;  // cut the larger dim of the output (the smaller operand is packed again)
-  const int64_t length = by_columns ? n : m;
-  const int64_t tasks = std::min({2 * threads, work / kOpforgeGemmTaskWork, length / 16});
-  if (threads < 2 || tasks < 2 || m == 1 || n == 1 || scipy_openblas_get_num_threads() > 1) {
+  if (!OpforgeGemmCuts(m, n, k)) {
     OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
+  const bool by_columns = m <= n;  // cut the larger dim of the output (the smaller operand is packed again)
+  const int64_t length = by_columns ? n : m;
+  const int64_t tasks = std::min({2 * int64_t(opforge::num_threads()), m * n * k / kOpforgeGemmTaskWork, length / 16});
   const int64_t width = ((length + tasks - 1) / tasks + 15) / 16 * 16;
-  opforge::parallel_for(0, (length + width - 1) / width, 1, [&](int64_t lo, int64_t hi) {
+  const int64_t blocks = std::max<int64_t>(1, length / width);  // the last one takes the rest
+  opforge::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; t++) {
-      const int64_t first = t * width, count = std::min(width, length - first);
+      const int64_t first = t * width, count = t == blocks - 1 ? length - first : width;
       if (by_columns)
         OpforgeGemm(trans_a, trans_b, m, count, k, alpha, a, lda, trans_b ? b + first * ldb : b + first, ldb, beta,
                     c + first, ldc);

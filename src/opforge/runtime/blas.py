@@ -17,11 +17,11 @@ threads multiply (``OpforgeGemmParallel`` in ``opforge_blas.h``), and the
 convolutions cut theirs into tasks, each calling OpenBLAS on the thread that
 took it.  OpenBLAS's own threads would add to the pool's: after each product
 they poll for work for about a tenth of a second, taking the core the pool's
-next kernel needs (resnet50 at two threads: 111 ms with them, 72 ms
-without).  ``OPFORGE_BLAS_THREADS`` gives OpenBLAS a count of its own when it
-loads (0: OpenBLAS's default, one per core), and ``set_num_threads(n)`` here
-changes it; while it is above one, matmul and gemm hand OpenBLAS each
-product whole.
+next kernel needs (resnet50 at two threads: 111 ms with them, 63 ms
+without).  ``OPFORGE_BLAS_THREADS`` (a non-negative integer; anything else is
+ignored) gives OpenBLAS a count of its own when it loads (0: OpenBLAS's
+default, one per core), and ``set_num_threads(n)`` here changes it; while it
+is above one, matmul and gemm hand OpenBLAS each product whole.
 """
 from __future__ import annotations
 
