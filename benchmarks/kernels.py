@@ -28,7 +28,9 @@ still printed, but no ratio is taken against it).
 Threads: each thread count runs in its own process, with
 ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and
 ``OPFORGE_NUM_THREADS`` set before NumPy loads (opforge's own OpenBLAS stays on
-one thread: its pool multiplies the blocks of a product);
+one thread: its pool multiplies the blocks of a product), and
+``OPENBLAS_THREAD_TIMEOUT=4`` so NumPy's BLAS threads sleep after each call
+rather than poll into the next contender's sample;
 inside it ``opforge.set_num_threads`` and ``torch.set_num_threads`` set the
 same count.  ``all`` is the cores this process may run on.
 
@@ -900,6 +902,9 @@ def main(argv=None):
             for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPFORGE_NUM_THREADS"):
                 env[var] = str(threads)
             env.pop("OPFORGE_BLAS_THREADS", None)  # opforge's OpenBLAS on one thread: the pool multiplies
+            # NumPy's OpenBLAS threads sleep right after a call instead of polling ~0.1 s into the next
+            # contender's sample (they halved opforge's two-thread matmul right after NumPy's)
+            env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
             results = Path(folder) / f"{threads}.json"
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(threads), "--results",
                        str(results), "--rounds", str(rounds), "--ops", ",".join(names)]
