@@ -121,20 +121,26 @@ inline void Interior(const Axis &C, int64_t *lo, int64_t *hi) {
   while (*hi < C.out && C.first[*hi] == 0 && C.last[*hi] == C.k) ++*hi;
 }
 
-// y[k] = the max of line's taps k * s - pb + t * d (t < taps) for the interior outputs k in [lo, hi):
-// one pass per tap, so the loops vectorise (S: the stride compiled in, 1 or 2; 0 reads C.s).
-template <int S, typename T>
-void InteriorMax(const Axis &C, int64_t lo, int64_t hi, const T *__restrict line, T *__restrict y) {
+// y[k] = line's taps k * s - pb + t * d (t < taps) folded with combine, in that order, for the interior
+// outputs k in [lo, hi): one pass per tap, so the loops vectorise (S: the stride compiled in, 1 or 2;
+// 0 reads C.s).
+template <int S, typename T, typename Combine>
+void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *__restrict line, T *__restrict y,
+                  Combine combine) {
   const int64_t s = S ? S : C.s;
   const T *base = line - C.pb;
   for (int64_t k = lo; k < hi; k++) y[k] = base[k * s];
   for (int64_t t = 1; t < C.k; t++) {
     const T *tap = base + t * C.d;
-    for (int64_t k = lo; k < hi; k++) {
-      const T v = tap[k * s];
-      y[k] = v > y[k] ? v : y[k];
-    }
+    for (int64_t k = lo; k < hi; k++) y[k] = combine(y[k], tap[k * s]);
   }
+}
+
+template <typename T, typename Combine>
+void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *line, T *y, Combine combine) {
+  if (C.s == 1) InteriorFold<1>(C, lo, hi, line, y, combine);
+  else if (C.s == 2) InteriorFold<2>(C, lo, hi, line, y, combine);
+  else InteriorFold<0>(C, lo, hi, line, y, combine);
 }
 
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
@@ -173,9 +179,7 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
                  std::fill(yp, yp + C.out, lowest);
                } else {
                  for (int64_t k = 0; k < lo; k++) edge(k);
-                 if (C.s == 1) InteriorMax<1>(C, lo, hi, line.data(), yp);
-                 else if (C.s == 2) InteriorMax<2>(C, lo, hi, line.data(), yp);
-                 else InteriorMax<0>(C, lo, hi, line.data(), yp);
+                 InteriorFold(C, lo, hi, line.data(), yp, [](T best, T v) { return v > best ? v : best; });
                  for (int64_t k = hi; k < C.out; k++) edge(k);
                }
                yp += C.out;
@@ -478,19 +482,6 @@ inline int64_t Count(const Geometry &g, int64_t i, int64_t j, int64_t k, bool in
   return (A.last[i] - A.first[i]) * (B.last[j] - B.first[j]) * (C.last[k] - C.first[k]);
 }
 
-// sum[k] = the sum of line's taps k * s - pb + t * d (t < taps, added in that order) for the interior
-// outputs k in [lo, hi): one pass per tap, so the loops vectorise (S as in InteriorMax).
-template <int S>
-void InteriorSum(const Axis &C, int64_t lo, int64_t hi, const double *__restrict line, double *__restrict sum) {
-  const int64_t s = S ? S : C.s;
-  const double *base = line - C.pb;
-  for (int64_t k = lo; k < hi; k++) sum[k] = base[k * s];
-  for (int64_t t = 1; t < C.k; t++) {
-    const double *tap = base + t * C.d;
-    for (int64_t k = lo; k < hi; k++) sum[k] += tap[k * s];
-  }
-}
-
 template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
   const Axis &C = g.axis[2];
@@ -520,9 +511,7 @@ int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
                if (empty || n <= 0) {
                  for (int64_t k = k_lo; k < k_hi; k++) window(k);
                } else {
-                 if (C.s == 1) InteriorSum<1>(C, k_lo, k_hi, line.data(), sums.data());
-                 else if (C.s == 2) InteriorSum<2>(C, k_lo, k_hi, line.data(), sums.data());
-                 else InteriorSum<0>(C, k_lo, k_hi, line.data(), sums.data());
+                 InteriorFold(C, k_lo, k_hi, line.data(), sums.data(), [](double sum, double v) { return sum + v; });
                  const double count = static_cast<double>(n);
                  for (int64_t k = k_lo; k < k_hi; k++) yp[k] = static_cast<T>(sums[k] / count);
                }

@@ -98,19 +98,25 @@ def fold_constants(graph: Graph) -> int:
     return folded
 
 
-def fold_batch_norm_into_conv(graph: Graph) -> int:
-    """Fold each inference-form ``batch_norm`` whose input is the only use of a
-    ``conv``'s output into that conv's weights and bias, when the weights,
-    the bias (if any) and the four statistics are constants: per output channel
-    a = scale / sqrt(var + epsilon), w' = w * a, b' = (b - mean) * a + bias,
-    computed in float64 and cast back.  Returns the number of batch_norms folded."""
-    readers: dict[int, int] = {}  # value id -> how many places read it
+def _readers(graph: Graph) -> dict[int, int]:
+    """{value id: how many places read it}: node inputs, and the graph's outputs."""
+    readers: dict[int, int] = {}
     for node in graph.nodes:
         for v in node.inputs:
             if v is not None:
                 readers[v.id] = readers.get(v.id, 0) + 1
     for v in graph.outputs:
         readers[v.id] = readers.get(v.id, 0) + 1
+    return readers
+
+
+def fold_batch_norm_into_conv(graph: Graph) -> int:
+    """Fold each inference-form ``batch_norm`` whose input is the only use of a
+    ``conv``'s output into that conv's weights and bias, when the weights,
+    the bias (if any) and the four statistics are constants: per output channel
+    a = scale / sqrt(var + epsilon), w' = w * a, b' = (b - mean) * a + bias,
+    computed in float64 and cast back.  Returns the number of batch_norms folded."""
+    readers = _readers(graph)
 
     def constant(value: Value | None) -> TypeGuard[_Constant]:
         return value is not None and value.producer is not None and value.producer.is_constant
@@ -194,13 +200,7 @@ def fold_scale_and_shift(graph: Graph) -> int:
 
 
 def _fold_scale_and_shift_once(graph: Graph) -> int:
-    readers: dict[int, int] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            if v is not None:
-                readers[v.id] = readers.get(v.id, 0) + 1
-    for v in graph.outputs:
-        readers[v.id] = readers.get(v.id, 0) + 1
+    readers = _readers(graph)
     user_of: dict[int, Node] = {}  # value id -> the mul or add reading it
     for n in graph.nodes:
         if not n.is_constant and n.op.name in ("mul", "add") and len(n.inputs) == 2:
