@@ -178,6 +178,19 @@ static void ShiftCopy(const E *x, const int64_t *xs, E *y, const int64_t *ys, co
   });
 }
 
+// Appends a dim of `size` read at `step` to a copy's (dim, stride) lists: merged into the last dim where
+// it continues it (that dim's stride is size * step), dropped when of size 1.
+static inline void AppendDim(std::vector<int64_t> &dim, std::vector<int64_t> &stride, int64_t size, int64_t step) {
+  if (size == 1) return;
+  if (!dim.empty() && stride.back() == step * size) {
+    dim.back() *= size;
+    stride.back() = step;
+  } else {
+    dim.push_back(size);
+    stride.push_back(step);
+  }
+}
+
 // y (contiguous, shape out) = x read at element strides `from` (0 along
 // broadcast dims, negative for reversed ones) from x's element 0.  Dims are
 // merged where x steps through them alike, size-1 dims dropped; each row is a
@@ -188,14 +201,7 @@ static void StridedCopy(const E *x, E *y, const int64_t *out, const int64_t *fro
   int64_t n = 1;
   for (int d = 0; d < rank; d++) {
     n *= out[d];
-    if (out[d] == 1) continue;
-    if (!dim.empty() && stride.back() == from[d] * out[d]) {
-      dim.back() *= out[d];
-      stride.back() = from[d];
-    } else {
-      dim.push_back(out[d]);
-      stride.push_back(from[d]);
-    }
+    AppendDim(dim, stride, out[d], from[d]);
   }
   if (n == 0) return;
   if (dim.empty()) {
@@ -236,5 +242,17 @@ template <> struct ElementBits<8> { typedef uint64_t type; };
     case 8: CALL(uint64_t);                 \
     default: return 2;                      \
   }
+
+// StridedCopy of elements of `dtype`, moved as unsigned integers of their size; 0, or 2 for an
+// element size it does not know.
+static inline int StridedCopyOf(const char *dtype, const void *x, void *y, const std::vector<int64_t> &out,
+                                const std::vector<int64_t> &from) {
+#define OPFORGE_STRIDED_COPY(E)                                                                       \
+  StridedCopy<E>(static_cast<const E *>(x), static_cast<E *>(y), out.data(), from.data(),             \
+                 static_cast<int>(out.size()));                                                       \
+  return 0
+  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtype), OPFORGE_STRIDED_COPY)
+#undef OPFORGE_STRIDED_COPY
+}
 
 #endif  // OPFORGE_BUILTINS_ELEMENTS_H_

@@ -93,13 +93,6 @@ expand.kernel(function="Expand", include_dirs=HERE, code=r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 
-template <typename E>
-static int Run(const void *x, void *y, const std::vector<int64_t> &out, const std::vector<int64_t> &from) {
-  StridedCopy<E>(static_cast<const E *>(x), static_cast<E *>(y), out.data(), from.data(),
-                 static_cast<int>(out.size()));
-  return 0;
-}
-
 // params: x, y.  y's rank is at least x's; x's dims align to y's last ones.
 extern "C" int Expand(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                       void *stream, void *extra) {
@@ -113,7 +106,6 @@ extern "C" int Expand(int nparam, void **params, int *ndims, int64_t **shapes, c
     from[yr - xr + k] = dim == 1 ? 0 : stride;
     stride *= dim;
   }
-#define EXPAND_RUN(E) return Run<E>(params[0], params[1], out, from)
-  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), EXPAND_RUN)
+  return StridedCopyOf(dtypes[0], params[0], params[1], out, from);
 }
 """)

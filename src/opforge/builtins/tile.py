@@ -64,13 +64,6 @@ tile.kernel(function="Tile", include_dirs=HERE, code=r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 
-template <typename E>
-static int Run(const void *x, void *y, const std::vector<int64_t> &out, const std::vector<int64_t> &from) {
-  StridedCopy<E>(static_cast<const E *>(x), static_cast<E *>(y), out.data(), from.data(),
-                 static_cast<int>(out.size()));
-  return 0;
-}
-
 // params: x, y.  y as [r0, d0, r1, d1, ...]: stride 0 along each r, x's along each d.
 extern "C" int Tile(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                     void *stream, void *extra) {
@@ -87,7 +80,6 @@ extern "C" int Tile(int nparam, void **params, int *ndims, int64_t **shapes, con
     from[2 * k + 1] = stride;
     stride *= dim;
   }
-#define TILE_RUN(E) return Run<E>(params[0], params[1], out, from)
-  OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), TILE_RUN)
+  return StridedCopyOf(dtypes[0], params[0], params[1], out, from);
 }
 """)

@@ -181,17 +181,7 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   for (int d = rank - 1; d >= 0; d--) xstride[d] = d == rank - 1 ? size : xstride[d + 1] * shape[d + 1];
   // y's dims (size > 1 only) with the byte stride of x along each, merged where contiguous.
   std::vector<int64_t> dim, stride;
-  for (int k = 0; k < rank; k++) {
-    const int64_t axis = perm[k];
-    if (shape[axis] == 1) continue;
-    if (!dim.empty() && stride.back() == xstride[axis] * shape[axis]) {
-      dim.back() *= shape[axis];
-      stride.back() = xstride[axis];
-    } else {
-      dim.push_back(shape[axis]);
-      stride.push_back(xstride[axis]);
-    }
-  }
+  for (int k = 0; k < rank; k++) AppendDim(dim, stride, shape[perm[k]], xstride[perm[k]]);
   const char *x = static_cast<const char *>(params[0]);
   char *y = static_cast<char *>(params[1]);
   if (dim.empty() || (dim.size() == 1 && stride[0] == size)) {

@@ -94,7 +94,8 @@ constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
 // Whether OpforgeGemmParallel would cut this product (else it runs as one call).
 inline bool OpforgeGemmCuts(int64_t m, int64_t n, int64_t k) {
   const int64_t work = m * n * std::max<int64_t>(k, 0), length = m <= n ? n : m;
-  return opforge::num_threads() > 1 && work >= 2 * kOpforgeGemmTaskWork && length >= 32 && m > 1 && n > 1 &&
+  // (the sizes first: a small product asks neither the pool nor OpenBLAS anything)
+  return work >= 2 * kOpforgeGemmTaskWork && length >= 32 && m > 1 && n > 1 && opforge::num_threads() > 1 &&
          scipy_openblas_get_num_threads() <= 1;
 }
 
