@@ -1,10 +1,14 @@
 """Train a small JAX model whose activation is an opforge C++ op, with jax.jit(jax.grad(...)).
 
-`softplus` is declared once -- schema, inference, a C++ kernel, a gradient rule.
+`softplus` is declared once -- schema, inference, a C++ kernel and a CUDA one
+(softplus.cc, softplus.cu), a gradient rule.
 Importing `opforge.jax` makes every opforge op called on JAX values an XLA FFI
 custom call, so the op runs inside the jitted training step, and its gradient
-comes from the rule.
+comes from the rule.  It runs wherever JAX puts the step: on the GPU where JAX
+has one (the CUDA kernel is compiled by nvcc at its first use), else on the CPU.
 """
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 
@@ -12,23 +16,13 @@ import opforge
 import opforge.jax
 from opforge import ops
 
+HERE = Path(__file__).resolve().parent  # softplus.cc and softplus.cu, the kernels
+
 softplus = opforge.op("jaxmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], replace=True,
                       doc="log(1 + exp(x)), computed without overflow.")
 softplus.def_infer(opforge.infer.same_as(0))
-softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""
-#include <cmath>
-#include "custom_aot_extra.h"
-
-extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
-  return 0;
-}
-""")
+softplus.kernel(source=f"{HERE / 'softplus.cc'}:Softplus", dtypes={"x": ["float32", "float64"]})
+softplus.kernel(source=f"{HERE / 'softplus.cu'}:SoftplusGpu", device="gpu", dtypes={"x": ["float32", "float64"]})
 
 
 @softplus.grad(save=["x"])

@@ -1,51 +1,27 @@
 """Train a PyTorch model whose activation is an opforge C++ op, under torch.compile.
 
-`softplus` is declared once -- schema, inference, a C++ kernel and a CUDA one,
-a gradient rule -- and `opforge.torch.register` makes it
-`torch.ops.torchmlp.softplus`: a torch op with a fake kernel (so torch.compile
+`softplus` is declared once -- schema, inference, a C++ kernel and a CUDA one
+(softplus.cc, softplus.cu), a gradient rule -- and `opforge.torch.register`
+makes it `torch.ops.torchmlp.softplus`: a torch op with a fake kernel (so torch.compile
 traces it with no graph break) and autograd from the rule.  The model trains on
 the GPU where torch has one (the CUDA kernel is compiled by nvcc at its first
 use), else on the CPU.
 """
+from pathlib import Path
+
 import torch
 
 import opforge
 import opforge.torch
 from opforge import ops
 
+HERE = Path(__file__).resolve().parent  # softplus.cc and softplus.cu, the kernels
+
 softplus = opforge.op("torchmlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"], replace=True,
                       doc="log(1 + exp(x)), computed without overflow.")
 softplus.def_infer(opforge.infer.same_as(0))
-softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""
-#include <cmath>
-#include "custom_aot_extra.h"
-
-extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
-  return 0;
-}
-""")
-
-softplus.kernel(function="SoftplusGpu", device="gpu", dtypes={"x": ["float32", "float64"]}, code=r"""
-#include "opforge_cuda.h"
-
-__global__ void SoftplusKernel(const OPFORGE_T *x, OPFORGE_T *y, int64_t n) {
-  OPFORGE_GRID_STRIDE(i, n) y[i] = max(x[i], OPFORGE_T(0)) + log1p(exp(-abs(x[i])));
-}
-
-extern "C" int SoftplusGpu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                           void *stream, void *extra) {
-  const int64_t n = OpforgeCount(ndims[0], shapes[0]);
-  SoftplusKernel<<<OpforgeBlocks(n, 256), 256, 0, OpforgeStream(stream)>>>(
-      static_cast<const OPFORGE_T *>(params[0]), static_cast<OPFORGE_T *>(params[1]), n);
-  return OpforgeLaunched("SoftplusKernel");
-}
-""")
+softplus.kernel(source=f"{HERE / 'softplus.cc'}:Softplus", dtypes={"x": ["float32", "float64"]})
+softplus.kernel(source=f"{HERE / 'softplus.cu'}:SoftplusGpu", device="gpu", dtypes={"x": ["float32", "float64"]})
 
 
 @softplus.grad(save=["x"])

@@ -38,3 +38,13 @@ def set_threads():
     before = opforge.get_num_threads()
     yield opforge.set_num_threads
     opforge.set_num_threads(before)
+
+
+@pytest.fixture
+def jax_on_host():
+    """JAX arrays made in the test live on the CPU: JAX's default device is a GPU where it has one, and these
+    tests are about host arrays (the GPU side is in test_gpu_*.py and test_jax_gpu.py)."""
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield

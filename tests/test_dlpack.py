@@ -14,6 +14,9 @@ from opforge import ops
 
 from helpers import addresses_op, declare
 
+pytestmark = pytest.mark.usefixtures("jax_on_host")
+
+
 @pytest.fixture(autouse=True)
 def dlpack_path_only(monkeypatch):
     """These tests are about the DLPack path; once opforge.torch or opforge.jax is imported (by

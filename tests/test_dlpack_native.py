@@ -16,6 +16,7 @@ import torch
 from opforge import _native, dtypes
 from opforge._native import DLPackExport, DLTensorView
 
+pytestmark = pytest.mark.usefixtures("jax_on_host")
 HOST_DTYPES = [name for name in dtypes.ABI_DTYPES if name != "bfloat16"]  # NumPy has no DLPack bfloat16
 
 
@@ -101,7 +102,11 @@ def test_torch_from_export_shares_memory_and_keeps_the_owner_alive(max_version):
 
 def test_jax_reads_an_export():
     arr = np.arange(6, dtype=np.float32).reshape(2, 3)
-    out = jnp.from_dlpack(export_of(arr))
+    try:
+        out = jnp.from_dlpack(export_of(arr))
+    except SystemError as error:  # opforge's own outputs then go to JAX as copies (Placement.wrap)
+        assert jax.default_backend() == "gpu"
+        pytest.xfail(f"JAX with a GPU backend cannot import host DLPack arrays (a JAX bug): {error}")
     assert out.dtype == jnp.float32 and out.shape == (2, 3)
     np.testing.assert_array_equal(np.asarray(out), arr)
 
@@ -361,8 +366,8 @@ def test_fake_cuda_export_reads_as_a_cuda_tensor():
     assert (view.device, view.data, view.shape, view.dtype) == ((2, 1), arr.ctypes.data, (8,), "float32")
     with pytest.raises(BufferError, match=r"on device \(2, 1\), not \(1, 0\)"):
         fake.__dlpack__(dl_device=(1, 0))
-    with pytest.raises(RuntimeError, match="Unsupported device"):
-        np.from_dlpack(fake)  # NumPy reads host memory only
+    with pytest.raises((RuntimeError, BufferError), match="Unsupported device"):
+        np.from_dlpack(fake)  # NumPy reads host memory only (BufferError from 2.5 on)
 
 
 def test_types_are_registered_on_the_module():

@@ -15,6 +15,7 @@ How a page's blocks are run (README.md has its own test, tests/test_readme.py):
 * ```bash, ```text, ```cpp and the other languages are not run.
 """
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -108,8 +109,11 @@ def test_block_runs_and_prints_what_the_page_says(page_folders, page, code):
         reason = missing(need)
         if reason:
             pytest.skip(f"docs/{page} block needs {need}: {reason}")
+    needs = requirements(code)
+    # A block that needs no GPU shows the host path: JAX would put its arrays on a GPU where it has one.
+    env = os.environ if "cuda" in needs else {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], cwd=page_folders(page), capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
     assert done.returncode == 0, f"docs/{page} python block failed:\n{code}\n{done.stderr[-3000:]}"
     documented = [line.split("#", 1)[1].strip() for line in code.splitlines()
                   if line.startswith("print(") and "#" in line]

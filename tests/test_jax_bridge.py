@@ -15,6 +15,8 @@ from helpers import WHICH_ISA, addresses_op, declare
 from opforge import ops
 from opforge.errors import CheckError, DTypeError
 
+pytestmark = pytest.mark.usefixtures("jax_on_host")  # JAX on a GPU: test_jax_gpu.py
+
 
 @pytest.fixture
 def x64():
@@ -138,7 +140,8 @@ def test_a_64_bit_output_without_x64_is_a_dtype_error():
 def test_a_kernel_failure_names_the_error_op_and_kernel(scale):
     with pytest.raises(Exception, match=r"opforge\.KernelError: the kernel returned error code 7 \(op 'tjax::scale', "
                                         r"kernel 'Scale<float32>'\)"):
-        jax.block_until_ready(jax.jit(lambda v: ops.tjax.scale(v, scale=13.0))(jnp.ones(3)))
+        # read as NumPy: JAX 0.11's block_until_ready loses the message where JAX has a GPU backend
+        np.asarray(jax.jit(lambda v: ops.tjax.scale(v, scale=13.0))(jnp.ones(3)))
 
 
 # -- transformations ------------------------------------------------------------------------

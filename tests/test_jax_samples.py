@@ -10,6 +10,8 @@ from jax.test_util import check_grads
 import opforge.jax  # noqa: F401 - opforge ops on JAX values become XLA FFI calls
 from builtin_samples import GRAPH_ONLY, SAMPLES, op_named, samples_for
 
+pytestmark = pytest.mark.usefixtures("jax_on_host")  # JAX on a GPU: test_jax_gpu.py
+
 CASES = [(name, k) for name in sorted(SAMPLES) for k in range(len(SAMPLES[name])) if name not in GRAPH_ONLY]
 IDS = [f"{name}-{k}" for name, k in CASES]
 GRADIENT_CASES = [(name, k) for name, k in CASES if SAMPLES[name][k].differentiable]

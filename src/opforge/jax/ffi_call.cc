@@ -168,11 +168,17 @@ ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets ret
   return ffi::Error::Success();
 }
 
-const Plan *Find(int64_t index, const char *platform, ffi::Error *error) {
+// The plan at `index`, or null with `error` naming the op (known from the other platform's plan) and the way out.
+const Plan *Find(int64_t index, int64_t other, const char *platform, ffi::Error *error) {
   const Plan *plan = PlanAt(index);
-  if (plan == nullptr)
+  if (plan == nullptr) {
+    const Plan *known = PlanAt(other);
+    const std::string op = known != nullptr ? "op '" + known->op + "'" : std::string("this opforge op");
     *error = ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("opforge.DeviceError: this opforge op has no ") + platform + " kernel for these inputs");
+                        "opforge.DeviceError: " + op + " has no " + platform + " kernel for these inputs; add one (a "
+                        "kernel with device='" + platform + "'), or run the function on a device it has a kernel for "
+                        "(jax.default_device, JAX_PLATFORMS)");
+  }
   return plan;
 }
 
@@ -181,7 +187,7 @@ int64_t GpuPlan(int64_t plans) { return static_cast<int64_t>(static_cast<uint64_
 
 ffi::Error CallCpu(int64_t plans, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(CpuPlan(plans), "cpu", &missing);
+  const Plan *plan = Find(CpuPlan(plans), GpuPlan(plans), "cpu", &missing);
   if (plan == nullptr) return missing;
   std::unique_ptr<char, decltype(&std::free)> workspace(nullptr, &std::free);
   if (plan->workspace_bytes) {
@@ -194,7 +200,7 @@ ffi::Error CallCpu(int64_t plans, ffi::RemainingArgs args, ffi::RemainingRets re
 ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t plans, ffi::RemainingArgs args,
                    ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(GpuPlan(plans), "gpu", &missing);
+  const Plan *plan = Find(GpuPlan(plans), CpuPlan(plans), "gpu", &missing);
   if (plan == nullptr) return missing;
   char *workspace = nullptr;
   if (plan->workspace_bytes) {

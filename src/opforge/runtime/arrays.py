@@ -144,6 +144,14 @@ class Placement:
         except BufferError as error:  # the library refused opforge's export
             raise DeviceError(f"op '{op.name}': output '{name}' cannot be handed to {self.kind} through DLPack: "
                               f"{error}") from None
+        except SystemError:
+            # JAX 0.11 with a GPU backend cannot import host DLPack arrays (its CPU device fails to name a
+            # stream): it gets a copy on the input's device instead.
+            if self.kind != "jax" or not self.on_host:
+                raise
+            import jax
+
+            wrapped = jax.device_put(np.asarray(output), next(iter(self.example.devices())))
         # NumPy arrays and opforge's DLPack exports both carry their dtype.
         given = _numpy_dtype(getattr(output, "dtype", None))
         if given is not None and given.itemsize == 8 and _dtype_name(wrapped) not in (None, given.name):
@@ -222,10 +230,12 @@ def _host_view(op: OpLike, index: int, value: Any) -> np.ndarray[Any, Any]:
     """A host array of another library as a NumPy array sharing its memory, or the typed error saying why not."""
     try:
         return np.from_dlpack(value)
-    except BufferError as error:  # e.g. a torch tensor that requires grad
-        raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__}) cannot be "
-                          f"shared through DLPack: {error}") from None
-    except (TypeError, ValueError, RuntimeError) as error:  # a dtype NumPy lacks (bfloat16)
+    except (BufferError, TypeError, ValueError, RuntimeError) as error:
+        # NumPy refuses a dtype it lacks (bfloat16) with a BufferError from 2.5 on, another error before;
+        # other BufferErrors are the producer's refusal (a torch tensor that requires grad, say).
+        if isinstance(error, BufferError) and "dtype" not in str(error).lower():
+            raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__}) cannot be "
+                              f"shared through DLPack: {error}") from None
         dtype = getattr(value, "dtype", "?")
         raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' ({type(value).__name__} of dtype {dtype}) "
                          f"cannot be viewed as a NumPy array: {error}") from None

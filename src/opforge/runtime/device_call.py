@@ -55,7 +55,7 @@ PLANS_PER_OP = 64
 
 def _consumer_stream(stream: int) -> int:
     """DLPack's name for a stream: 0 is ambiguous in the protocol, the legacy default stream is 1."""
-    return 1 if stream == 0 else stream
+    return 1 if stream == 0 else int(stream)  # a plain int: torch refuses int subclasses (StreamHandle)
 
 
 class _InterfaceView:
