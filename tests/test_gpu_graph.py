@@ -10,6 +10,7 @@ replay's results are checked through the calls it made.  The last test runs on a
 real GPU and skips without one.
 """
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -383,4 +384,8 @@ def test_a_captured_graph_replays_on_a_real_gpu(fresh, tmp_path, monkeypatch):
                 np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6)
     (plan,) = [p for p in graph._executor.plans.values() if hasattr(p, "captures")]
     assert plan.captures == 1 and plan.mode == "graph" and plan.capture_error is None
+    # An int stream must outlive what was made on it: the outputs and the graph's memory are freed on it.
+    del results, y, plan, graph
+    gc.collect()
+    opforge.cuda.synchronize(own.value)
     lib.cudaStreamDestroy(own)

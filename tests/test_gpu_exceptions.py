@@ -1,0 +1,66 @@
+"""Other libraries' C++ errors still reach Python as their own exceptions after opforge's GPU work.
+
+On an H100/H200 machine (torch 2.11+cu130, jaxlib 0.11.2 with its CUDA plugin), error paths of torch and JAX
+came back as ``SystemError: ... returned NULL without setting an exception`` in processes that had run opforge
+GPU calls.  This test runs one fresh process through the stages below and checks after each that a torch
+error and a JAX error arrive with their types, so the first stage that breaks them is named in its output.
+It needs a CUDA device (CI has none).
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from opforge.runtime import cuda
+
+pytestmark = pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA device (opforge.cuda.device_count() == 0)")
+
+STAGES = textwrap.dedent(r'''
+    import numpy as np, torch, jax, jax.numpy as jnp
+
+    def errors_arrive():
+        try:
+            torch.ops.aten.add.Tensor(torch.ones(2), "not a tensor")
+            return "torch raised nothing"
+        except SystemError as error:
+            return f"torch: SystemError {error}"
+        except (RuntimeError, TypeError):
+            pass
+        try:  # a callback's error comes back through XLA's C++ runtime
+            np.asarray(jax.jit(lambda v: jax.pure_callback(fail, jax.ShapeDtypeStruct(v.shape, v.dtype), v))(
+                jnp.ones(3)))
+            return "jax raised nothing"
+        except SystemError as error:
+            return f"jax: SystemError {error}"
+        except jax.errors.JaxRuntimeError as error:
+            return "ok" if "planned" in str(error) else f"jax: {error}"
+
+    def fail(v):
+        raise ValueError("planned")
+
+    def stage(name, work):
+        work()
+        print(f"{name}: {errors_arrive()}", flush=True)
+
+    stage("torch and jax imported", lambda: None)
+    import opforge
+    from opforge import ops
+    stage("opforge imported", lambda: None)
+    x = torch.linspace(-1, 1, 64, device="cuda")
+    stage("an elementwise GPU call on torch", lambda: ops.relu(x).sum().item())
+    stage("a cuBLAS matmul", lambda: ops.matmul(x.reshape(8, 8), x.reshape(8, 8)).sum().item())
+    g = jax.device_put(np.ones(16, np.float32), jax.devices("gpu")[0])
+    stage("a GPU call on JAX arrays", lambda: np.asarray(ops.relu(g)))
+    import opforge.jax
+    stage("a jitted opforge op on the GPU", lambda: np.asarray(jax.jit(ops.relu)(g)))
+''')
+
+
+def test_torch_and_jax_errors_keep_their_types_after_opforge_gpu_work():
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    done = subprocess.run([sys.executable, "-c", STAGES], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    stages = done.stdout.strip().splitlines()
+    assert len(stages) == 6 and all(line.endswith(": ok") for line in stages), done.stdout
