@@ -1,4 +1,5 @@
-// softplus(x) = log(1 + exp(x)) without overflow: the CPU kernel of examples/torch_train.py and jax_train.py.
+// softplus(x) = log(1 + exp(x)) without overflow: the CPU kernel of examples/train_step.py, torch_train.py
+// and jax_train.py.
 #include <cmath>
 #include "custom_aot_extra.h"
 

@@ -5,28 +5,19 @@ rule that calls a second C++ op, `softplus_grad` (the forward/backward pair
 pattern).  `opforge.value_and_grad` traces the loss into a graph and builds
 its backward graph from the ops' rules; each SGD step runs both graphs.
 """
+from pathlib import Path
+
 import numpy as np
 
 import opforge
 from opforge import ops
 
+HERE = Path(__file__).resolve().parent  # softplus.cc, the forward kernel
+
 softplus = opforge.op("mlp::softplus(Tensor x) -> Tensor y", traits=["no_side_effect"], replace=True,
                       doc="log(1 + exp(x)), computed without overflow.")
 softplus.def_infer(opforge.infer.same_as(0))
-softplus.kernel(function="Softplus", dtypes={"x": ["float32", "float64"]}, code=r"""
-#include <cmath>
-#include "custom_aot_extra.h"
-
-extern "C" int Softplus(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                        void *stream, void *extra) {
-  const OPFORGE_T *x = static_cast<const OPFORGE_T *>(params[0]);
-  OPFORGE_T *y = static_cast<OPFORGE_T *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = std::max(x[i], OPFORGE_T(0)) + std::log1p(std::exp(-std::abs(x[i])));
-  return 0;
-}
-""")
+softplus.kernel(source=f"{HERE / 'softplus.cc'}:Softplus", dtypes={"x": ["float32", "float64"]})
 
 softplus_grad = opforge.op("mlp::softplus_grad(Tensor dy, Tensor x) -> Tensor dx", replace=True,
                            doc="dy * sigmoid(x), the gradient of softplus.")

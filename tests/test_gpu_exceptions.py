@@ -44,6 +44,11 @@ STAGES = textwrap.dedent(r'''
         print(f"{name}: {errors_arrive()}", flush=True)
 
     stage("torch and jax imported", lambda: None)
+    try:
+        import cupy
+        stage("cupy imported", lambda: cupy.ones(3).sum().item())
+    except ImportError:
+        print("cupy imported: ok (no cupy here)")
     import opforge
     from opforge import ops
     stage("opforge imported", lambda: None)
@@ -54,6 +59,8 @@ STAGES = textwrap.dedent(r'''
     stage("a GPU call on JAX arrays", lambda: np.asarray(ops.relu(g)))
     import opforge.jax
     stage("a jitted opforge op on the GPU", lambda: np.asarray(jax.jit(ops.relu)(g)))
+    import opforge.torch
+    stage("opforge.torch imported, relu a torch op", lambda: torch.ops.opforge.relu(x).sum().item())
 ''')
 
 
@@ -63,4 +70,4 @@ def test_torch_and_jax_errors_keep_their_types_after_opforge_gpu_work():
     done = subprocess.run([sys.executable, "-c", STAGES], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     stages = done.stdout.strip().splitlines()
-    assert len(stages) == 6 and all(line.endswith(": ok") for line in stages), done.stdout
+    assert len(stages) == 8 and all(line.endswith(": ok") for line in stages), done.stdout

@@ -2,6 +2,8 @@
 the same GPU) and under jax.jit, where XLA calls opforge's GPU FFI handler.  They need a CUDA device that
 JAX sees; CI has none, and the host side of the same paths is tested in test_dlpack.py and
 test_jax_bridge.py."""
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,26 +71,15 @@ def test_jit_runs_the_gpu_kernels_on_xlas_buffers():
     assert "opforge_call" in jax.jit(f).lower(on_gpu(x), on_gpu(w)).as_text()
 
 
-HOST_ONLY = r"""
-#include "custom_aot_extra.h"
-extern "C" int Twice(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                     void *stream, void *extra) {
-  const float *x = static_cast<const float *>(params[0]);
-  float *y = static_cast<float *>(params[1]);
-  int64_t n = 1;
-  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
-  for (int64_t i = 0; i < n; i++) y[i] = 2 * x[i];
-  return 0;
-}
-"""
+OPS_CC = Path(__file__).resolve().parent / "kernels" / "ops.cc"
 
 
 def test_jit_on_the_gpu_of_an_op_with_only_a_cpu_kernel_names_the_op(fresh):
     import opforge.jax  # noqa: F401
 
-    op = declare(fresh, "tjaxgpu::twice(Tensor x) -> Tensor y")
+    op = declare(fresh, "tjaxgpu::twice(Tensor x, *, float scale=2.0) -> Tensor y")
     op.def_infer(opforge.infer.same_as(0))
-    op.kernel(code=HOST_ONLY, function="Twice", dtypes={"x": ["float32"]})
+    op.kernel(source=f"{OPS_CC}:Scale", dtypes={"x": ["float32"]})  # a C++ kernel alone
     x = jnp.arange(4, dtype=jnp.float32)
     with pytest.raises(Exception, match=r"opforge.DeviceError: op 'tjaxgpu::twice' has no gpu kernel"):
         np.asarray(jax.jit(op)(on_gpu(x)))  # (JAX 0.11's block_until_ready would lose the message)
