@@ -330,7 +330,7 @@ def test_bad_opset_is_model_error(opset):
 
 
 def test_non_graph_is_model_error():
-    with pytest.raises(ModelError, match="takes an opforge Graph, got function"):
+    with pytest.raises(ModelError, match="takes an opforge Graph, got OpFunction"):
         export(ops.relu)
     with pytest.raises(ModelError, match="path must be a file path"):
         export(opforge.trace(ops.relu, TensorSpec([3])), 3.5)

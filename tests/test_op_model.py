@@ -68,6 +68,28 @@ def test_malformed_schema_points_at_the_column(schema, column, words):
     assert message.splitlines()[-1].index("^") - 2 == column - 1
 
 
+def test_keyword_calls_reuse_their_launcher_and_see_new_values(fresh, monkeypatch):
+    op = declare(fresh, "kwc::scale(Tensor x, *, float s=1.0, int[] axes=[]) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x, s, axes: x * s + len(axes))
+    x = np.ones(2, np.float32)
+    asked = []  # the keyword calls the C base did not find among those it remembers
+    original = type(op)._keyword_launcher
+    monkeypatch.setattr(type(op), "_keyword_launcher", lambda self, args, kwargs: asked.append(dict(kwargs)) or
+                        original(self, args, kwargs))
+    assert op(x, s=2.0).tolist() == [2, 2] and op(x, s=2.0).tolist() == [2, 2] and len(asked) == 1
+    assert op(x, s=3.0).tolist() == [3, 3] and len(asked) == 2
+    assert op(x, s=2).tolist() == [2, 2] and len(asked) == 3  # an int is not the float 2.0's call
+    axes = [1, 2]
+    assert op(x, axes=axes).tolist() == [3, 3] and len(asked) == 4
+    axes.append(3)  # the caller's list changed: a new call, not the remembered one
+    assert op(x, axes=axes).tolist() == [4, 4] and len(asked) == 5
+    assert op(x, axes=[1, 2]).tolist() == [3, 3] and len(asked) == 5
+    assert op(x, s=2.0, axes=[1, 2]).tolist() == [4, 4] and op(x, axes=[1, 2], s=2.0).tolist() == [4, 4]
+    with pytest.raises(AttrError, match="no attribute 't'"):
+        op(x, t=1.0)
+
+
 def test_registering_twice_needs_replace(fresh):
     first = declare(fresh, "t1::same(Tensor x) -> Tensor")
     with pytest.raises(SchemaError, match="already registered"):
@@ -264,12 +286,14 @@ def test_functional_api_signature_doc_and_checking(fresh):
     with pytest.raises(AttrError, match="'w' expects float"):
         f(a, b, w="heavy")
     assert "lerp" in dir(opforge.ops.t15) and "t15" in dir(opforge.ops)
+    with pytest.raises(AttributeError, match="no op 't15::lerq' is registered"):
+        opforge.ops.t15.lerq
 
 
 def test_functional_api_of_builtins():
     x = np.array([-1.0, 2.0])
     np.testing.assert_array_equal(opforge.ops.relu(x), [0.0, 2.0])
-    with pytest.raises(AttributeError, match="no op 'nonexistent'"):
+    with pytest.raises(AttributeError, match="'nonexistent'"):  # Python's own message (it suggests close names)
         opforge.ops.nonexistent
 
 

@@ -61,6 +61,60 @@ def test_the_functional_api_binds_by_name_as_python_would(fresh):
         mix(b=X, n=1)
 
 
+def _frames_of(call):
+    """The code files of the Python frames a call runs."""
+    import sys
+
+    seen = []
+    sys.setprofile(lambda frame, event, arg: seen.append(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, seen
+
+
+def test_usual_functional_calls_are_the_op_objects_own(fresh):
+    mix = declare(fresh, "fn::scale(Tensor x, Tensor? b=None, *, float s=2.0, int n) -> Tensor y")
+    mix.def_infer(opforge.infer.same_as(0))
+    mix.kernel(lambda x, b, s, n: x * s * n if b is None else x + b)
+    function = opforge.ops.fn.scale
+    assert repr(function) == "<function opforge.ops.scale>" and function.op is mix
+    for call, expected in ((lambda: function(X, None, n=3), 6 * X), (lambda: function(X, None, s=1.0, n=3), 3 * X)):
+        # tensors by position, attributes by keyword, the required one given: no frame of the generated function
+        result, frames = _frames_of(call)
+        assert "<opforge.ops.scale>" not in frames
+        np.testing.assert_array_equal(result, expected)
+    for call in (lambda: function(X, n=3), lambda: function(x=X, n=3), lambda: function(X, None, s=1.0)):
+        # a tensor left out or given by name, or a required attribute missing: bound by name
+        _, frames = _frames_of(lambda: _result_or_error(call))
+        assert "<opforge.ops.scale>" in frames
+    with pytest.raises(AttrError, match="required attribute 'n'"):
+        function(X, None)
+    with pytest.raises(AttrError, match="no input or attribute 'm'"):
+        function(X, None, n=1, m=2)
+    concat = opforge.ops.concat  # variadic: any number of tensors by position
+    _, frames = _frames_of(lambda: concat(X, X, X, axis=0))
+    assert "<opforge.ops.concat>" not in frames
+    np.testing.assert_array_equal(concat(X, X, axis=0), np.concatenate([X, X]))
+
+
+def _result_or_error(call):
+    try:
+        return call()
+    except OpforgeError as error:
+        return error
+
+
+def test_a_function_of_ops_binds_as_a_method_as_python_functions_do():
+    class Holder:
+        add = opforge.ops.add
+
+    np.testing.assert_array_equal(Holder.add(X, X), 2 * X)
+    with pytest.raises(ArityError, match="takes 2 positional"):
+        Holder().add(X, X)  # self is the first tensor, as with any function stored on a class
+
+
 # -- attribute values that cannot reach a kernel ---------------------------------
 
 @pytest.fixture

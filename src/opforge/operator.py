@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, cast, overload
 import numpy as np
 import numpy.typing as npt
 
-from ._native import OpBase  # the C side of a call; imports nothing of opforge
+from ._native import OpBase, use_vectorcall  # the C side of a call; imports nothing of opforge
 from .attrs import REQUIRED, AttrDef, AttrValue, check_attr
 from .bounded_cache import BoundedCache
 from .dtypes import DTypeLike
@@ -189,6 +189,10 @@ class Op(OpBase):
     defined_at: str | None
     _shape_fn: Callable[..., Any]  # MindSpore-style halves of the inference, set by infer_shape / infer_dtype
     _dtype_fn: Callable[..., Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        use_vectorcall(cls)
 
     @classmethod
     def forget_all_plans(cls) -> None:
@@ -586,3 +590,6 @@ class Op(OpBase):
         ins = ", ".join(i.name for i in self.inputs)
         attrs = ", ".join(self.attrs)
         return f"<opforge.Op {self.name}({ins}{'; ' + attrs if attrs else ''}) -> {', '.join(self.outputs)}>"
+
+
+use_vectorcall(Op)  # keyword calls need no dict (Python before 3.12 does not pass vectorcall on to subclasses)

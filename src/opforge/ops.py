@@ -4,11 +4,12 @@ the schema's signature and a docstring generated from it.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import registry
+from . import _native, registry
 from .attrs import REQUIRED
 from .errors import ArityError, AttrError
 from .operator import Op
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
         __name__: str
         __qualname__: str
         __signature__: inspect.Signature
+        _describe: Callable[[], str]
         op: Op
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -118,11 +120,15 @@ def function_for(op: Op) -> Callable[..., Any]:
               f"    return _op({', '.join(filter(None, [tensors, attrs]))})\n")
     namespace: dict[str, Any] = {"_bind_by_name": _bind_by_name, "_op": op, "_defaults": defaults, "_MISSING": _MISSING}
     exec(compile(source, f"<opforge.ops.{short}>", "exec"), namespace)
-    function: _GeneratedFunction = namespace["_function"]
+    # The generated function binds every call; _native.OpFunction sends the usual ones (tensors by position,
+    # attributes by keyword: a schema lists its tensors first) straight to the op object, with no Python frame.
+    function: _GeneratedFunction = _native.OpFunction(
+        op, namespace["_function"], -1 if op.variadic else len(op.inputs), frozenset(op.attrs),
+        tuple(name for name in op.attrs if name in required))
     function.__name__ = function.__qualname__ = short  # may be a Python keyword: 'mylib::def' is ops.mylib.def
     function.__module__ = __name__
     function.__signature__ = signature
-    function.__doc__ = docstring_of(op)
+    function._describe = functools.partial(docstring_of, op)  # __doc__, made when read: kernels come later
     function.op = op
     _functions[op.name] = (op, function)
     return function
@@ -185,13 +191,11 @@ class Namespace:
         found: Callable[..., Any] | Namespace
         if op is not None:
             found = function_for(op)
-        elif not self._prefix and any(o.name.startswith(f"{name}::") for o in registry.registered_ops()):
-            found = Namespace(f"{name}::")
+        elif any(o.name.startswith(f"{self._prefix}{name}::") for o in registry.registered_ops()):
+            found = Namespace(f"{self._prefix}{name}::")
         else:
             raise AttributeError(f"no op '{self._prefix}{name}' is registered")
-        # Cached as a plain attribute, so later lookups cost a dict access;
-        # forget() drops it when the op is replaced.
-        (globals() if self is _root else self.__dict__)[name] = found
+        self.__dict__[name] = found  # later lookups cost a dict access; forget() drops it when the op changes
         return found
 
     def __dir__(self) -> list[str]:
@@ -202,25 +206,51 @@ class Namespace:
         return sorted(names)
 
 
-_root = Namespace("")
-
-
 def forget(name: str) -> None:
-    """Drop the cached function of op ``name`` (it was replaced or removed)."""
+    """Drop the function of op ``name`` (it was replaced or removed)."""
     _functions.pop(name, None)
     prefix, _, short = name.rpartition("::")
     if not prefix:
-        globals().pop(short, None)
-    elif isinstance(globals().get(prefix), Namespace):
-        globals()[prefix].__dict__.pop(short, None)
+        if short not in _OWN_NAMES:
+            globals().pop(short, None)
+    else:
+        top, *inner = prefix.split("::")
+        namespace = globals().get(top)
+        for part in inner:
+            namespace = namespace.__dict__.get(part) if isinstance(namespace, Namespace) else None
+        if isinstance(namespace, Namespace):
+            namespace.__dict__.pop(short, None)
 
 
-def __getattr__(name: str) -> Any:
-    return getattr(_root, name)
+def publish(name: str) -> None:
+    """Keep ``opforge.ops`` in step with the registry (op ``name`` was registered, replaced or removed).
+
+    Each op without a namespace is a global of this module and each namespace a Namespace, put here
+    when they are registered rather than made on first use by a module ``__getattr__``: CPython does not
+    specialise attribute loads on a module that has one, which would cost every ``ops.NAME(...)`` call
+    about 25 ns.  A name this module uses itself stays this module's.
+    """
+    forget(name)
+    op = registry.lookup(name)
+    top = name.split("::")[0]
+    if op is None or top in _OWN_NAMES:
+        return
+    if "::" not in name:
+        globals()[name] = function_for(op)
+    elif not isinstance(globals().get(top), Namespace):
+        globals()[top] = Namespace(f"{top}::")
+
+
+if TYPE_CHECKING:  # for type checkers only: the ops are made at run time (a real one would slow every call)
+    def __getattr__(name: str) -> Any: ...
 
 
 def __dir__() -> list[str]:
-    return dir(_root)
+    names = {o.name.split("::")[0] for o in registry.registered_ops()}
+    return sorted(names - _OWN_NAMES)
 
 
-registry.LISTENERS.append(forget)
+_OWN_NAMES = frozenset(globals()) | {"_OWN_NAMES"}
+registry.LISTENERS.append(publish)
+for _op in registry.registered_ops():
+    publish(_op.name)

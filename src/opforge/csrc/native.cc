@@ -1067,6 +1067,7 @@ struct OpBaseObject {
   PyObject *default_launcher;
   KeywordCall calls[kKeywordCalls];
   int next_call;
+  vectorcallfunc vectorcall;  // OpBase_vectorcall: keyword calls need no dict
 };
 
 // A copy of an attribute value that the caller cannot change: lists (nested too) are copied.
@@ -1199,6 +1200,72 @@ PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   return result;
 }
 
+// 1 when a vectorcall's keywords (names in `kwnames`, values in `values`) and positional count are `call`'s.
+int SameVectorCall(const KeywordCall &call, Py_ssize_t n_args, PyObject *const *values, PyObject *kwnames) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+  if (call.launcher == nullptr || call.n_args != n_args || PyTuple_GET_SIZE(call.items) != n) return 0;
+  PyObject *items = call.items;
+  Py_INCREF(items);  // as in SameCall
+  int same = 1;
+  for (Py_ssize_t k = 0; same == 1 && k < n; ++k) {
+    PyObject *item = PyTuple_GET_ITEM(items, k), *known = PyTuple_GET_ITEM(item, 0), *name = PyTuple_GET_ITEM(kwnames, k);
+    same = known == name || PyUnicode_Compare(known, name) == 0 ? StrictlyEqual(PyTuple_GET_ITEM(item, 1), values[k]) : 0;
+  }
+  Py_DECREF(items);
+  return same;
+}
+
+PyObject *CallLauncherVector(PyObject *launcher, PyObject *const *args, Py_ssize_t n_args) {
+  Py_INCREF(launcher);  // the call may replace it
+  PyObject *result = PyObject_Vectorcall(launcher, args, static_cast<size_t>(n_args), nullptr);
+  Py_DECREF(launcher);
+  return result;
+}
+
+// The same call as OpBase_call, without the tuple and dict a tp_call needs when it finds a launcher.
+PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  OpBaseObject *self = reinterpret_cast<OpBaseObject *>(callable);
+  const Py_ssize_t n_args = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t n_keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  PyObject *launcher = self->default_launcher;
+  if (n_keywords == 0 && launcher != nullptr && launcher != Py_None) return CallLauncherVector(launcher, args, n_args);
+  if (n_keywords > 0) {
+    for (const KeywordCall &call : self->calls) {
+      int same = SameVectorCall(call, n_args, args + n_args, kwnames);
+      if (same < 0) return nullptr;
+      if (same) return CallLauncherVector(call.launcher, args, n_args);
+    }
+  }
+  // Everything else takes the general path (which remembers a keyword call for next time).
+  PyObject *tuple = PyTuple_New(n_args);
+  if (tuple == nullptr) return nullptr;
+  for (Py_ssize_t k = 0; k < n_args; ++k) {
+    Py_INCREF(args[k]);
+    PyTuple_SET_ITEM(tuple, k, args[k]);
+  }
+  PyObject *kwargs = nullptr;
+  if (n_keywords > 0) {
+    kwargs = PyDict_New();
+    for (Py_ssize_t k = 0; kwargs != nullptr && k < n_keywords; ++k) {
+      if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[n_args + k]) < 0) Py_CLEAR(kwargs);
+    }
+    if (kwargs == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+  }
+  PyObject *result = OpBase_call(self, tuple, kwargs);
+  Py_DECREF(tuple);
+  Py_XDECREF(kwargs);
+  return result;
+}
+
+PyObject *OpBase_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+  PyObject *self = PyType_GenericNew(type, args, kwargs);
+  if (self != nullptr) reinterpret_cast<OpBaseObject *>(self)->vectorcall = OpBase_vectorcall;
+  return self;
+}
+
 PyObject *OpBase_forget_calls(OpBaseObject *self, PyObject *) {
   ForgetCalls(self);
   Py_RETURN_NONE;
@@ -1236,6 +1303,154 @@ PyMemberDef OpBase_members[] = {
     {nullptr, 0, 0, 0, nullptr}};
 
 PyTypeObject OpBaseType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// use_vectorcall(cls): calls of a Python subclass of OpBase take the vectorcall path.  Python 3.12 lets a
+// heap type inherit it (when it does not define __call__); before 3.12 only the flag is missing, as the
+// slot offset is inherited: set it here.
+PyObject *UseVectorcall(PyObject *, PyObject *cls) {
+  if (!PyType_Check(cls) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject *>(cls), &OpBaseType)) {
+    PyErr_SetString(PyExc_TypeError, "use_vectorcall needs a subclass of OpBase");
+    return nullptr;
+  }
+  PyTypeObject *type = reinterpret_cast<PyTypeObject *>(cls);
+  if (type->tp_call == OpBaseType.tp_call && type->tp_vectorcall_offset == OpBaseType.tp_vectorcall_offset &&
+      !(type->tp_flags & Py_TPFLAGS_HAVE_VECTORCALL)) {
+    type->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+    PyType_Modified(type);
+  }
+  return PyBool_FromLong((type->tp_flags & Py_TPFLAGS_HAVE_VECTORCALL) != 0);
+}
+
+// OpFunction(op, fallback, n_inputs, attrs, required): a function of opforge.ops.  A call with the op's
+// tensors by position (n_inputs of them; any number when n_inputs < 0, a variadic op) and only attribute
+// keywords, every required one among them, is the op object's own call; any other call goes to `fallback`,
+// the Python function that binds arguments by name and raises opforge's errors.  No Python frame runs on
+// the first path, so the functional API costs what the op object does.
+struct OpFunctionObject {
+  PyObject_HEAD
+  PyObject *op;
+  PyObject *fallback;
+  Py_ssize_t n_inputs;
+  PyObject *attrs;     // frozenset of attribute names
+  PyObject *required;  // tuple of attribute names without a default
+  PyObject *dict;      // __name__, __doc__, __signature__, op, ...
+  PyObject *checked;   // the last keyword names that passed the checks (a call site's constant tuple)
+  vectorcallfunc vectorcall;
+};
+
+// 1 when `name` is one of the tuple's strings.
+int NamedIn(PyObject *names, PyObject *name) {
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(names); ++k) {
+    PyObject *known = PyTuple_GET_ITEM(names, k);
+    if (known == name) return 1;
+    const int same = PyObject_RichCompareBool(known, name, Py_EQ);
+    if (same != 0) return same;
+  }
+  return 0;
+}
+
+PyObject *OpFunction_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  OpFunctionObject *self = reinterpret_cast<OpFunctionObject *>(callable);
+  if (self->op == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "OpFunction was not initialised");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  const Py_ssize_t n_keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  bool direct = self->n_inputs < 0 || n == self->n_inputs;
+  if (direct && kwnames != nullptr && kwnames == self->checked)
+    return PyObject_Vectorcall(self->op, args, nargsf, kwnames);
+  for (Py_ssize_t k = 0; direct && k < n_keywords; ++k) {
+    const int known = PySet_Contains(self->attrs, PyTuple_GET_ITEM(kwnames, k));
+    if (known < 0) return nullptr;
+    direct = known == 1;
+  }
+  for (Py_ssize_t k = 0; direct && k < PyTuple_GET_SIZE(self->required); ++k) {
+    const int given = n_keywords > 0 ? NamedIn(kwnames, PyTuple_GET_ITEM(self->required, k)) : 0;
+    if (given < 0) return nullptr;
+    direct = given == 1;
+  }
+  if (direct && kwnames != nullptr) {
+    Py_INCREF(kwnames);
+    Py_XSETREF(self->checked, kwnames);
+  }
+  return PyObject_Vectorcall(direct ? self->op : self->fallback, args, nargsf, kwnames);
+}
+
+PyObject *OpFunction_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+  PyObject *self = PyType_GenericNew(type, args, kwargs);
+  if (self != nullptr) reinterpret_cast<OpFunctionObject *>(self)->vectorcall = OpFunction_vectorcall;
+  return self;
+}
+
+int OpFunction_init(OpFunctionObject *self, PyObject *args, PyObject *) {
+  PyObject *op, *fallback, *attrs, *required;
+  Py_ssize_t n_inputs;
+  if (!PyArg_ParseTuple(args, "OOnO!O!", &op, &fallback, &n_inputs, &PyFrozenSet_Type, &attrs, &PyTuple_Type,
+                        &required))
+    return -1;
+  Py_INCREF(op);
+  Py_INCREF(fallback);
+  Py_INCREF(attrs);
+  Py_INCREF(required);
+  Py_XSETREF(self->op, op);
+  Py_XSETREF(self->fallback, fallback);
+  Py_XSETREF(self->attrs, attrs);
+  Py_XSETREF(self->required, required);
+  self->n_inputs = n_inputs;
+  return 0;
+}
+
+int OpFunction_traverse(OpFunctionObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->op);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int OpFunction_clear(OpFunctionObject *self) {
+  Py_CLEAR(self->op);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->attrs);
+  Py_CLEAR(self->required);
+  Py_CLEAR(self->dict);
+  Py_CLEAR(self->checked);
+  return 0;
+}
+
+void OpFunction_dealloc(OpFunctionObject *self) {
+  PyObject_GC_UnTrack(self);
+  OpFunction_clear(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
+}
+
+PyObject *OpFunction_repr(OpFunctionObject *self) {
+  PyObject *name = self->dict == nullptr ? nullptr : PyDict_GetItemString(self->dict, "__qualname__");
+  return name != nullptr ? PyUnicode_FromFormat("<function opforge.ops.%S>", name)
+                         : PyUnicode_FromString("<function of opforge.ops>");
+}
+
+// Looked up on a class, it binds as a Python function does.
+PyObject *OpFunction_get(PyObject *self, PyObject *instance, PyObject *) {
+  if (instance == nullptr || instance == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, instance);
+}
+
+// __doc__ is made on each read by the instance's `_describe` (the op's kernels may be added after the function).
+PyObject *OpFunction_doc(OpFunctionObject *self, void *) {
+  PyObject *describe = self->dict == nullptr ? nullptr : PyDict_GetItemString(self->dict, "_describe");
+  if (describe == nullptr) Py_RETURN_NONE;
+  return PyObject_CallNoArgs(describe);
+}
+
+PyGetSetDef OpFunction_getset[] = {
+    {const_cast<char *>("__doc__"), reinterpret_cast<getter>(OpFunction_doc), nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject OpFunctionType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // run_plan(plan, inputs, poison=-1) -> (outputs tuple or None, rc, error)
 // One call of a planner's plan (see FillPlan) outside a Launcher.  poison >= 0
@@ -1309,6 +1524,7 @@ PyMethodDef module_methods[] = {
     {"empty", EmptyWithCanary, METH_VARARGS, "empty(shape, dtype) -> array with room for a canary after its end"},
     {"set_checked", SetChecked, METH_O, "set_checked(flag): guard pages and poison for every kernel call"},
     {"checked", Checked, METH_NOARGS, "checked() -> whether checked mode is on"},
+    {"use_vectorcall", UseVectorcall, METH_O, "use_vectorcall(cls): calls of an OpBase subclass skip tp_call"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "opforge._native", "C side of opforge kernel calls.", -1,
@@ -1352,9 +1568,10 @@ PyMODINIT_FUNC PyInit__native(void) {
 
   OpBaseType.tp_name = "opforge._native.OpBase";
   OpBaseType.tp_basicsize = sizeof(OpBaseObject);
-  OpBaseType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  OpBaseType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   OpBaseType.tp_doc = "C base of opforge.Op: the call path";
-  OpBaseType.tp_new = PyType_GenericNew;
+  OpBaseType.tp_new = OpBase_new;
+  OpBaseType.tp_vectorcall_offset = offsetof(OpBaseObject, vectorcall);
   OpBaseType.tp_call = reinterpret_cast<ternaryfunc>(OpBase_call);
   OpBaseType.tp_traverse = reinterpret_cast<traverseproc>(OpBase_traverse);
   OpBaseType.tp_clear = reinterpret_cast<inquiry>(OpBase_clear);
@@ -1362,8 +1579,24 @@ PyMODINIT_FUNC PyInit__native(void) {
   OpBaseType.tp_members = OpBase_members;
   OpBaseType.tp_methods = OpBase_methods;
 
+  OpFunctionType.tp_name = "opforge._native.OpFunction";
+  OpFunctionType.tp_basicsize = sizeof(OpFunctionObject);
+  OpFunctionType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  OpFunctionType.tp_doc = "OpFunction(op, fallback, n_inputs, attrs, required): a function of opforge.ops";
+  OpFunctionType.tp_new = OpFunction_new;
+  OpFunctionType.tp_init = reinterpret_cast<initproc>(OpFunction_init);
+  OpFunctionType.tp_vectorcall_offset = offsetof(OpFunctionObject, vectorcall);
+  OpFunctionType.tp_call = PyVectorcall_Call;
+  OpFunctionType.tp_repr = reinterpret_cast<reprfunc>(OpFunction_repr);
+  OpFunctionType.tp_descr_get = OpFunction_get;
+  OpFunctionType.tp_getset = OpFunction_getset;
+  OpFunctionType.tp_dictoffset = offsetof(OpFunctionObject, dict);
+  OpFunctionType.tp_traverse = reinterpret_cast<traverseproc>(OpFunction_traverse);
+  OpFunctionType.tp_clear = reinterpret_cast<inquiry>(OpFunction_clear);
+  OpFunctionType.tp_dealloc = reinterpret_cast<destructor>(OpFunction_dealloc);
+
   if (PyType_Ready(&ExtraType) < 0 || PyType_Ready(&LauncherType) < 0 || PyType_Ready(&ProgramType) < 0 ||
-      PyType_Ready(&OpBaseType) < 0)
+      PyType_Ready(&OpBaseType) < 0 || PyType_Ready(&OpFunctionType) < 0)
     return nullptr;
   PyObject *module = PyModule_Create(&native_module);
   if (module == nullptr) return nullptr;
@@ -1371,10 +1604,12 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&LauncherType);
   Py_INCREF(&ProgramType);
   Py_INCREF(&OpBaseType);
+  Py_INCREF(&OpFunctionType);
   if (PyModule_AddObject(module, "Extra", reinterpret_cast<PyObject *>(&ExtraType)) < 0 ||
       PyModule_AddObject(module, "Program", reinterpret_cast<PyObject *>(&ProgramType)) < 0 ||
       PyModule_AddObject(module, "OpBase", reinterpret_cast<PyObject *>(&OpBaseType)) < 0 ||
       PyModule_AddObject(module, "Launcher", reinterpret_cast<PyObject *>(&LauncherType)) < 0 ||
+      PyModule_AddObject(module, "OpFunction", reinterpret_cast<PyObject *>(&OpFunctionType)) < 0 ||
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0 ||
       PyModule_AddIntConstant(module, "CANARY_BYTES", static_cast<int>(opforge_native::kCanaryBytes)) < 0 ||
       PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0 ||
