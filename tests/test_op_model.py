@@ -290,6 +290,71 @@ def test_functional_api_signature_doc_and_checking(fresh):
         opforge.ops.t15.lerq
 
 
+def test_the_functional_api_follows_the_registry(fresh, monkeypatch):
+    first = declare(fresh, "hot(Tensor x) -> Tensor y")
+    first.def_infer(opforge.infer.same_as(0))
+    first.kernel(lambda x: x + 1)
+    present = []  # whether ops.hot was there while its replacement's function was being made
+    make = opforge.ops.function_for
+    monkeypatch.setattr(opforge.ops, "function_for", lambda op: present.append(hasattr(opforge.ops, "hot")) or make(op))
+    second = opforge.op("hot(Tensor x) -> Tensor y", replace=True)
+    second.def_infer(opforge.infer.same_as(0))
+    second.kernel(lambda x: x + 2)
+    assert present == [True] and opforge.ops.hot(np.zeros(1)).tolist() == [2.0]
+    clash = declare(fresh, "hot::inner(Tensor x) -> Tensor y")  # a namespace named as an op: the op keeps the name
+    clash.def_infer(opforge.infer.same_as(0))
+    clash.kernel(lambda x: x)
+    assert opforge.ops.hot.op is second
+    opforge.registry.unregister("hot")
+    assert opforge.ops.hot.inner.op is clash  # the name is free again: the namespace has it
+
+
+def test_a_function_of_ops_pickles_by_name_and_keeps_a_set_doc(fresh):
+    import copy
+    import pickle
+    import weakref
+
+    op = declare(fresh, "pk::f(Tensor x) -> Tensor y")
+    f = opforge.ops.pk.f
+    assert pickle.loads(pickle.dumps(f)) is f and copy.deepcopy(opforge.ops.relu) is opforge.ops.relu
+    assert weakref.ref(f)() is f
+    op.kernel(lambda x: x)
+    assert "Kernels: <lambda> (cpu)" in f.__doc__  # made when read: the kernel came after the function
+    f.__doc__ = "Mine."
+    assert f.__doc__ == "Mine."
+    del f.__doc__
+    assert f.__doc__.startswith("pk::f(Tensor x)")
+
+
+def test_keyword_calls_survive_a_comparison_that_forgets_them(fresh):
+    op = declare(fresh, "kwc::times(Tensor x, *, float s=1.0) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x, s: x * s)
+
+    class Forgetful(float):  # its comparison drops the remembered calls, as another thread's op.kernel(...) would
+        def __eq__(self, other):
+            op._forget_keyword_calls()
+            return float.__eq__(self, other)
+
+        __hash__ = float.__hash__
+
+    x = np.ones(2, np.float32)
+    value = Forgetful(2.0)
+    for _ in range(3):
+        assert op(x, s=value).tolist() == [2.0, 2.0]
+    assert op(x, s=3.0).tolist() == [3.0, 3.0]
+
+
+def test_a_call_method_set_on_op_is_used(fresh, monkeypatch):
+    op = declare(fresh, "kwc::plain(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x: x)
+    monkeypatch.setattr(opforge.Op, "__call__", lambda self, *args, **kwargs: "patched")
+    assert op(np.ones(1)) == "patched" and op(np.ones(1), s=1) == "patched"
+    monkeypatch.undo()
+    assert op(np.ones(1)).tolist() == [1.0]
+
+
 def test_functional_api_of_builtins():
     x = np.array([-1.0, 2.0])
     np.testing.assert_array_equal(opforge.ops.relu(x), [0.0, 2.0])

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         __qualname__: str
         __signature__: inspect.Signature
         _describe: Callable[[], str]
+        _reduce: Callable[[], tuple[Any, ...]]
         op: Op
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -129,6 +130,7 @@ def function_for(op: Op) -> Callable[..., Any]:
     function.__module__ = __name__
     function.__signature__ = signature
     function._describe = functools.partial(docstring_of, op)  # __doc__, made when read: kernels come later
+    function._reduce = functools.partial(_reduce, op.name)
     function.op = op
     _functions[op.name] = (op, function)
     return function
@@ -206,20 +208,32 @@ class Namespace:
         return sorted(names)
 
 
+def function_named(name: str) -> Callable[..., Any]:
+    """The function of the registered op ``name`` (how a pickled function comes back)."""
+    op = registry.lookup(name)
+    if op is None:
+        raise AttributeError(f"no op '{name}' is registered")
+    return function_for(op)
+
+
+def _reduce(name: str) -> tuple[Any, ...]:
+    return (function_named, (name,))
+
+
 def forget(name: str) -> None:
     """Drop the function of op ``name`` (it was replaced or removed)."""
     _functions.pop(name, None)
     prefix, _, short = name.rpartition("::")
     if not prefix:
-        if short not in _OWN_NAMES:
-            globals().pop(short, None)
-    else:
-        top, *inner = prefix.split("::")
-        namespace = globals().get(top)
-        for part in inner:
-            namespace = namespace.__dict__.get(part) if isinstance(namespace, Namespace) else None
-        if isinstance(namespace, Namespace):
-            namespace.__dict__.pop(short, None)
+        if isinstance(globals().get(short), _native.OpFunction):  # never a namespace, nor this module's own
+            del globals()[short]
+        return
+    top, *inner = prefix.split("::")
+    namespace = globals().get(top)
+    for part in inner:
+        namespace = namespace.__dict__.get(part) if isinstance(namespace, Namespace) else None
+    if isinstance(namespace, Namespace):
+        namespace.__dict__.pop(short, None)
 
 
 def publish(name: str) -> None:
@@ -228,17 +242,28 @@ def publish(name: str) -> None:
     Each op without a namespace is a global of this module and each namespace a Namespace, put here
     when they are registered rather than made on first use by a module ``__getattr__``: CPython does not
     specialise attribute loads on a module that has one, which would cost every ``ops.NAME(...)`` call
-    about 25 ns.  A name this module uses itself stays this module's.
+    about 25 ns.  A name this module uses itself stays this module's, and an op's name is not taken
+    over by a namespace of the same name.
     """
-    forget(name)
     op = registry.lookup(name)
     top = name.split("::")[0]
-    if op is None or top in _OWN_NAMES:
-        return
-    if "::" not in name:
-        globals()[name] = function_for(op)
-    elif not isinstance(globals().get(top), Namespace):
-        globals()[top] = Namespace(f"{top}::")
+    if op is None:
+        forget(name)
+        if "::" not in name and name not in globals() and any(o.name.startswith(f"{name}::")
+                                                               for o in registry.registered_ops()):
+            globals()[name] = Namespace(f"{name}::")  # the name an op held is its namespace's again
+    elif "::" in name:
+        forget(name)  # a namespace makes its functions on first use
+        if top not in globals():
+            globals()[top] = Namespace(f"{top}::")
+    elif name not in _OWN_NAMES:
+        _functions.pop(name, None)
+        try:
+            function = function_for(op)  # made before it replaces the old one: the name never goes missing
+        except (ValueError, SyntaxError):  # a name Python cannot take as a parameter: the op is lookup()'s only
+            forget(name)
+            return
+        globals()[name] = function
 
 
 if TYPE_CHECKING:  # for type checkers only: the ops are made at run time (a real one would slow every call)
@@ -250,7 +275,9 @@ def __dir__() -> list[str]:
     return sorted(names - _OWN_NAMES)
 
 
-_OWN_NAMES = frozenset(globals()) | {"_OWN_NAMES"}
+_OWN_NAMES = frozenset(globals()) | {"_OWN_NAMES", "__all__"}
+# `from opforge.ops import *` takes this module's own names, not every op (abs, pow, sum would shadow Python's).
+__all__ = sorted(name for name in _OWN_NAMES if not name.startswith("_"))
 registry.LISTENERS.append(publish)
 for _op in registry.registered_ops():
     publish(_op.name)

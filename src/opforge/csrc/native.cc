@@ -1109,13 +1109,9 @@ int StrictlyEqual(PyObject *a, PyObject *b) {
   return PyObject_RichCompareBool(a, b, Py_EQ);  // -1: an error, left set for the caller
 }
 
-// 1 when the call (args, kwargs) is `call`'s; -1 on error.
-int SameCall(const KeywordCall &call, PyObject *args, PyObject *kwargs) {
-  if (call.launcher == nullptr || call.n_args != PyTuple_GET_SIZE(args) ||
-      PyTuple_GET_SIZE(call.items) != PyDict_GET_SIZE(kwargs))
-    return 0;
-  PyObject *items = call.items;
-  Py_INCREF(items);  // an __eq__ may run Python code, and another thread replace the slot
+// 1 when a call with keyword arguments (`kwargs`) is the one remembered as `items`; -1 on error.
+int SameKeywords(PyObject *items, PyObject *kwargs) {
+  if (PyTuple_GET_SIZE(items) != PyDict_GET_SIZE(kwargs)) return 0;
   Py_ssize_t pos = 0, k = 0;
   PyObject *name, *value;
   int same = 1;
@@ -1125,8 +1121,42 @@ int SameCall(const KeywordCall &call, PyObject *args, PyObject *kwargs) {
     same = known == name || PyUnicode_Compare(known, name) == 0 ? StrictlyEqual(PyTuple_GET_ITEM(item, 1), value)
                                                                  : 0;
   }
-  Py_DECREF(items);
   return same;
+}
+
+// The same for a vectorcall's keywords: names in `kwnames`, values in `values`.
+int SameVectorKeywords(PyObject *items, PyObject *const *values, PyObject *kwnames) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+  if (PyTuple_GET_SIZE(items) != n) return 0;
+  int same = 1;
+  for (Py_ssize_t k = 0; same == 1 && k < n; ++k) {
+    PyObject *item = PyTuple_GET_ITEM(items, k), *known = PyTuple_GET_ITEM(item, 0), *name = PyTuple_GET_ITEM(kwnames, k);
+    same = known == name || PyUnicode_Compare(known, name) == 0 ? StrictlyEqual(PyTuple_GET_ITEM(item, 1), values[k]) : 0;
+  }
+  return same;
+}
+
+// The launcher remembered for a call of `n_args` positional arguments whose keywords `same(items)` accepts:
+// a new reference, or nullptr (with an error set if a comparison failed).  A comparison may run Python code
+// (an attribute value's __eq__), which may replace or forget the slot: then it is not the call's.
+template <typename Same>
+PyObject *RememberedLauncher(OpBaseObject *self, Py_ssize_t n_args, Same same) {
+  for (const KeywordCall &call : self->calls) {
+    if (call.launcher == nullptr || call.n_args != n_args) continue;
+    PyObject *items = call.items, *launcher = call.launcher;
+    Py_INCREF(items);
+    Py_INCREF(launcher);
+    const int found = same(items);
+    const bool current = call.items == items && call.launcher == launcher;
+    Py_DECREF(items);
+    if (found < 0) {
+      Py_DECREF(launcher);
+      return nullptr;
+    }
+    if (found == 1 && current) return launcher;
+    Py_DECREF(launcher);
+  }
+  return nullptr;
 }
 
 void ForgetCalls(OpBaseObject *self) {
@@ -1176,11 +1206,14 @@ PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   const bool keywords = kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0;
   if (!keywords && launcher != nullptr && launcher != Py_None) return CallLauncher(launcher, args);
   if (keywords) {
-    for (const KeywordCall &call : self->calls) {
-      int same = SameCall(call, args, kwargs);
-      if (same < 0) return nullptr;
-      if (same && call.launcher != nullptr) return CallLauncher(call.launcher, args);
+    PyObject *remembered = RememberedLauncher(self, PyTuple_GET_SIZE(args),
+                                              [kwargs](PyObject *items) { return SameKeywords(items, kwargs); });
+    if (remembered != nullptr) {
+      PyObject *result = PyObject_Call(remembered, args, nullptr);
+      Py_DECREF(remembered);
+      return result;
     }
+    if (PyErr_Occurred()) return nullptr;
     PyObject *found = PyObject_CallMethod(reinterpret_cast<PyObject *>(self), "_keyword_launcher", "OO", args, kwargs);
     if (found == nullptr) return nullptr;
     if (found != Py_None) {
@@ -1200,21 +1233,6 @@ PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   return result;
 }
 
-// 1 when a vectorcall's keywords (names in `kwnames`, values in `values`) and positional count are `call`'s.
-int SameVectorCall(const KeywordCall &call, Py_ssize_t n_args, PyObject *const *values, PyObject *kwnames) {
-  const Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
-  if (call.launcher == nullptr || call.n_args != n_args || PyTuple_GET_SIZE(call.items) != n) return 0;
-  PyObject *items = call.items;
-  Py_INCREF(items);  // as in SameCall
-  int same = 1;
-  for (Py_ssize_t k = 0; same == 1 && k < n; ++k) {
-    PyObject *item = PyTuple_GET_ITEM(items, k), *known = PyTuple_GET_ITEM(item, 0), *name = PyTuple_GET_ITEM(kwnames, k);
-    same = known == name || PyUnicode_Compare(known, name) == 0 ? StrictlyEqual(PyTuple_GET_ITEM(item, 1), values[k]) : 0;
-  }
-  Py_DECREF(items);
-  return same;
-}
-
 PyObject *CallLauncherVector(PyObject *launcher, PyObject *const *args, Py_ssize_t n_args) {
   Py_INCREF(launcher);  // the call may replace it
   PyObject *result = PyObject_Vectorcall(launcher, args, static_cast<size_t>(n_args), nullptr);
@@ -1222,21 +1240,9 @@ PyObject *CallLauncherVector(PyObject *launcher, PyObject *const *args, Py_ssize
   return result;
 }
 
-// The same call as OpBase_call, without the tuple and dict a tp_call needs when it finds a launcher.
-PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-  OpBaseObject *self = reinterpret_cast<OpBaseObject *>(callable);
-  const Py_ssize_t n_args = PyVectorcall_NARGS(nargsf);
-  const Py_ssize_t n_keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
-  PyObject *launcher = self->default_launcher;
-  if (n_keywords == 0 && launcher != nullptr && launcher != Py_None) return CallLauncherVector(launcher, args, n_args);
-  if (n_keywords > 0) {
-    for (const KeywordCall &call : self->calls) {
-      int same = SameVectorCall(call, n_args, args + n_args, kwnames);
-      if (same < 0) return nullptr;
-      if (same) return CallLauncherVector(call.launcher, args, n_args);
-    }
-  }
-  // Everything else takes the general path (which remembers a keyword call for next time).
+// A vectorcall made as a tp_call: `call` with an argument tuple and a keyword dict.
+PyObject *CallWithTupleAndDict(ternaryfunc call, PyObject *callable, PyObject *const *args, Py_ssize_t n_args,
+                               PyObject *kwnames) {
   PyObject *tuple = PyTuple_New(n_args);
   if (tuple == nullptr) return nullptr;
   for (Py_ssize_t k = 0; k < n_args; ++k) {
@@ -1244,6 +1250,7 @@ PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t na
     PyTuple_SET_ITEM(tuple, k, args[k]);
   }
   PyObject *kwargs = nullptr;
+  const Py_ssize_t n_keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   if (n_keywords > 0) {
     kwargs = PyDict_New();
     for (Py_ssize_t k = 0; kwargs != nullptr && k < n_keywords; ++k) {
@@ -1254,10 +1261,36 @@ PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t na
       return nullptr;
     }
   }
-  PyObject *result = OpBase_call(self, tuple, kwargs);
+  PyObject *result = call(callable, tuple, kwargs);
   Py_DECREF(tuple);
   Py_XDECREF(kwargs);
   return result;
+}
+
+// The same call as OpBase_call, without the tuple and dict a tp_call needs when it finds a launcher.
+PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  OpBaseObject *self = reinterpret_cast<OpBaseObject *>(callable);
+  const Py_ssize_t n_args = PyVectorcall_NARGS(nargsf);
+  const ternaryfunc type_call = Py_TYPE(callable)->tp_call;
+  // A class whose __call__ was set after use_vectorcall (Python before 3.12 keeps the flag): its __call__.
+  if (type_call != reinterpret_cast<ternaryfunc>(OpBase_call))
+    return CallWithTupleAndDict(type_call, callable, args, n_args, kwnames);
+  const Py_ssize_t n_keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  PyObject *launcher = self->default_launcher;
+  if (n_keywords == 0 && launcher != nullptr && launcher != Py_None) return CallLauncherVector(launcher, args, n_args);
+  if (n_keywords > 0) {
+    PyObject *const *values = args + n_args;
+    PyObject *remembered = RememberedLauncher(
+        self, n_args, [values, kwnames](PyObject *items) { return SameVectorKeywords(items, values, kwnames); });
+    if (remembered != nullptr) {
+      PyObject *result = PyObject_Vectorcall(remembered, args, static_cast<size_t>(n_args), nullptr);
+      Py_DECREF(remembered);
+      return result;
+    }
+    if (PyErr_Occurred()) return nullptr;
+  }
+  // Everything else takes the general path (which remembers a keyword call for next time).
+  return CallWithTupleAndDict(type_call, callable, args, n_args, kwnames);
 }
 
 PyObject *OpBase_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -1335,6 +1368,7 @@ struct OpFunctionObject {
   PyObject *required;  // tuple of attribute names without a default
   PyObject *dict;      // __name__, __doc__, __signature__, op, ...
   PyObject *checked;   // the last keyword names that passed the checks (a call site's constant tuple)
+  PyObject *weakrefs;
   vectorcallfunc vectorcall;
 };
 
@@ -1420,6 +1454,7 @@ int OpFunction_clear(OpFunctionObject *self) {
 
 void OpFunction_dealloc(OpFunctionObject *self) {
   PyObject_GC_UnTrack(self);
+  if (self->weakrefs != nullptr) PyObject_ClearWeakRefs(reinterpret_cast<PyObject *>(self));
   OpFunction_clear(self);
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject *>(self));
 }
@@ -1439,16 +1474,62 @@ PyObject *OpFunction_get(PyObject *self, PyObject *instance, PyObject *) {
   return PyMethod_New(self, instance);
 }
 
-// __doc__ is made on each read by the instance's `_describe` (the op's kernels may be added after the function).
-PyObject *OpFunction_doc(OpFunctionObject *self, void *) {
-  PyObject *describe = self->dict == nullptr ? nullptr : PyDict_GetItemString(self->dict, "_describe");
-  if (describe == nullptr) Py_RETURN_NONE;
-  return PyObject_CallNoArgs(describe);
+// A Python callable the instance keeps in its dict under `name`, called with no arguments; `fallback` (a new
+// reference) when there is none.
+PyObject *CallHook(OpFunctionObject *self, const char *name, PyObject *fallback) {
+  PyObject *hook = self->dict == nullptr ? nullptr : PyDict_GetItemString(self->dict, name);
+  if (hook == nullptr) {
+    Py_XINCREF(fallback);
+    return fallback;
+  }
+  Py_INCREF(hook);  // the call may change the dict
+  PyObject *result = PyObject_CallNoArgs(hook);
+  Py_DECREF(hook);
+  return result;
+}
+
+// __doc__: one set on the instance, else made on each read by its `_describe` (kernels may come later).
+PyObject *OpFunction_get_doc(OpFunctionObject *self, void *) {
+  PyObject *fixed = self->dict == nullptr ? nullptr : PyDict_GetItemString(self->dict, "_doc");
+  if (fixed != nullptr) {
+    Py_INCREF(fixed);
+    return fixed;
+  }
+  return CallHook(self, "_describe", Py_None);
+}
+
+int OpFunction_set_doc(OpFunctionObject *self, PyObject *value, void *) {
+  PyObject *dict = PyObject_GenericGetDict(reinterpret_cast<PyObject *>(self), nullptr);
+  if (dict == nullptr) return -1;
+  int rc;
+  if (value != nullptr) {
+    rc = PyDict_SetItemString(dict, "_doc", value);
+  } else {  // del f.__doc__: back to the made one
+    rc = PyDict_DelItemString(dict, "_doc");
+    if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
+      PyErr_Clear();
+      rc = 0;
+    }
+  }
+  Py_DECREF(dict);
+  return rc;
 }
 
 PyGetSetDef OpFunction_getset[] = {
-    {const_cast<char *>("__doc__"), reinterpret_cast<getter>(OpFunction_doc), nullptr, nullptr, nullptr},
+    {const_cast<char *>("__doc__"), reinterpret_cast<getter>(OpFunction_get_doc),
+     reinterpret_cast<setter>(OpFunction_set_doc), nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// Pickled and copied by the op's name, through the instance's `_reduce` (opforge.ops sets it).
+PyObject *OpFunction_reduce(OpFunctionObject *self, PyObject *) {
+  PyObject *reduced = CallHook(self, "_reduce", nullptr);
+  if (reduced == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "this OpFunction cannot be pickled");
+  return reduced;
+}
+
+PyMethodDef OpFunction_methods[] = {
+    {"__reduce__", reinterpret_cast<PyCFunction>(OpFunction_reduce), METH_NOARGS, "pickled by the op's name"},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject OpFunctionType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
@@ -1590,6 +1671,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   OpFunctionType.tp_repr = reinterpret_cast<reprfunc>(OpFunction_repr);
   OpFunctionType.tp_descr_get = OpFunction_get;
   OpFunctionType.tp_getset = OpFunction_getset;
+  OpFunctionType.tp_methods = OpFunction_methods;
+  OpFunctionType.tp_weaklistoffset = offsetof(OpFunctionObject, weakrefs);
   OpFunctionType.tp_dictoffset = offsetof(OpFunctionObject, dict);
   OpFunctionType.tp_traverse = reinterpret_cast<traverseproc>(OpFunction_traverse);
   OpFunctionType.tp_clear = reinterpret_cast<inquiry>(OpFunction_clear);
