@@ -145,8 +145,8 @@ class Placement:
             raise DeviceError(f"op '{op.name}': output '{name}' cannot be handed to {self.kind} through DLPack: "
                               f"{error}") from None
         except SystemError:
-            # JAX 0.11 with a GPU backend cannot import host DLPack arrays (its CPU device fails to name a
-            # stream): it gets a copy on the input's device instead.
+            # Seen with JAX 0.11 and its GPU backend: importing any host DLPack array fails with a bare
+            # SystemError (in the CPU device's stream query).  JAX gets a copy on the input's device instead.
             if self.kind != "jax" or not self.on_host:
                 raise
             import jax
