@@ -48,3 +48,14 @@ def jax_on_host():
 
     with jax.default_device(jax.devices("cpu")[0]):
         yield
+
+
+@pytest.fixture
+def dlpack_path_only(monkeypatch):
+    """These tests are about the DLPack path; once opforge.torch or opforge.jax is imported (by
+    another test module) an opforge op called on their arrays runs as a torch op or an XLA custom
+    call instead (test_torch_bridge.py, test_jax_bridge.py)."""
+    from opforge.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "INTERCEPTORS", [i for i in dispatch.INTERCEPTORS
+                                                   if not i.__module__.startswith(("opforge.torch", "opforge.jax"))])

@@ -14,18 +14,7 @@ from opforge import ops
 
 from helpers import addresses_op, declare
 
-pytestmark = pytest.mark.usefixtures("jax_on_host")
-
-
-@pytest.fixture(autouse=True)
-def dlpack_path_only(monkeypatch):
-    """These tests are about the DLPack path; once opforge.torch or opforge.jax is imported (by
-    another test module) an opforge op called on their arrays runs as a torch op or an XLA custom
-    call instead (test_torch_bridge.py, test_jax_bridge.py)."""
-    from opforge.runtime import dispatch
-
-    monkeypatch.setattr(dispatch, "INTERCEPTORS", [i for i in dispatch.INTERCEPTORS
-                                                   if not i.__module__.startswith(("opforge.torch", "opforge.jax"))])
+pytestmark = pytest.mark.usefixtures("jax_on_host", "dlpack_path_only")
 
 
 @pytest.fixture

@@ -28,15 +28,6 @@ pytestmark = pytest.mark.skipif(GPU is None or cuda.device_count() == 0,
                                        "opforge.cuda.device_count() == 0)")
 
 
-@pytest.fixture
-def dlpack_path_only(monkeypatch):
-    """The eager DLPack path, not the XLA custom call opforge.jax turns a call into once imported."""
-    from opforge.runtime import dispatch
-
-    monkeypatch.setattr(dispatch, "INTERCEPTORS", [i for i in dispatch.INTERCEPTORS
-                                                   if not i.__module__.startswith(("opforge.torch", "opforge.jax"))])
-
-
 def on_gpu(array):
     return jax.device_put(array, GPU)
 

@@ -1201,19 +1201,10 @@ PyObject *CallLauncher(PyObject *launcher, PyObject *args) {
   return result;
 }
 
-PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
-  PyObject *launcher = self->default_launcher;
-  const bool keywords = kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0;
-  if (!keywords && launcher != nullptr && launcher != Py_None) return CallLauncher(launcher, args);
-  if (keywords) {
-    PyObject *remembered = RememberedLauncher(self, PyTuple_GET_SIZE(args),
-                                              [kwargs](PyObject *items) { return SameKeywords(items, kwargs); });
-    if (remembered != nullptr) {
-      PyObject *result = PyObject_Call(remembered, args, nullptr);
-      Py_DECREF(remembered);
-      return result;
-    }
-    if (PyErr_Occurred()) return nullptr;
+// A call no launcher was found for: with keywords, the op's launcher for them (remembered for the next such
+// call); else, or when it has none, the general path Op.call.
+PyObject *CallUnremembered(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
+  if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0) {
     PyObject *found = PyObject_CallMethod(reinterpret_cast<PyObject *>(self), "_keyword_launcher", "OO", args, kwargs);
     if (found == nullptr) return nullptr;
     if (found != Py_None) {
@@ -1231,6 +1222,23 @@ PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
   Py_XDECREF(empty);
   Py_DECREF(method);
   return result;
+}
+
+PyObject *OpBase_call(OpBaseObject *self, PyObject *args, PyObject *kwargs) {
+  PyObject *launcher = self->default_launcher;
+  const bool keywords = kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0;
+  if (!keywords && launcher != nullptr && launcher != Py_None) return CallLauncher(launcher, args);
+  if (keywords) {
+    PyObject *remembered = RememberedLauncher(self, PyTuple_GET_SIZE(args),
+                                              [kwargs](PyObject *items) { return SameKeywords(items, kwargs); });
+    if (remembered != nullptr) {
+      PyObject *result = PyObject_Call(remembered, args, nullptr);
+      Py_DECREF(remembered);
+      return result;
+    }
+    if (PyErr_Occurred()) return nullptr;
+  }
+  return CallUnremembered(self, args, kwargs);
 }
 
 PyObject *CallLauncherVector(PyObject *launcher, PyObject *const *args, Py_ssize_t n_args) {
@@ -1289,8 +1297,8 @@ PyObject *OpBase_vectorcall(PyObject *callable, PyObject *const *args, size_t na
     }
     if (PyErr_Occurred()) return nullptr;
   }
-  // Everything else takes the general path (which remembers a keyword call for next time).
-  return CallWithTupleAndDict(type_call, callable, args, n_args, kwnames);
+  // Everything else: the same as OpBase_call after its search, which was just made.
+  return CallWithTupleAndDict(reinterpret_cast<ternaryfunc>(CallUnremembered), callable, args, n_args, kwnames);
 }
 
 PyObject *OpBase_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
