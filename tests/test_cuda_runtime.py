@@ -122,6 +122,29 @@ def test_allocate_takes_pool_memory_on_the_stream_and_frees_it_there(fake):
     assert calls(fake, "cudaMalloc") == calls(fake, "cudaFree") == 0
 
 
+def test_device_memory_comes_from_allocate_only_and_a_kept_buffer_is_never_freed(fake):
+    with pytest.raises(TypeError, match="allocate"):
+        cuda.DeviceBuffer()
+    buffer = cuda.allocate(64, 7)
+    assert isinstance(buffer, cuda.DeviceBuffer) and "64 bytes" in repr(buffer)
+    buffer.keep()  # what the per-device scalar constants do: kept for the process
+    assert buffer.pointer == 0
+    del buffer
+    gc.collect()
+    assert calls(fake, "cudaFreeAsync") == 0 and fake.fake_cuda_live_device_blocks() == 1
+
+
+def test_a_buffer_s_stream_takes_int_handles_only(fake):
+    buffer = cuda.allocate(16, 7)
+    buffer.stream = 9  # the graph executor moves a buffer to the stream that used it last
+    with pytest.raises(TypeError, match="stream"):
+        buffer.stream = "9"
+    with pytest.raises(TypeError, match="users"):
+        buffer.users = (3,)
+    buffer.release()
+    assert fake.fake_cuda_last_stream() == 9 and fake.fake_cuda_live_device_blocks() == 0
+
+
 def test_allocate_on_another_device_switches_and_switches_back(fake):
     fake.fake_cuda_set_device_count(2)
     buffer = cuda.allocate(64, 0, device_id=1)
@@ -221,13 +244,23 @@ def test_a_stream_object_lives_as_long_as_memory_made_on_it(fake):
 
 
 def test_framework_streams_come_with_their_owners(monkeypatch):
-    current = types.SimpleNamespace(cuda_stream=0x700)
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
-        cuda=types.SimpleNamespace(current_stream=lambda device: current)))
-    handle = cuda.current_stream("torch", 0)
+    current = types.SimpleNamespace(ptr=0x700)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda device: current)))
+    handle = cuda.current_stream("cupy", 0)  # CuPy destroys a stream it collects: the handle keeps it
     assert handle == 0x700 and handle.owner is current
     assert pickle.loads(pickle.dumps(handle)) == 0x700
     assert cuda.stream_handle(5) == 5 and type(cuda.stream_handle(5)) is int  # an int has nothing to keep
+
+
+def test_torch_s_stream_is_read_as_a_raw_handle_where_torch_has_the_query(monkeypatch):
+    asked = []
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(
+        _cuda_getCurrentRawStream=lambda device: asked.append(device) or 0x900 + device))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    handle = cuda.current_stream("torch", 3)
+    # torch never destroys the streams it hands out: a plain int (as __dlpack__(stream=) wants it)
+    assert handle == 0x903 and type(handle) is int and asked == [3]
 
 
 def test_streams_nest_and_are_per_thread():
@@ -269,7 +302,7 @@ def test_current_stream_follows_torch_and_cupy_when_they_are_imported(monkeypatc
             cupy_state.pop()
 
     cupy_state = [0]
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(  # a CuPy before 13: get_current_stream takes no device
         Device=Device, get_current_stream=lambda: types.SimpleNamespace(ptr=0x600 + cupy_state[-1])))
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "cupy", cupy)

@@ -60,21 +60,22 @@ extern "C" int AddF32(int nparam, void **params, int *ndims, int64_t **shapes, c
 class FakeCudaArray:
     """A NumPy array's memory presented through DLPack as CUDA device 0."""
 
-    def __init__(self, array, owner=None):
+    def __init__(self, array, owner=None, device_id=0):
         self.array = np.ascontiguousarray(array)
         self.owner = owner  # what keeps imported memory alive
+        self.device_id = device_id
         self.streams = []  # the consumer streams __dlpack__ was asked for
 
     shape = property(lambda self: self.array.shape)
     dtype = property(lambda self: self.array.dtype)
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (2, self.device_id)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         self.streams.append(stream)
-        export = _native.DLPackExport(self.array.ctypes.data, self.array.shape, self.array.dtype.name, 2, 0,
-                                      self.array)
+        export = _native.DLPackExport(self.array.ctypes.data, self.array.shape, self.array.dtype.name, 2,
+                                      self.device_id, self.array)
         return export.__dlpack__(max_version=max_version)
 
 
@@ -196,6 +197,9 @@ def test_host_and_device_arrays_in_one_call_are_a_device_error(fake, fresh, sour
         op(FakeCudaArray(np.ones(2, np.float32)), np.ones(2, np.float32))
     with pytest.raises(opforge.DeviceError, match=r"input 'b' is list .*pass every input as an array on cuda:0"):
         op(FakeCudaArray(np.ones(2, np.float32)), [1.0, 2.0])
+    with pytest.raises(opforge.DeviceError, match=r"'a' is test_device_call on cuda:0, 'b' is test_device_call on "
+                                                  r"cuda:1"):
+        op(FakeCudaArray(np.ones(2, np.float32)), FakeCudaArray(np.ones(2, np.float32), device_id=1))
 
 
 def test_a_launch_error_is_a_cuda_error_naming_op_and_kernel(fake, scale):

@@ -1,5 +1,6 @@
-# Types of the C extension built from csrc/.  Only OpBase (the base of opforge.Op) is spelled out: the rest is
-# runtime plumbing reached through opforge.runtime, typed Any here.
+# Types of the C extension built from csrc/.  The bases of Python classes (OpBase of opforge.Op, DeviceMemory of
+# runtime.cuda.DeviceBuffer) are spelled out: the rest is runtime plumbing reached through opforge.runtime, typed
+# Any here.
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,27 @@ class OpBase:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def _forget_keyword_calls(self) -> None: ...
+
+class DeviceMemory:
+    """C base of runtime.cuda.DeviceBuffer: memory from opforge's pool, freed in C."""
+
+    @property
+    def pointer(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def device_id(self) -> int: ...
+    stream: int
+    users: list[int] | None
+
+    def release(self) -> None: ...
+    def keep(self) -> None: ...
+
+class CudaRuntime:
+    """The CUDA runtime entry points the memory path calls, by address."""
+
+    def __init__(self, addresses: dict[str, int | None], buffer_type: type[DeviceMemory], /) -> None: ...
+    def allocate(self, nbytes: int, stream: int, device_id: int, pool: int, /) -> Any: ...
 
 def use_vectorcall(cls: type[OpBase], /) -> bool: ...
 def checked() -> bool: ...

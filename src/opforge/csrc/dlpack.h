@@ -89,6 +89,9 @@ static_assert(offsetof(DLManagedTensorVersioned, flags) == 24 && offsetof(DLMana
 // Adds DLTensorView and DLPackExport to the module; false with a Python error set.
 bool AddDLPackTypes(PyObject *module);
 
+// Adds CudaRuntime and DeviceMemory (device_memory.cc: the memory DLPackExport hands out on a GPU).
+bool AddDeviceMemoryTypes(PyObject *module);
+
 }  // namespace opforge_native
 
 #endif  // OPFORGE_NATIVE_DLPACK_H_

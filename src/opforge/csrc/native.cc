@@ -1704,7 +1704,7 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0 ||
       PyModule_AddIntConstant(module, "CANARY_BYTES", static_cast<int>(opforge_native::kCanaryBytes)) < 0 ||
       PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0 ||
-      !opforge_native::AddDLPackTypes(module)) {
+      !opforge_native::AddDLPackTypes(module) || !opforge_native::AddDeviceMemoryTypes(module)) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -120,7 +120,7 @@ class Executor:
 
     def _run_on_device(self, where: Placement, arrays: Sequence[Any]) -> list[Any]:
         from ..runtime import cuda
-        from ..runtime.device_call import device_view
+        from ..runtime.device_call import device_views
 
         device_type, device_id = where.device
         if device_type != CUDA:
@@ -128,7 +128,7 @@ class Executor:
                               "runs graphs on the CPU and on CUDA devices")
         with cuda.on_device(device_id):
             stream = cuda.current_stream(where.kind, device_id)
-            views = [device_view(self.graph, k, a, stream) for k, a in enumerate(arrays)]
+            views = device_views(self.graph, arrays, stream, where.device)
             key = ("cuda", device_id, tuple((v.shape, v.dtype) for v in views))
             plan: DevicePlan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
             return plan.execute(views, stream)

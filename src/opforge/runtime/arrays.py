@@ -79,7 +79,7 @@ def _dlpack_device(value: Any) -> tuple[int, int]:
     return (int(kind), int(index))
 
 
-def _cuda_interface_device(value: Any) -> tuple[int, int]:
+def cuda_interface_device(value: Any) -> tuple[int, int]:
     from . import cuda
 
     pointer = value.__cuda_array_interface__["data"][0]
@@ -87,17 +87,30 @@ def _cuda_interface_device(value: Any) -> tuple[int, int]:
     return (CUDA, pointer_device(pointer) if pointer and pointer_device else 0)
 
 
+_plain = (int, float, bool, complex, list, tuple, type(None))  # values that join any kind
+_kind_by_type: dict[type, str | None] = {np.ndarray: "numpy"}  # answers of kind_of, per exact type
+
+
 def kind_of(value: object) -> str | None:
     """The array library of one tensor argument, without asking where it lives (that
     costs microseconds in some libraries); None for values that join any kind
-    (Python scalars, nested lists, None, objects NumPy converts)."""
+    (Python scalars, nested lists, None, objects NumPy converts).  Answered once
+    per type: whether a type has ``__dlpack__`` is a property of the type."""
+    found = _kind_by_type.get(type(value), False)
+    if found is not False:
+        return found  # type: ignore[return-value]  # False is the miss marker
     if isinstance(value, np.ndarray):
-        return "numpy"
-    if value is None or isinstance(value, (int, float, bool, complex, list, tuple, np.generic)):
-        return None
-    if hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__"):
-        return _library_of(value)[0]
-    return None  # __array_interface__ / __array__ objects: NumPy converts them
+        found = "numpy"
+    elif isinstance(value, _plain) or isinstance(value, np.generic):
+        found = None
+    elif hasattr(type(value), "__dlpack__") or hasattr(type(value), "__cuda_array_interface__"):
+        found = _library_of(value)[0]
+    elif hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__"):
+        return _library_of(value)[0]  # an instance attribute: not the type's answer
+    else:
+        found = None  # __array_interface__ / __array__ objects: NumPy converts them
+    _kind_by_type[type(value)] = found
+    return found
 
 
 def device_of(value: object) -> tuple[int, int]:
@@ -106,7 +119,7 @@ def device_of(value: object) -> tuple[int, int]:
         return HOST
     if hasattr(value, "__dlpack_device__"):
         return _dlpack_device(value)
-    return _cuda_interface_device(value)
+    return cuda_interface_device(value)
 
 
 class Placement:
@@ -191,32 +204,47 @@ def _dtype_name(array: Any) -> str | None:
 
 def placement(op: OpLike, args: Sequence[Any]) -> Placement | None:
     """The call's Placement, or None when every tensor is NumPy on the host
-    (the plain path).  DeviceError when kinds or devices are mixed."""
-    tensors = [(index, kind_of(value)) for index, value in enumerate(args)]
-    tensors = [(index, kind) for index, kind in tensors if kind is not None]
-    kinds = {kind for _, kind in tensors}
-    if not kinds or kinds == {"numpy"}:
+    (the plain path).  DeviceError when kinds are mixed, or devices on the host
+    side; the device path checks each GPU input's device as it takes it
+    (``mixed_devices``), so a call asks one argument for its device here."""
+    kind = example = None
+    tensors = []
+    for index, value in enumerate(args):
+        found = kind_of(value)
+        if found is None:
+            continue
+        tensors.append((index, found))
+        if kind is None:
+            kind, example = found, value
+        elif found != kind:
+            _mixed(op, args, _tensors(args))
+    if kind is None or kind == "numpy":
         return None
-    if len(kinds) > 1:
-        _mixed(op, args, tensors)
-    kind: str = kinds.pop()  # type: ignore[assignment]  # tensors holds no None kind: filtered above
-    example = args[tensors[0][0]]
-    if device_of(example) == HOST:
-        views = list(args)
-        try:  # the rest are on the host too when NumPy can view them: no need to ask each for its device
-            for index, _ in tensors:
-                views[index] = np.from_dlpack(args[index])
-            return Placement(kind, HOST, example, tuple(views))
-        except Exception:
-            pass
-    devices = {device_of(args[index]) for index, _ in tensors}
-    if len(devices) > 1:
-        _mixed(op, args, tensors)
-    device = devices.pop()
-    if device == HOST:  # on the host, yet NumPy cannot view one of them: say which and why
+    device = device_of(example)
+    if device != HOST:
+        return Placement(kind, device, example)
+    views = list(args)
+    try:  # the rest are on the host too when NumPy can view them: no need to ask each for its device
         for index, _ in tensors:
-            _host_view(op, index, args[index])
-    return Placement(kind, device, example)
+            views[index] = np.from_dlpack(args[index])
+        return Placement(kind, HOST, example, tuple(views))
+    except Exception:
+        pass
+    if len({device_of(args[index]) for index, _ in tensors}) > 1:
+        _mixed(op, args, tensors)
+    for index, _ in tensors:  # on the host, yet NumPy cannot view one of them: say which and why
+        _host_view(op, index, args[index])
+    return Placement(kind, HOST, example)
+
+
+def _tensors(args: Sequence[Any]) -> list[tuple[int, str | None]]:
+    """(index, kind) of the arguments that are arrays."""
+    return [(k, kind) for k, kind in ((k, kind_of(v)) for k, v in enumerate(args)) if kind is not None]
+
+
+def mixed_devices(op: OpLike, args: Sequence[Any]) -> NoReturn:
+    """The DeviceError for a call whose array inputs are on more than one device."""
+    _mixed(op, args, _tensors(args))
 
 
 def _mixed(op: OpLike, args: Sequence[Any], tensors: Sequence[tuple[int, str | None]]) -> NoReturn:

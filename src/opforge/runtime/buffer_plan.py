@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _native
 from ..operator import PyKernel
+from . import cuda
 from .aot import workspace_sizes
 from .dispatch import kernel_error, select_kernel
 
@@ -36,14 +37,15 @@ class BufferPlan:
     (multiples of 64, so one allocation of ``workspace_bytes`` serves them all).
     """
 
-    __slots__ = ("op", "kernel", "device", "in_specs", "out_specs", "native", "skip", "extra", "shapes",
-                 "dtypes", "workspace", "workspace_bytes", "function")
+    __slots__ = ("op", "kernel", "device", "in_specs", "out_specs", "out_nbytes", "native", "skip", "extra",
+                 "shapes", "dtypes", "workspace", "workspace_bytes", "function")
 
     op: Op
     kernel: Any  # an AotKernel where native, else a PyKernel: callers tell them apart by ``native``
     device: str
     in_specs: tuple[TensorSpec | None, ...]
     out_specs: tuple[TensorSpec, ...]
+    out_nbytes: tuple[int, ...]
     native: bool
     skip: bool
     extra: Any  # the kernel's Init state (a _native.Extra), None for a Python kernel
@@ -62,6 +64,7 @@ class BufferPlan:
         self.out_specs = tuple(op.infer_specs(specs, attrs, kernel))
         for spec in self.out_specs:
             op.check_output_shape(spec)
+        self.out_nbytes = tuple(s.nbytes for s in self.out_specs)
         present = [s for s in specs if s is not None]
         self.skip = "always_compute" not in op.traits and any(s.nbytes == 0 for s in present)
         self.native = not isinstance(kernel, PyKernel)
@@ -75,10 +78,6 @@ class BufferPlan:
         else:
             self.extra, self.workspace, self.function = None, (), None
         self.workspace_bytes = sum(self.workspace)
-
-    @property
-    def out_nbytes(self) -> list[int]:
-        return [s.nbytes for s in self.out_specs]
 
     def pointers(self, inputs: Sequence[int], outputs: Sequence[int], workspace: int = 0) -> list[int]:
         """The kernel's ``params``: input and output data pointers, then one per workspace buffer."""
@@ -97,6 +96,4 @@ class BufferPlan:
         if rc != 0 or error is not None:
             raise kernel_error(self.op, self.kernel, rc, error)
         if self.device == "gpu":
-            from . import cuda
-
             cuda.check_launch(self.op.name, self.kernel.function_name)

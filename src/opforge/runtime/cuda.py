@@ -54,7 +54,6 @@ _KEEP_EVERYTHING = ctypes.c_uint64(2**64 - 1)
 _PINNED_MIN = 4096  # pinned staging buffers come in powers of two from here
 _DISABLE_TIMING = 2  # cudaEventDisableTiming
 _NOT_READY = 600  # cudaErrorNotReady: queued work has not finished (not a failure)
-_DEFAULT_STREAMS = (0, 1, 2)  # the default, legacy (cudaStreamLegacy) and per-thread streams: per device
 _DLPACK_CUDA = 2  # kDLCUDA
 _CONSTANTS_MAX = 1024  # scalar values kept on each device for calls that mix scalars with device arrays
 
@@ -74,7 +73,7 @@ STICKY_ERRORS = {
 
 _lock = threading.Lock()
 _local = threading.local()  # .stream: the opforge.cuda.stream override; .device: on_device's device
-_runtime: ctypes.CDLL | None = None
+_runtime: _Runtime | None = None
 _pools: dict[int, int] = {}  # device -> opforge's memory pool there
 _pinned_free: dict[int, list[int]] = {}  # bucket size -> pinned host pointers ready for reuse
 # (event, size, pointer): staging buffers an asynchronous copy may still read
@@ -113,11 +112,21 @@ _SIGNATURES = {  # name: argument types; every call returns cudaError_t (int)
 }
 
 
-def _load() -> ctypes.CDLL:
+_MEMORY_CALLS = ("cudaGetDevice", "cudaSetDevice", "cudaMallocFromPoolAsync", "cudaFreeAsync", "cudaEventCreateWithFlags",
+                 "cudaEventRecord", "cudaStreamWaitEvent", "cudaEventDestroy")
+
+
+class _Runtime(ctypes.CDLL):
+    """The loaded libcudart; ``memory`` makes and frees DeviceBuffers with its calls, from C."""
+
+    memory: _native.CudaRuntime
+
+
+def _load() -> _Runtime:
     errors = []
     for name in _candidates():
         try:
-            lib = ctypes.CDLL(name)
+            lib = _Runtime(name)
             break
         except OSError as error:
             errors.append(str(error))
@@ -131,13 +140,16 @@ def _load() -> ctypes.CDLL:
             function.argtypes, function.restype = argtypes, ctypes.c_int
         lib.cudaGetErrorString.argtypes, lib.cudaGetErrorString.restype = [_I], ctypes.c_char_p
         lib.cudaGetErrorName.argtypes, lib.cudaGetErrorName.restype = [_I], ctypes.c_char_p
+        # The memory path's calls from C (DeviceMemory); kept with the library it came from.
+        lib.memory = _native.CudaRuntime(
+            {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _MEMORY_CALLS}, DeviceBuffer)
     except AttributeError as error:
         raise CudaError(f"the CUDA runtime {lib._name} lacks a call opforge needs ({error}); CUDA >= 11.4 is "
                         "required") from None
     return lib
 
 
-def runtime() -> ctypes.CDLL:
+def runtime() -> _Runtime:
     """The loaded CUDA runtime; CudaError if it is missing or sees no device."""
     global _runtime
     if _runtime is None:
@@ -236,21 +248,34 @@ def current_device() -> int:
     return device.value
 
 
+def enter_device(device_id: int) -> tuple[int | None, int | None]:
+    """Make ``device_id`` the calling thread's current device until ``leave_device(token)``
+    with the token returned here (``on_device`` without a generator, for the call path)."""
+    outer: int | None = getattr(_local, "device", None)
+    if outer == device_id:  # inside on_device(device_id) already: it is current
+        return (outer, None)
+    previous = current_device()
+    if previous != device_id:
+        _check(runtime().cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
+    _local.device = device_id
+    return (outer, previous if previous != device_id else None)
+
+
+def leave_device(token: tuple[int | None, int | None]) -> None:
+    outer, previous = token
+    _local.device = outer
+    if previous is not None:
+        runtime().cudaSetDevice(previous)
+
+
 @contextlib.contextmanager
 def on_device(device_id: int) -> Iterator[None]:
     """Make ``device_id`` the calling thread's current device inside the block."""
-    lib = runtime()
-    previous = current_device()
-    if previous != device_id:
-        _check(lib.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
-    outer = getattr(_local, "device", None)
-    _local.device = device_id
+    token = enter_device(device_id)
     try:
         yield
     finally:
-        _local.device = outer
-        if previous != device_id:
-            lib.cudaSetDevice(previous)
+        leave_device(token)
 
 
 class _PointerAttributes(ctypes.Structure):  # cudaPointerAttributes since CUDA 11
@@ -338,13 +363,20 @@ def current_stream(kind: str | None = None, device_id: int = 0) -> int:
     if kind == "torch":
         torch = sys.modules.get("torch")
         if torch is not None:
-            current = torch.cuda.current_stream(device_id)
-            return StreamHandle(current.cuda_stream, current)
+            # torch never destroys the streams it hands out (its pool's live on; an ExternalStream is the
+            # caller's to keep): the raw handle needs no owner.  The C query skips building a Stream object.
+            raw_stream = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+            if raw_stream is not None:
+                return int(raw_stream(device_id))
+            return int(torch.cuda.current_stream(device_id).cuda_stream)
     elif kind == "cupy":
         cupy = sys.modules.get("cupy")
         if cupy is not None:
-            with cupy.cuda.Device(device_id):
-                current = cupy.cuda.get_current_stream()
+            try:
+                current = cupy.cuda.get_current_stream(device_id)
+            except TypeError:  # CuPy before 13 takes no device
+                with cupy.cuda.Device(device_id):
+                    current = cupy.cuda.get_current_stream()
             return StreamHandle(current.ptr, current)
     return 0
 
@@ -409,29 +441,19 @@ def dlpack_consumer_stream(stream: object) -> int | None:
 
 
 # -- device memory ------------------------------------------------------------
-class DeviceBuffer:
+class DeviceBuffer(_native.DeviceMemory):
     """Device memory from opforge's stream-ordered pool, freed when released
-    (explicitly, or when the last reference goes).
+    (explicitly, or when the last reference goes); made by ``allocate``.
 
     ``stream`` made the memory (and, for opforge's own reuse, is set to the last
     stream that used it); ``users`` are the other streams DLPack consumers named
     (``export_to``).  The free is queued on ``stream`` after it has waited for
     every user: the pool never hands the memory out again while a consumer's
-    queued work may still read it.
+    queued work may still read it.  Allocation and release are C
+    (``_native.DeviceMemory``): a call's outputs cost no ctypes calls.
     """
 
-    __slots__ = ("pointer", "nbytes", "device_id", "stream", "users", "_lib")
-
-    pointer: int
-    nbytes: int
-    device_id: int
-    stream: int
-    users: list[int] | None
-    _lib: ctypes.CDLL
-
-    def __init__(self, pointer: int, nbytes: int, device_id: int, stream: int, lib: ctypes.CDLL) -> None:
-        self.pointer, self.nbytes, self.device_id, self.stream, self._lib = pointer, nbytes, device_id, stream, lib
-        self.users = None
+    __slots__ = ()
 
     def export_to(self, stream: int | None) -> None:
         """DLPack's stream semantics when a consumer takes this memory with
@@ -454,41 +476,8 @@ class DeviceBuffer:
         return _native.DLPackExport(self.pointer, shape, dtype, _DLPACK_CUDA, self.device_id, self,
                                     sync=self.export_to)
 
-    def release(self) -> None:
-        pointer, self.pointer = self.pointer, 0
-        if not pointer:
-            return
-        lib, users, self.users = self._lib, self.users, None
-        # The default streams' handles name the current device's: free on the buffer's own device.
-        switch = users is not None or self.stream in _DEFAULT_STREAMS
-        previous = _make_current(lib, self.device_id) if switch else None
-        try:
-            # Failures here (a sticky error) are reported by the next checked call.
-            for user in users or ():
-                event = ctypes.c_void_p()
-                if lib.cudaEventCreateWithFlags(ctypes.byref(event), _DISABLE_TIMING) == 0:
-                    lib.cudaEventRecord(event, user)
-                    lib.cudaStreamWaitEvent(self.stream, event, 0)
-                    lib.cudaEventDestroy(event)
-            lib.cudaFreeAsync(pointer, self.stream)
-        finally:
-            if previous is not None:
-                lib.cudaSetDevice(previous)
-
-    __del__ = release
-
     def __repr__(self) -> str:
         return f"DeviceBuffer(0x{self.pointer:x}, {self.nbytes} bytes, device {self.device_id}, stream {self.stream})"
-
-
-def _make_current(lib: ctypes.CDLL, device_id: int) -> int | None:
-    """Make ``device_id`` current; the device to go back to, or None when it already was."""
-    if getattr(_local, "device", None) == device_id:
-        return None
-    current = ctypes.c_int(0)
-    if lib.cudaGetDevice(ctypes.byref(current)) != 0 or current.value == device_id:
-        return None
-    return current.value if lib.cudaSetDevice(device_id) == 0 else None
 
 
 class _PoolProps(ctypes.Structure):  # cudaMemPoolProps (88 bytes since CUDA 11.2; unused fields zero)
@@ -525,17 +514,10 @@ def memory_pool(device_id: int = 0) -> int:
 def allocate(nbytes: int, stream: int, device_id: int = 0) -> DeviceBuffer:
     """``nbytes`` of device memory on ``device_id`` from opforge's pool, ordered on ``stream``."""
     lib = runtime()
-    pool = _pools.get(device_id) or memory_pool(device_id)
-    pointer = ctypes.c_void_p()
-    size = max(int(nbytes), 1)
-    if getattr(_local, "device", None) == device_id:
-        code = lib.cudaMallocFromPoolAsync(ctypes.byref(pointer), size, pool, stream)
-    else:
-        with on_device(device_id):
-            code = lib.cudaMallocFromPoolAsync(ctypes.byref(pointer), size, pool, stream)
-    if code != 0:
-        raise _failed(lib, code, f"cudaMallocFromPoolAsync of {nbytes} bytes on device {device_id}")
-    return DeviceBuffer(pointer.value, int(nbytes), device_id, stream, lib)  # type: ignore[arg-type]  # not NULL
+    made = lib.memory.allocate(int(nbytes), stream, device_id, _pools.get(device_id) or memory_pool(device_id))
+    if type(made) is int:
+        raise _failed(lib, made, f"cudaMallocFromPoolAsync of {nbytes} bytes on device {device_id}")
+    return made  # type: ignore[no-any-return]  # the CudaRuntime makes DeviceBuffers
 
 
 def memset(buffer: DeviceBuffer, value: int, stream: int) -> None:
@@ -591,7 +573,7 @@ def constant(array: npt.NDArray[Any], stream: int, device_id: int = 0) -> tuple[
         with _lock:
             entry = _constants.setdefault(key, [buffer.pointer, event])
         if entry[0] == buffer.pointer:
-            buffer.pointer = 0  # kept for the process: never freed
+            buffer.keep()  # kept for the process: never freed
         else:  # another thread cached the value meanwhile
             lib.cudaEventDestroy(event)
     if entry[1] is not None:

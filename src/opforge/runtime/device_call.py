@@ -26,7 +26,7 @@ from ..dtypes import to_numpy
 from ..errors import DeviceError, DTypeError, OpforgeError, ShapeError
 from ..spec import TensorSpec
 from . import cuda
-from .arrays import CUDA, device_name, kind_of
+from .arrays import CUDA, cuda_interface_device, device_name, kind_of, mixed_devices
 from .buffer_plan import BufferPlan
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
         def c_contiguous(self) -> bool: ...
         @property
         def nbytes(self) -> int: ...
+        @property
+        def device(self) -> tuple[int, int]: ...
 
 PLANS_PER_OP = 64
 
@@ -61,18 +63,20 @@ def _consumer_stream(stream: int) -> int:
 class _InterfaceView:
     """A ``__cuda_array_interface__`` array seen as DLTensorView sees a DLPack one."""
 
-    __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "owner")
+    __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "device", "owner")
 
     data: int
     shape: tuple[int, ...]
     dtype: str
     c_contiguous: bool
     nbytes: int
+    device: tuple[int, int]
     owner: Any
 
     def __init__(self, value: Any) -> None:
         interface = value.__cuda_array_interface__
         self.owner = value
+        self.device = cuda_interface_device(value)
         self.data = int(interface["data"][0])
         self.shape = tuple(int(d) for d in interface["shape"])
         dtype = np.dtype(interface["typestr"])
@@ -107,7 +111,7 @@ def _is_scalar(value: object) -> bool:
 
 
 def device_view(op: OpLike, index: int, value: Any, stream: int) -> DeviceView:
-    """One input on the GPU as a view: data pointer, shape, dtype name (no copy)."""
+    """One input on the GPU as a view: data pointer, shape, dtype name, device (no copy)."""
     if hasattr(value, "__dlpack__"):
         consumer = _consumer_stream(stream)
         try:
@@ -130,6 +134,17 @@ def device_view(op: OpLike, index: int, value: Any, stream: int) -> DeviceView:
     return view
 
 
+def device_views(op: OpLike, args: Sequence[Any], stream: int, device: tuple[int, int],
+                 skip: Sequence[int] = ()) -> list[Any]:
+    """``device_view`` of each argument (None at the indices in ``skip``); a DeviceError
+    naming every input's device when one is not on ``device``."""
+    views: list[Any] = [None if k in skip else device_view(op, k, a, stream) for k, a in enumerate(args)]
+    for view in views:
+        if view is not None and view.device != device:
+            mixed_devices(op, args)
+    return views
+
+
 def _plans(planner: CallPlanner) -> BoundedCache[tuple[Any, ...], BufferPlan]:
     plans = getattr(planner, "_device_plans", None)
     if plans is None:
@@ -144,24 +159,27 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
     if device_type != CUDA:
         raise DeviceError(f"op '{op.name}': its inputs are on {device_name(where.device)}; opforge runs kernels on "
                           "the CPU and on CUDA devices")
-    scalars = []
-    for index, value in enumerate(args):
-        if value is not None and kind_of(value) is None and _is_scalar(value):
-            scalars.append(index)
-        elif value is None or kind_of(value) is None:
+    kind = where.kind
+    scalars = [index for index, value in enumerate(args) if kind_of(value) != kind]  # (placement: no other kind)
+    for index in scalars:
+        value = args[index]
+        if value is None or not _is_scalar(value):
             raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' is "
                               f"{'absent' if value is None else type(value).__name__} while the other inputs are "
                               f"in GPU memory; pass every input as an array on {device_name(where.device)} (or "
                               "a Python or NumPy scalar)")
-    with cuda.on_device(device_id):
-        stream = cuda.current_stream(where.kind, device_id)
+    token = cuda.enter_device(device_id)
+    try:
+        stream = cuda.current_stream(kind, device_id)
         # (None at the scalars' places until _scalar_views fills them)
-        views: list[Any] = [None if k in scalars else device_view(op, k, a, stream) for k, a in enumerate(args)]
+        views = device_views(op, args, stream, where.device, scalars)
         if scalars:
             _scalar_views(op, args, scalars, views)
-        signature = tuple((v.shape, v.dtype) for v in views)
-        plan = _plans(planner).get_or_create(
-            signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
+        signature = tuple([(v.shape, v.dtype) for v in views])
+        plan = _plans(planner).get(signature)
+        if plan is None:
+            plan = _plans(planner).get_or_create(
+                signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
         if not plan.native:  # a Python GPU kernel works on the caller's own arrays
             return plan.kernel.fn(*args, **attrs)
         held = _upload_scalars(views, scalars, stream, device_id) if scalars else ()
@@ -176,6 +194,8 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
             del workspace  # freed stream-ordered: after the kernel, on the same stream
         del held  # scalars uploaded for this call alone: freed the same way
         exports = [b.export(s.shape, s.dtype) for b, s in zip(outputs, plan.out_specs)]
+    finally:
+        cuda.leave_device(token)
     if where.from_dlpack is None:  # a library with no from_dlpack: the exports are DLPack arrays themselves
         return tuple(exports) if op.tuple_output else exports[0]
     return where.wrap_result(op, tuple(exports) if op.tuple_output else exports[0])

@@ -179,6 +179,9 @@ def kernel_error(op: Op, kernel: Kernel, rc: int, error: tuple[str, str] | None,
     return KernelError(message, op=op.name, function=function, code=rc)
 
 
+_run_on_device: Callable[[CallPlanner, Placement, tuple[Any, ...]], Any] | None = None
+
+
 class CallPlanner:
     """Python half of a Launcher: everything that is not the hot path."""
 
@@ -215,9 +218,12 @@ class CallPlanner:
             # (placement() gives a host placement its views)
             result = launcher_for(self.op, self.attrs, len(args))(*where.views)  # type: ignore[misc]
             return where.wrap_result(self.op, result)
-        from .device_call import run_on_device
+        global _run_on_device
+        if _run_on_device is None:  # imported on the first GPU call (device_call imports this module)
+            from .device_call import run_on_device
 
-        return run_on_device(self, where, args)
+            _run_on_device = run_on_device
+        return _run_on_device(self, where, args)
 
     def _resolve(self, arrays: Sequence[Any]) -> _Resolved:
         # Cached per signature: calls that the launcher hands back here every
