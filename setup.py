@@ -17,6 +17,7 @@ native = Extension(
         "src/opforge/csrc/buffers.cc",
         "src/opforge/csrc/dlpack.cc",
         "src/opforge/csrc/device_memory.cc",
+        "src/opforge/csrc/device_call.cc",
         "src/opforge/csrc/parallel.cc",
         "src/opforge/csrc/extra_abi0.cc",
         "src/opforge/csrc/extra_abi1.cc",

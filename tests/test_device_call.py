@@ -6,8 +6,10 @@ memory is host memory: they check what opforge hands the runtime and the kernel,
 not CUDA.  The arrays below are a minimal DLPack library of "CUDA" arrays
 (device type 2), so the path is the one torch or CuPy arrays take.
 """
+import gc
 import sys
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -85,10 +87,10 @@ def from_dlpack(exported, stream=None):
     if stream is None:
         stream = int(opforge.cuda.current_stream()) or 1  # DLPack's name for the legacy default stream
     view = _native.DLTensorView(exported.__dlpack__(stream=stream, max_version=(1, 0)))
-    assert view.device == (2, 0)
+    assert view.device[0] == 2
     count = int(np.prod(view.shape))
     buffer = (np.ctypeslib.as_ctypes_type(np.dtype(view.dtype)) * count).from_address(view.data)
-    return FakeCudaArray(np.frombuffer(buffer, view.dtype).reshape(view.shape), owner=view)
+    return FakeCudaArray(np.frombuffer(buffer, view.dtype).reshape(view.shape), owner=view, device_id=view.device[1])
 
 
 FakeCudaArray.__module__ = __name__  # (the kind is found by the array type's module)
@@ -404,3 +406,164 @@ def test_scalars_past_the_cache_are_uploaded_per_call_and_freed_after_it(fake, a
     assert fake.fake_cuda_live_device_blocks() == live + 1  # the output alone
     frees = [e for e in fake_cuda_log(fake) if e[0] == "cudaFreeAsync"]
     assert [e[1] for e in frees] == [0x5000]  # the scalar's copy, after the kernel on its stream
+
+
+# -- remembered calls: after its first call, a call on GPU arrays runs in C (_native.DeviceRoutes) --------
+ROUTED = r"""
+#include "custom_aot_extra.h"
+extern "C" int RoutedInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  extra->SetWorkSpace({static_cast<size_t>(n) * sizeof(float)});
+  return 0;
+}
+// y = x * factor (through the workspace), z = x + 1; fails with 9 when x[0] < 0.
+extern "C" int Routed(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                      void *stream, void *extra) {
+  float factor = static_cast<AotExtra *>(extra)->Attr<float>("factor");
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]), *z = static_cast<float *>(params[2]);
+  float *scratch = static_cast<float *>(params[3]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  if (nparam != 4 || (n > 0 && x[0] < 0)) return 9;
+  for (int64_t i = 0; i < n; i++) scratch[i] = x[i] * factor;
+  for (int64_t i = 0; i < n; i++) {
+    y[i] = scratch[i];
+    z[i] = x[i] + 1;
+  }
+  return 0;
+}
+"""
+
+
+@pytest.fixture
+def routed(fresh, tmp_path):
+    path = tmp_path / "routed.cc"
+    path.write_text(ROUTED)
+    op = declare(fresh, "tdev::routed(Tensor x, *, float factor=2.0) -> (Tensor y, Tensor z)")
+    op.def_infer(lambda x, factor: (x, x))
+    op.kernel(source=f"{path}:Routed", device="gpu", dtypes={"x": ["float32"]})
+    return op
+
+
+def routes(op, **attrs):
+    return opforge.runtime.dispatch.launcher_for(op, op.resolve_attrs(attrs), 1).planner.device_routes
+
+
+def test_a_second_call_runs_in_c_with_the_same_results_memory_and_stream(fake, routed):
+    x = FakeCudaArray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with opforge.cuda.stream(0x5000):
+        first = routed(x)
+    assert routes(routed).stats == {"routes": 1, "hits": 0}
+    start, live = fake.fake_cuda_log_size(), fake.fake_cuda_live_device_blocks()
+    with opforge.cuda.stream(0x6000):  # the stream is asked for each call, not remembered
+        y, z = routed(x)
+    assert routes(routed).stats == {"routes": 1, "hits": 1}
+    np.testing.assert_array_equal(y.array, 2 * x.array)
+    np.testing.assert_array_equal(z.array, x.array + 1)
+    assert x.streams[-1] == 0x6000  # the consumer stream DLPack was told
+    log = fake_cuda_log(fake, start)
+    # two outputs and the workspace from opforge's pool on the caller's stream; the workspace freed after the kernel
+    allocations = [e for e in log if e[0] == "cudaMallocFromPoolAsync"]
+    assert [e[1] for e in allocations] == [0x6000] * 3
+    assert [e[:2] for e in log if e[0] == "cudaFreeAsync"] == [("cudaFreeAsync", 0x6000)]
+    assert fake.fake_cuda_live_device_blocks() == live + 2
+    assert fake.fake_cuda_calls(b"cudaStreamSynchronize") == fake.fake_cuda_calls(b"cudaDeviceSynchronize") == 0
+    del y, z, first
+    gc.collect()
+    assert fake.fake_cuda_live_device_blocks() == 0 and fake.fake_cuda_bad_frees() == 0
+
+
+def test_other_signatures_and_attributes_are_worked_out_in_python_then_remembered(fake, routed):
+    a, b = FakeCudaArray(np.ones(4, np.float32)), FakeCudaArray(np.ones((2, 2), np.float32))
+    for x in (a, b, a, b):
+        y, _ = routed(x)  # (y.array is the pool's memory: y keeps it alive)
+        np.testing.assert_array_equal(y.array, 2 * x.array)
+    assert routes(routed).stats == {"routes": 2, "hits": 2}
+    for _ in range(2):  # another launcher, with routes of its own
+        y, _ = routed(a, factor=3.0)
+        np.testing.assert_array_equal(y.array, [3, 3, 3, 3])
+    assert routes(routed, factor=3.0).stats == {"routes": 1, "hits": 1}
+    with pytest.raises(opforge.DTypeError, match="float64"):  # no float64 kernel: Python's rules, Python's message
+        routed(FakeCudaArray(np.ones(4, np.float64)))
+
+
+def test_errors_on_a_remembered_call_name_the_op_and_kernel(fake, routed):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    routed(x)
+    with pytest.raises(opforge.KernelError, match=r"tdev::routed.*Routed.*9"):
+        routed(FakeCudaArray(-np.ones(4, np.float32)))
+    fake.fake_cuda_inject_error(98, 0)  # the launch fails
+    with pytest.raises(opforge.CudaError, match=r"op 'tdev::routed': kernel 'Routed'"):
+        routed(x)
+    assert routes(routed).stats["hits"] == 2  # both were raised from C
+    y, _ = routed(x)  # the error was read once: the next call goes through
+    np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+    assert routes(routed).stats["hits"] == 3
+    gc.collect()
+    assert fake.fake_cuda_live_device_blocks() == 2 and fake.fake_cuda_bad_frees() == 0
+
+
+def test_a_sticky_error_on_a_remembered_call_is_raised_by_the_python_path(fake, routed):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    routed(x)
+    fake.fake_cuda_inject_error(700, 1)  # every call fails from here: the pool refuses, nothing runs in C
+    with pytest.raises(opforge.CudaError, match=r"(?i)sticky|restart"):
+        routed(x)
+
+
+def test_remembered_calls_keep_no_argument_alive_and_the_collector_sees_them(fake, routed):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    routed(x)
+    routed(x)
+    held = routes(routed)
+    assert held.stats == {"routes": 1, "hits": 1}
+    seen = weakref.ref(x)
+    del x
+    gc.collect()
+    assert seen() is None
+    # A route's callables reach the op, whose launcher holds the routes: a cycle the collector must see.
+    remembered = [r for r in gc.get_referents(held) if isinstance(r, tuple) and FakeCudaArray in r]
+    assert gc.is_tracked(held) and len(remembered) == 1
+    held.forget()
+    assert held.stats["routes"] == 0 and gc.get_referents(held) == [opforge.runtime.dispatch.INTERCEPTORS]
+
+
+def test_a_new_interceptor_takes_calls_the_routes_made_before(fake, routed, monkeypatch):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    routed(x)
+    taken = []
+
+    def intercept(op, attrs, args):
+        taken.append(op.name)
+        return "intercepted"
+
+    monkeypatch.setattr(opforge.runtime.dispatch, "INTERCEPTORS", opforge.runtime.dispatch.INTERCEPTORS)
+    opforge.runtime.dispatch.INTERCEPTORS.append(intercept)
+    try:
+        assert routed(x) == "intercepted" and taken == ["tdev::routed"]
+        assert routes(routed).stats["routes"] == 0
+    finally:
+        opforge.runtime.dispatch.INTERCEPTORS.remove(intercept)
+
+
+def test_a_remembered_call_on_a_second_device_switches_there_and_back(fake, routed):
+    fake.fake_cuda_set_device_count(2)
+    x = FakeCudaArray(np.ones(4, np.float32), device_id=1)
+    routed(x)
+    start = fake.fake_cuda_log_size()
+    y, _ = routed(x)
+    assert routes(routed).stats["hits"] == 1
+    assert {e[3] for e in fake_cuda_log(fake, start) if e[0] == "cudaMallocFromPoolAsync"} == {1}
+    assert cuda.current_device() == 0
+    np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+
+
+def test_a_call_worked_out_again_replaces_its_route(fake, routed):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    planner = opforge.runtime.dispatch.launcher_for(routed, routed.resolve_attrs({}), 1).planner
+    for _ in range(3):  # the Python path, each time remembering the call
+        y, _ = planner.prepare((x,)).value
+        np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+    assert routes(routed).stats == {"routes": 1, "hits": 0}

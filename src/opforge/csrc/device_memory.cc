@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "dlpack.h"
+#include "device.h"
 
 namespace {
 
@@ -31,6 +31,7 @@ using EventCreateFn = int (*)(void **, unsigned);
 using EventRecordFn = int (*)(void *, void *);
 using StreamWaitEventFn = int (*)(void *, void *, unsigned);
 using EventDestroyFn = int (*)(void *);
+using PeekAtLastErrorFn = int (*)();
 
 constexpr unsigned kDisableTiming = 2;  // cudaEventDisableTiming
 
@@ -44,6 +45,7 @@ struct CudaRuntimeObject {
   EventRecordFn event_record;
   StreamWaitEventFn stream_wait_event;
   EventDestroyFn event_destroy;
+  PeekAtLastErrorFn peek_at_last_error;
   PyTypeObject *buffer_type;  // what allocate() makes: DeviceMemory or a subclass of it
 };
 
@@ -87,6 +89,7 @@ int CudaRuntime_init(CudaRuntimeObject *self, PyObject *args, PyObject *) {
       {"cudaEventRecord", reinterpret_cast<void **>(&self->event_record)},
       {"cudaStreamWaitEvent", reinterpret_cast<void **>(&self->stream_wait_event)},
       {"cudaEventDestroy", reinterpret_cast<void **>(&self->event_destroy)},
+      {"cudaPeekAtLastError", reinterpret_cast<void **>(&self->peek_at_last_error)},
   };
   for (const Entry &entry : entries) {
     PyObject *address = PyDict_GetItemString(addresses, entry.name);  // borrowed
@@ -117,28 +120,18 @@ int MakeCurrent(CudaRuntimeObject *runtime, int device_id) {
   return runtime->set_device(device_id) == 0 ? current : -1;
 }
 
-// allocate(nbytes, stream, device_id, pool) -> a new buffer_type instance, or the
-// int cudaError_t of a failed allocation (the Python side names it).
-PyObject *CudaRuntime_allocate(CudaRuntimeObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "allocate(nbytes, stream, device_id, pool)");
-    return nullptr;
-  }
-  Py_ssize_t nbytes = PyLong_AsSsize_t(args[0]);
-  if (nbytes == -1 && PyErr_Occurred()) return nullptr;
+PyObject *Allocate(CudaRuntimeObject *self, Py_ssize_t nbytes, PyObject *stream_obj, int device_id,
+                   PyObject *pool_obj) {
   if (nbytes < 0) {
     PyErr_SetString(PyExc_ValueError, "allocate: nbytes must be >= 0");
     return nullptr;
   }
   void *stream, *pool;
-  long device_id = PyLong_AsLong(args[2]);
-  if ((device_id == -1 && PyErr_Occurred()) || !ReadHandle(args[1], &stream) || !ReadHandle(args[3], &pool)) {
-    return nullptr;
-  }
+  if (!ReadHandle(stream_obj, &stream) || !ReadHandle(pool_obj, &pool)) return nullptr;
   PyTypeObject *type = self->buffer_type;
   auto *buffer = reinterpret_cast<DeviceMemoryObject *>(type->tp_alloc(type, 0));
   if (buffer == nullptr) return nullptr;
-  int previous = MakeCurrent(self, static_cast<int>(device_id));
+  int previous = MakeCurrent(self, device_id);
   void *pointer = nullptr;
   int code = self->malloc_from_pool(&pointer, nbytes > 0 ? static_cast<size_t>(nbytes) : 1, pool, stream);
   if (previous >= 0) self->set_device(previous);
@@ -148,14 +141,27 @@ PyObject *CudaRuntime_allocate(CudaRuntimeObject *self, PyObject *const *args, P
   }
   buffer->pointer = pointer;
   buffer->nbytes = nbytes;
-  buffer->device_id = static_cast<int>(device_id);
-  Py_INCREF(args[1]);
-  buffer->stream = args[1];
+  buffer->device_id = device_id;
+  Py_INCREF(stream_obj);
+  buffer->stream = stream_obj;
   Py_INCREF(Py_None);
   buffer->users = Py_None;
   Py_INCREF(self);
   buffer->runtime = self;
   return reinterpret_cast<PyObject *>(buffer);
+}
+
+// allocate(nbytes, stream, device_id, pool) -> a new buffer_type instance, or the
+// int cudaError_t of a failed allocation (the Python side names it).
+PyObject *CudaRuntime_allocate(CudaRuntimeObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "allocate(nbytes, stream, device_id, pool)");
+    return nullptr;
+  }
+  Py_ssize_t nbytes = PyLong_AsSsize_t(args[0]);
+  long device_id = PyLong_AsLong(args[2]);
+  if (PyErr_Occurred()) return nullptr;
+  return Allocate(self, nbytes, args[1], static_cast<int>(device_id), args[3]);
 }
 
 PyMethodDef CudaRuntime_methods[] = {
@@ -293,6 +299,27 @@ PyMethodDef DeviceMemory_methods[] = {
 }  // namespace
 
 namespace opforge_native {
+
+bool IsCudaRuntime(PyObject *obj) { return Py_TYPE(obj) == &CudaRuntimeType; }
+
+PyObject *AllocateDeviceMemory(PyObject *runtime, Py_ssize_t nbytes, PyObject *stream, int device_id, PyObject *pool) {
+  return Allocate(reinterpret_cast<CudaRuntimeObject *>(runtime), nbytes, stream, device_id, pool);
+}
+
+void *DeviceMemoryPointer(PyObject *buffer) {
+  if (!PyObject_TypeCheck(buffer, &DeviceMemoryType)) return nullptr;
+  return reinterpret_cast<DeviceMemoryObject *>(buffer)->pointer;
+}
+
+int MakeDeviceCurrent(PyObject *runtime, int device_id) {
+  return MakeCurrent(reinterpret_cast<CudaRuntimeObject *>(runtime), device_id);
+}
+
+void RestoreDevice(PyObject *runtime, int previous) {
+  if (previous >= 0) reinterpret_cast<CudaRuntimeObject *>(runtime)->set_device(previous);
+}
+
+int PeekLastError(PyObject *runtime) { return reinterpret_cast<CudaRuntimeObject *>(runtime)->peek_at_last_error(); }
 
 bool AddDeviceMemoryTypes(PyObject *module) {
   CudaRuntimeType.tp_name = "opforge._native.CudaRuntime";

@@ -204,18 +204,19 @@ PyObject *View_versioned(ViewObject *self, void *) { return PyBool_FromLong(self
 
 // Row-major order; dims of size 1 may carry any stride, and an empty tensor
 // has no element to be out of place.
-PyObject *View_c_contiguous(ViewObject *self, void *) {
-  const DLTensor &t = *self->tensor;
-  if (t.strides == nullptr) Py_RETURN_TRUE;
+bool CContiguous(const DLTensor &t) {
+  if (t.strides == nullptr) return true;
   for (int d = 0; d < t.ndim; d++)
-    if (t.shape[d] == 0) Py_RETURN_TRUE;
+    if (t.shape[d] == 0) return true;
   int64_t expected = 1;
   for (int d = t.ndim - 1; d >= 0; d--) {
-    if (t.shape[d] != 1 && t.strides[d] != expected) Py_RETURN_FALSE;
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
     expected *= t.shape[d];  // no overflow: View_check bounded the element count
   }
-  Py_RETURN_TRUE;
+  return true;
 }
+
+PyObject *View_c_contiguous(ViewObject *self, void *) { return PyBool_FromLong(CContiguous(*self->tensor)); }
 
 PyObject *View_nbytes(ViewObject *self, void *) {
   uint64_t count = 1;
@@ -516,6 +517,22 @@ PyMethodDef Export_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
+
+PyObject *ViewCapsule(PyObject *capsule) {
+  PyObject *args = PyTuple_Pack(1, capsule);
+  if (args == nullptr) return nullptr;
+  PyObject *view = View_new(&ViewType, args, nullptr);
+  Py_DECREF(args);
+  return view;
+}
+
+const DLTensor *ViewedTensor(PyObject *view, const char **dtype, bool *c_contiguous) {
+  if (Py_TYPE(view) != &ViewType) return nullptr;
+  auto *self = reinterpret_cast<ViewObject *>(view);
+  *dtype = self->dtype;
+  *c_contiguous = CContiguous(*self->tensor);
+  return self->tensor;
+}
 
 bool AddDLPackTypes(PyObject *module) {
   ViewType.tp_name = "opforge._native.DLTensorView";

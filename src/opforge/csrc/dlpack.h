@@ -89,8 +89,12 @@ static_assert(offsetof(DLManagedTensorVersioned, flags) == 24 && offsetof(DLMana
 // Adds DLTensorView and DLPackExport to the module; false with a Python error set.
 bool AddDLPackTypes(PyObject *module);
 
-// Adds CudaRuntime and DeviceMemory (device_memory.cc: the memory DLPackExport hands out on a GPU).
-bool AddDeviceMemoryTypes(PyObject *module);
+// A DLTensorView of a producer's capsule (consuming it), as DLTensorView(capsule) makes one.
+PyObject *ViewCapsule(PyObject *capsule);
+
+// The tensor a DLTensorView holds, its opforge dtype name and whether it is C-contiguous;
+// nullptr when `view` is not a DLTensorView.
+const DLTensor *ViewedTensor(PyObject *view, const char **dtype, bool *c_contiguous);
 
 }  // namespace opforge_native
 

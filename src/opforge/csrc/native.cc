@@ -26,6 +26,7 @@
 
 #include "../include/custom_aot_extra.h"
 #include "buffers.h"
+#include "device.h"
 #include "dlpack.h"
 #include "extra_state.h"
 
@@ -459,6 +460,7 @@ struct LauncherObject {
   int n_outputs;
   int tuple_output;
   PyObject *planner;
+  PyObject *device_routes;  // a DeviceRoutes (calls on GPU arrays it remembers), or nullptr
   Plan *plans[kMaxPlans];
   int n_plans;
   int next_victim;
@@ -758,6 +760,10 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
   for (int k = 0; k < self->n_inputs; ++k) {
     if (!IsPlainArray(PyTuple_GET_ITEM(args, k))) {  // lists, views, byte-swapped...: let Python convert
       Py_DECREF(inputs);
+      PyObject *result;
+      if (self->device_routes != nullptr && opforge_native::TryDeviceRoutes(self->device_routes, args, &result))
+        return result;  // GPU arrays of a call made before
+
       inputs = CallPlanner(self, "prepare", args);
       if (inputs == nullptr) return nullptr;
       if (!PyTuple_CheckExact(inputs)) {  // the planner completed the call itself (e.g. tracing)
@@ -826,12 +832,17 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
 }
 
 int Launcher_init(LauncherObject *self, PyObject *args, PyObject *kwds) {
-  static const char *kwlist[] = {"n_inputs", "n_outputs", "tuple_output", "planner", nullptr};
-  PyObject *planner;
+  static const char *kwlist[] = {"n_inputs", "n_outputs", "tuple_output", "planner", "device_routes", nullptr};
+  PyObject *planner, *device_routes = nullptr;
   int n_inputs, n_outputs, tuple_output;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iipO", const_cast<char **>(kwlist), &n_inputs, &n_outputs,
-                                   &tuple_output, &planner))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iipO|O", const_cast<char **>(kwlist), &n_inputs, &n_outputs,
+                                   &tuple_output, &planner, &device_routes))
     return -1;
+  if (device_routes == Py_None) device_routes = nullptr;
+  if (device_routes != nullptr && !opforge_native::IsDeviceRoutes(device_routes)) {
+    PyErr_SetString(PyExc_TypeError, "Launcher: device_routes must be a DeviceRoutes or None");
+    return -1;
+  }
   if (n_inputs < 0 || n_outputs < 1) {
     PyErr_SetString(PyExc_ValueError, "a launcher needs n_inputs >= 0 and n_outputs >= 1");
     return -1;
@@ -841,6 +852,8 @@ int Launcher_init(LauncherObject *self, PyObject *args, PyObject *kwds) {
   self->tuple_output = tuple_output;
   Py_INCREF(planner);
   Py_XSETREF(self->planner, planner);
+  Py_XINCREF(device_routes);
+  Py_XSETREF(self->device_routes, device_routes);
   return 0;
 }
 
@@ -851,12 +864,14 @@ PyObject *Launcher_new(PyTypeObject *type, PyObject *, PyObject *) {
 
 int Launcher_traverse(LauncherObject *self, visitproc visit, void *arg) {
   Py_VISIT(self->planner);
+  Py_VISIT(self->device_routes);
   for (int p = 0; p < self->n_plans; ++p) Py_VISIT(self->plans[p]->spec);
   return 0;
 }
 
 int Launcher_clear(LauncherObject *self) {
   Py_CLEAR(self->planner);
+  Py_CLEAR(self->device_routes);
   for (int p = 0; p < self->n_plans; ++p) ReleasePlan(self->plans[p]);
   self->n_plans = 0;
   self->next_victim = 0;
@@ -877,6 +892,11 @@ void DropPlans(LauncherObject *self) {
 
 PyObject *Launcher_forget(LauncherObject *self, PyObject *) {
   DropPlans(self);
+  if (self->device_routes != nullptr) {
+    PyObject *done = PyObject_CallMethod(self->device_routes, "forget", nullptr);
+    if (done == nullptr) return nullptr;
+    Py_DECREF(done);
+  }
   Py_RETURN_NONE;
 }
 
@@ -1621,6 +1641,20 @@ PyModuleDef native_module = {PyModuleDef_HEAD_INIT, "opforge._native", "C side o
 
 }  // namespace
 
+PyObject *opforge_native::CallKernelGuarded(void *function, int nparam, void **params, int *ndims, int64_t **shapes,
+                                            const char **dtypes, void *stream, PyObject *extra_obj, int *rc) {
+  ExtraObject *extra = nullptr;
+  if (extra_obj != Py_None && (extra = AsExtra(extra_obj)) == nullptr) return nullptr;
+  auto fn = reinterpret_cast<KernelFn>(function);
+  void *extra_ptr = extra ? extra->extra : nullptr;
+  Outcome outcome;
+  Py_BEGIN_ALLOW_THREADS
+  Guarded(&outcome, extra ? extra->state : nullptr,
+          [&] { *rc = fn(nparam, params, ndims, shapes, dtypes, stream, extra_ptr); });
+  Py_END_ALLOW_THREADS
+  return OutcomeError(outcome);
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
   import_array();
 
@@ -1704,7 +1738,8 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddIntConstant(module, "MAX_PLANS", kMaxPlans) < 0 ||
       PyModule_AddIntConstant(module, "CANARY_BYTES", static_cast<int>(opforge_native::kCanaryBytes)) < 0 ||
       PyModule_AddIntConstant(module, "CHECKED_POISON", opforge_native::kCheckedPoison) < 0 ||
-      !opforge_native::AddDLPackTypes(module) || !opforge_native::AddDeviceMemoryTypes(module)) {
+      !opforge_native::AddDLPackTypes(module) || !opforge_native::AddDeviceMemoryTypes(module) ||
+      !opforge_native::AddDeviceCallTypes(module)) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -146,6 +146,14 @@ class Placement:
     def on_host(self) -> bool:
         return self.device[0] == CPU
 
+    def detached(self) -> Placement:
+        """This placement holding no argument (what a remembered call keeps: it must not keep
+        a caller's array alive); wraps outputs as this one does on a device."""
+        copy = Placement.__new__(Placement)
+        copy.kind, copy.device, copy.from_dlpack, copy.example, copy.views = \
+            self.kind, self.device, self.from_dlpack, None, None
+        return copy
+
     def wrap(self, op: OpLike, index: int, output: Any) -> Any:
         """Output ``index`` of ``op`` (a NumPy array or a DLPack export) as an array of the caller's kind."""
         if self.from_dlpack is None:

@@ -113,7 +113,7 @@ _SIGNATURES = {  # name: argument types; every call returns cudaError_t (int)
 
 
 _MEMORY_CALLS = ("cudaGetDevice", "cudaSetDevice", "cudaMallocFromPoolAsync", "cudaFreeAsync", "cudaEventCreateWithFlags",
-                 "cudaEventRecord", "cudaStreamWaitEvent", "cudaEventDestroy")
+                 "cudaEventRecord", "cudaStreamWaitEvent", "cudaEventDestroy", "cudaPeekAtLastError")
 
 
 class _Runtime(ctypes.CDLL):
@@ -379,6 +379,13 @@ def current_stream(kind: str | None = None, device_id: int = 0) -> int:
                     current = cupy.cuda.get_current_stream()
             return StreamHandle(current.ptr, current)
     return 0
+
+
+def call_context(kind: str, device_id: int) -> tuple[int, _native.CudaRuntime, int]:
+    """What a call remembered in C (``_native.DeviceRoutes``) asks Python each time: the
+    stream (``current_stream``), the runtime's memory calls and opforge's pool on the device."""
+    lib = _runtime if _runtime is not None else runtime()
+    return current_stream(kind, device_id), lib.memory, _pools.get(device_id) or memory_pool(device_id)
 
 
 def same_stream(a: int, b: int) -> bool:

@@ -14,8 +14,9 @@ the inputs become 0-d device arrays (``cuda.constant``), typed as on the CPU.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from ..spec import TensorSpec
 from . import cuda
 from .arrays import CUDA, cuda_interface_device, device_name, kind_of, mixed_devices
 from .buffer_plan import BufferPlan
+from .dispatch import kernel_error
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -194,11 +196,36 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
             del workspace  # freed stream-ordered: after the kernel, on the same stream
         del held  # scalars uploaded for this call alone: freed the same way
         exports = [b.export(s.shape, s.dtype) for b, s in zip(outputs, plan.out_specs)]
+        if not scalars and planner.device_routes is not None:
+            _remember(planner, where, args, views, plan)
     finally:
         cuda.leave_device(token)
     if where.from_dlpack is None:  # a library with no from_dlpack: the exports are DLPack arrays themselves
         return tuple(exports) if op.tuple_output else exports[0]
     return where.wrap_result(op, tuple(exports) if op.tuple_output else exports[0])
+
+
+def _remember(planner: CallPlanner, where: Placement, args: Sequence[Any], views: Sequence[Any],
+              plan: BufferPlan) -> None:
+    """Hand a call that went through to its launcher's DeviceRoutes: later calls with arguments
+    of the same type, device, shapes and dtypes run in C, with the steps above.  Only the plain
+    case is remembered: arrays of one type with ``__dlpack__``, a native kernel with work to do,
+    no 64-bit outputs for JAX (its check of them stays in Python)."""
+    kind = type(args[0]) if args else None
+    if (kind is None or plan.skip or not all(type(a) is kind for a in args) or not hasattr(kind, "__dlpack__")
+            or (where.kind == "jax" and any(to_numpy(s.dtype).itemsize == 8 for s in plan.out_specs))):
+        return
+    op, kernel, detached = planner.op, plan.kernel, where.detached()
+
+    def failed(rc: int, error: tuple[str, str] | None) -> NoReturn:
+        raise kernel_error(op, kernel, rc, error)
+
+    planner.device_routes.remember(
+        kind, where.device[1], tuple(v.shape for v in views), tuple(v.dtype for v in views), plan.function,
+        plan.extra, tuple(s.shape for s in plan.out_specs), tuple(s.dtype for s in plan.out_specs), plan.out_nbytes,
+        plan.workspace, functools.partial(cuda.call_context, where.kind), where.from_dlpack,
+        functools.partial(detached.wrap, op), failed,
+        functools.partial(cuda.check_launch, op.name, kernel.function_name))
 
 
 def _scalar_views(op: Op, args: Sequence[Any], scalars: Sequence[int], views: list[Any]) -> None:

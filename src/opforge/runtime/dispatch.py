@@ -57,7 +57,10 @@ def launcher_for(op: Op, attrs: dict[str, AttrValue], n_inputs: int) -> Launcher
     launcher = op._launchers.get(key)
     if launcher is None:
         def make() -> Launcher:
-            made: Launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output, CallPlanner(op, attrs))
+            # Calls on GPU arrays the planner has worked out once run in C from then on (device_call.remember).
+            routes = _native.DeviceRoutes(n_inputs, len(op.outputs), op.tuple_output, INTERCEPTORS)
+            made: Launcher = _native.Launcher(n_inputs, len(op.outputs), op.tuple_output,
+                                              CallPlanner(op, attrs, routes), device_routes=routes)
             if not any(a.required for a in op.attrs.values()) and key[0] == attr_key(op.resolve_attrs({})):
                 op._default_launcher = made  # what op(*arrays) with no attributes uses
             return made
@@ -187,9 +190,10 @@ class CallPlanner:
 
     _device_plans: BoundedCache[tuple[Any, ...], BufferPlan]  # set by device_call on its first GPU call
 
-    def __init__(self, op: Op, attrs: dict[str, AttrValue]) -> None:
+    def __init__(self, op: Op, attrs: dict[str, AttrValue], device_routes: Any = None) -> None:
         self.op = op
         self.attrs = attrs
+        self.device_routes = device_routes  # its launcher's _native.DeviceRoutes, None for a planner without one
         self._kernels_by_function: dict[int, Kernel] = {}
         self._resolved: BoundedCache[tuple[Any, ...], _Resolved] = BoundedCache(64)
 
