@@ -49,3 +49,10 @@ def test_kernels_rejects_an_op_without_a_case():
                           env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "no case for no_such_op" in done.stderr
+
+
+def test_device_call_host_runs_its_calls_through_the_remembered_route():
+    out = run_benchmark("device_call_host.py", "--rounds", "2", "--number", "200")
+    assert re.search(r"calls taken in C [1-9]\d*", out)  # (the script asserts it took every timed op call)
+    for line in ("device_call_python_vs_route", "device_call_host_vs_ctypes"):
+        assert re.search(rf"^{line}: \d+\.\d\d$", out, re.M), out

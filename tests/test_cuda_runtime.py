@@ -263,6 +263,19 @@ def test_torch_s_stream_is_read_as_a_raw_handle_where_torch_has_the_query(monkey
     assert handle == 0x903 and type(handle) is int and asked == [3]
 
 
+def test_inputs_on_their_library_s_own_stream_are_told_there_is_nothing_to_order(monkeypatch):
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0x900))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    # the producer queued its work on torch's current stream, where the call runs: DLPack's -1
+    assert cuda.call_stream("torch", 0) == (0x900, -1)
+    assert cuda.call_stream("numpy", 0) == (0, 1)  # a stream of no library's: the legacy default, named 1
+    with opforge.cuda.stream(0x77):  # another stream than the library's: the producer orders its work before it
+        stream, consumer = cuda.call_stream("torch", 0)
+        assert (stream, consumer) == (0x77, 0x77) and type(consumer) is int
+    with opforge.cuda.stream(ProtocolStream(0x78)):
+        assert type(cuda.call_stream("torch", 0)[1]) is int  # a StreamHandle's plain value
+
+
 def test_streams_nest_and_are_per_thread():
     seen = []
     with opforge.cuda.stream(11):

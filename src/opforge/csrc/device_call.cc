@@ -7,8 +7,8 @@
 // A later call whose arguments fit a route runs here, in C, with the same
 // steps:
 //
-//   context(device) -> (stream, CudaRuntime, pool)   the caller's stream, asked each call
-//   x.__dlpack__(stream=..., max_version=(1, 0))      each input, then checked against the route
+//   context(device) -> (stream, consumer, CudaRuntime, pool)   the caller's stream, asked each call
+//   x.__dlpack__(stream=consumer, max_version=(1, 0))          each input, then checked against the route
 //   outputs and workspace from the pool               DeviceMemory, freed stream-ordered
 //   the kernel on the stream, then cudaPeekAtLastError
 //   buffer.export(shape, dtype) and from_dlpack       outputs as the inputs' kind
@@ -370,19 +370,16 @@ bool TryDeviceRoutes(PyObject *routes_obj, PyObject *args, PyObject **result) {
   PyObject *context = PyObject_CallFunction(guess->context, "i", device_id);
   guess->users--;
   if (guess->evicted && guess->users == 0) delete guess;
-  if (context == nullptr || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 3 ||
-      !PyLong_Check(PyTuple_GET_ITEM(context, 0)) || !IsCudaRuntime(PyTuple_GET_ITEM(context, 1))) {
+  if (context == nullptr || !PyTuple_Check(context) || PyTuple_GET_SIZE(context) != 4 ||
+      !PyLong_Check(PyTuple_GET_ITEM(context, 0)) || !PyLong_Check(PyTuple_GET_ITEM(context, 1)) ||
+      !IsCudaRuntime(PyTuple_GET_ITEM(context, 2))) {
     PyErr_Clear();
     Py_XDECREF(context);
     return false;
   }
   PyObject *stream_obj = PyTuple_GET_ITEM(context, 0);
-  void *stream = PyLong_AsVoidPtr(stream_obj);
-  // DLPack's name for the legacy default stream is 1 (0 is ambiguous); a plain int either way
-  PyObject *consumer = stream == nullptr ? PyLong_FromLong(1) : PyLong_FromVoidPtr(stream);
   Inputs inputs;
-  bool taken = consumer != nullptr && TakeInputs(args, consumer, device_id, &inputs);
-  Py_XDECREF(consumer);
+  bool taken = TakeInputs(args, PyTuple_GET_ITEM(context, 1), device_id, &inputs);
   Route *route = nullptr;
   for (int r = 0; taken && r < self->n_routes && route == nullptr; ++r)
     if (self->routes[r]->type == type && self->routes[r]->device_id == device_id && RouteFits(self->routes[r], inputs))
@@ -394,7 +391,7 @@ bool TryDeviceRoutes(PyObject *routes_obj, PyObject *args, PyObject **result) {
   }
   route->users++;
   std::vector<PyObject *> buffers(self->n_outputs, nullptr);
-  bool handled = Launch(self, route, inputs, stream_obj, PyTuple_GET_ITEM(context, 1), PyTuple_GET_ITEM(context, 2),
+  bool handled = Launch(self, route, inputs, stream_obj, PyTuple_GET_ITEM(context, 2), PyTuple_GET_ITEM(context, 3),
                         buffers.data(), result);
   for (PyObject *buffer : buffers) Py_XDECREF(buffer);
   route->users--;

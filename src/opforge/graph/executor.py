@@ -127,8 +127,8 @@ class Executor:
             raise DeviceError(f"graph '{self.graph.name}': its inputs are on {device_name(where.device)}; opforge "
                               "runs graphs on the CPU and on CUDA devices")
         with cuda.on_device(device_id):
-            stream = cuda.current_stream(where.kind, device_id)
-            views = device_views(self.graph, arrays, stream, where.device)
+            stream, consumer = cuda.call_stream(where.kind, device_id)
+            views = device_views(self.graph, arrays, consumer, where.device)
             key = ("cuda", device_id, tuple((v.shape, v.dtype) for v in views))
             plan: DevicePlan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
             return plan.execute(views, stream)

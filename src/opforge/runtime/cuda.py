@@ -356,10 +356,29 @@ def stream(s: Any) -> Iterator[Any]:
 def current_stream(kind: str | None = None, device_id: int = 0) -> int:
     """The stream a call on ``kind`` arrays runs on: ``opforge.cuda.stream``'s, else
     PyTorch's or CuPy's current stream for their arrays, else 0 (legacy default).
-    A stream read from a framework comes as a StreamHandle holding its stream object."""
+    A stream read from CuPy comes as a StreamHandle holding its stream object."""
+    return call_stream(kind, device_id)[0]
+
+
+def call_stream(kind: str | None, device_id: int) -> tuple[int, int]:
+    """(stream, consumer) of a call on ``kind`` arrays: the stream it runs on
+    (``current_stream``) and what its inputs' ``__dlpack__(stream=...)`` is told.
+    That is -1, DLPack's "nothing to order", when the stream is the arrays'
+    library's own current stream: their producer's work is queued there already,
+    and the library would only compare the two streams (torch spends 11 us per
+    input on that).  Else it is DLPack's name for the stream (1 for the legacy
+    default), so the producer orders its work before the call's."""
     handle: int | None = getattr(_local, "stream", None)
-    if handle is not None:
-        return handle
+    if handle is None:
+        library_stream = _library_stream(kind, device_id)
+        if library_stream is not None:
+            return library_stream, -1
+        handle = 0
+    return handle, int(handle) or 1  # a plain int: torch refuses int subclasses (StreamHandle)
+
+
+def _library_stream(kind: str | None, device_id: int) -> int | None:
+    """PyTorch's or CuPy's current stream on the device, for their arrays; None for other kinds."""
     if kind == "torch":
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -378,14 +397,16 @@ def current_stream(kind: str | None = None, device_id: int = 0) -> int:
                 with cupy.cuda.Device(device_id):
                     current = cupy.cuda.get_current_stream()
             return StreamHandle(current.ptr, current)
-    return 0
+    return None
 
 
-def call_context(kind: str, device_id: int) -> tuple[int, _native.CudaRuntime, int]:
+def call_context(kind: str, device_id: int) -> tuple[int, int, _native.CudaRuntime, int]:
     """What a call remembered in C (``_native.DeviceRoutes``) asks Python each time: the
-    stream (``current_stream``), the runtime's memory calls and opforge's pool on the device."""
+    stream and the inputs' consumer stream (``call_stream``), the runtime's memory calls
+    and opforge's pool on the device."""
     lib = _runtime if _runtime is not None else runtime()
-    return current_stream(kind, device_id), lib.memory, _pools.get(device_id) or memory_pool(device_id)
+    stream, consumer = call_stream(kind, device_id)
+    return stream, consumer, lib.memory, _pools.get(device_id) or memory_pool(device_id)
 
 
 def same_stream(a: int, b: int) -> bool:

@@ -57,11 +57,6 @@ if TYPE_CHECKING:
 PLANS_PER_OP = 64
 
 
-def _consumer_stream(stream: int) -> int:
-    """DLPack's name for a stream: 0 is ambiguous in the protocol, the legacy default stream is 1."""
-    return 1 if stream == 0 else int(stream)  # a plain int: torch refuses int subclasses (StreamHandle)
-
-
 class _InterfaceView:
     """A ``__cuda_array_interface__`` array seen as DLTensorView sees a DLPack one."""
 
@@ -112,10 +107,10 @@ def _is_scalar(value: object) -> bool:
     return type(value) in (int, float, bool) or isinstance(value, np.generic)
 
 
-def device_view(op: OpLike, index: int, value: Any, stream: int) -> DeviceView:
-    """One input on the GPU as a view: data pointer, shape, dtype name, device (no copy)."""
+def device_view(op: OpLike, index: int, value: Any, consumer: int) -> DeviceView:
+    """One input on the GPU as a view: data pointer, shape, dtype name, device (no copy).
+    ``consumer`` is the stream its ``__dlpack__`` is told (``cuda.call_stream``)."""
     if hasattr(value, "__dlpack__"):
-        consumer = _consumer_stream(stream)
         try:
             try:
                 capsule = value.__dlpack__(stream=consumer, max_version=(1, 0))
@@ -136,11 +131,11 @@ def device_view(op: OpLike, index: int, value: Any, stream: int) -> DeviceView:
     return view
 
 
-def device_views(op: OpLike, args: Sequence[Any], stream: int, device: tuple[int, int],
+def device_views(op: OpLike, args: Sequence[Any], consumer: int, device: tuple[int, int],
                  skip: Sequence[int] = ()) -> list[Any]:
     """``device_view`` of each argument (None at the indices in ``skip``); a DeviceError
     naming every input's device when one is not on ``device``."""
-    views: list[Any] = [None if k in skip else device_view(op, k, a, stream) for k, a in enumerate(args)]
+    views: list[Any] = [None if k in skip else device_view(op, k, a, consumer) for k, a in enumerate(args)]
     for view in views:
         if view is not None and view.device != device:
             mixed_devices(op, args)
@@ -172,9 +167,9 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
                               "a Python or NumPy scalar)")
     token = cuda.enter_device(device_id)
     try:
-        stream = cuda.current_stream(kind, device_id)
+        stream, consumer = cuda.call_stream(kind, device_id)
         # (None at the scalars' places until _scalar_views fills them)
-        views = device_views(op, args, stream, where.device, scalars)
+        views = device_views(op, args, consumer, where.device, scalars)
         if scalars:
             _scalar_views(op, args, scalars, views)
         signature = tuple([(v.shape, v.dtype) for v in views])
