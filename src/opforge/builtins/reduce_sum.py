@@ -93,6 +93,104 @@ def spread(dy: Any, x: Any, axes: Sequence[int], keep_dims: bool) -> Any:
     return opforge.ops.add(dy, zeros_like(x, dy.dtype))
 
 
+# The shape work of a reduction, done once per signature by ReduceSumInit and
+# kept as the kernel's data: a call reads no attribute and allocates no plan.
+# Outside REDUCE_SUM so that mean's one library of every dtype has one Init.
+REDUCE_PLAN = r"""
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "custom_aot_extra.h"
+
+// Some dims of x (sizes, element strides): the offset of a row-major index over them.
+struct Dims {
+  std::vector<int64_t> size, stride;
+  int64_t Count() const {
+    int64_t n = 1;
+    for (int64_t s : size) n *= s;
+    return n;
+  }
+  int64_t Offset(int64_t i) const {
+    if (size.size() == 1) return i * stride[0];
+    int64_t off = 0;
+    for (int d = static_cast<int>(size.size()) - 1; d >= 0; d--) {
+      off += i % size[d] * stride[d];
+      i /= size[d];
+    }
+    return off;
+  }
+};
+
+// x's dims merged into groups alternating between reduced and kept (size-1 dims drop out): the last
+// group is the contiguous run; the others are the outer kept dims (one per y row) and the outer
+// reduced dims (the rows summed into it).
+struct ReducePlan : AotKernelData {
+  int64_t nx = 1, ny = 1, count = 0;  // elements of x, of y, summed into each y
+  bool one = false;                   // every dim of x is 1
+  bool run_reduced = false;
+  int64_t run = 0, outer = 0, nrows = 0;
+  Dims kept, rows;
+};
+
+extern "C" int ReduceSumInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  const int rank = ndims[0];
+  const int64_t *shape = shapes[0];
+  std::vector<int64_t> axes = extra->Attr<std::vector<int64_t>>("axes");
+  const bool keep_dims = extra->Attr<bool>("keep_dims");
+  std::vector<bool> reduced(rank, axes.empty());  // no axes: reduce them all
+  for (int64_t axis : axes) {
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank || reduced[axis]) return 1;  // the op's check rejects these first
+    reduced[axis] = true;
+  }
+  int n_reduced = 0;
+  for (int d = 0; d < rank; d++) n_reduced += reduced[d];
+  if (ndims[1] != (keep_dims ? rank : rank - n_reduced)) return 2;  // output shape disagrees with the attributes
+
+  ReducePlan *plan = new ReducePlan;
+  extra->SetKernelData(plan);
+  for (int d = 0; d < rank; d++) {
+    plan->nx *= shape[d];
+    if (!reduced[d]) plan->ny *= shape[d];
+  }
+  plan->count = plan->ny ? plan->nx / plan->ny : 0;
+  std::vector<int64_t> group;
+  std::vector<bool> group_reduced;
+  for (int d = 0; d < rank; d++) {
+    if (shape[d] == 1) continue;
+    if (!group.empty() && group_reduced.back() == reduced[d]) {
+      group.back() *= shape[d];
+    } else {
+      group.push_back(shape[d]);
+      group_reduced.push_back(reduced[d]);
+    }
+  }
+  plan->one = group.empty();
+  if (plan->one || plan->nx == 0) return 0;
+  const int g = static_cast<int>(group.size());
+  plan->run = group[g - 1];
+  plan->run_reduced = group_reduced[g - 1];
+  int64_t stride = plan->run;
+  std::vector<std::pair<int64_t, int64_t>> k, r;  // (size, stride), innermost first
+  for (int d = g - 2; d >= 0; d--) {
+    (group_reduced[d] ? r : k).push_back({group[d], stride});
+    stride *= group[d];
+  }
+  for (auto it = k.rbegin(); it != k.rend(); ++it) {
+    plan->kept.size.push_back(it->first);
+    plan->kept.stride.push_back(it->second);
+  }
+  for (auto it = r.rbegin(); it != r.rend(); ++it) {
+    plan->rows.size.push_back(it->first);
+    plan->rows.stride.push_back(it->second);
+  }
+  plan->outer = plan->kept.Count();
+  plan->nrows = plan->rows.Count();
+  return 0;
+}
+"""
+
 # An empty x never reaches the kernel: opforge returns zeros of the output
 # shape, which is exactly the sum of an empty reduction (and of nothing when
 # the output is empty too), so the op needs no always_compute trait.
@@ -184,25 +282,6 @@ static Acc SumRun(const E *x, int64_t n) {
   return SumRun(x, half) + SumRun(x + half, n - half);
 }
 
-// Some dims of x (sizes, element strides): the offset of a row-major index over them.
-struct Dims {
-  std::vector<int64_t> size, stride;
-  int64_t Count() const {
-    int64_t n = 1;
-    for (int64_t s : size) n *= s;
-    return n;
-  }
-  int64_t Offset(int64_t i) const {
-    if (size.size() == 1) return i * stride[0];
-    int64_t off = 0;
-    for (int d = static_cast<int>(size.size()) - 1; d >= 0; d--) {
-      off += i % size[d] * stride[d];
-      i /= size[d];
-    }
-    return off;
-  }
-};
-
 // Pairwise sum over the rows [q0, q1) (offsets by `rows`) of each row's n contiguous values.
 static Acc SumRows(const T *x, const Dims &rows, int64_t q0, int64_t q1, int64_t n) {
   if (q1 - q0 == 1) return SumRun(x + rows.Offset(q0), n);
@@ -260,72 +339,25 @@ static inline T Finish(Acc sum, int64_t count) {
 }
 
 extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                         void *stream, void *extra_ptr) {
-  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+                         void *stream, void *extra) {
   const T *x = static_cast<const T *>(params[0]);
   T *y = static_cast<T *>(params[1]);
-  const int rank = ndims[0];
-  const int64_t *shape = shapes[0];
-
-  std::vector<int64_t> axes = extra->Attr<std::vector<int64_t>>("axes");
-  const bool keep_dims = extra->Attr<bool>("keep_dims");
-  std::vector<bool> reduced(rank, axes.empty());  // no axes: reduce them all
-  for (int64_t axis : axes) {
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis >= rank || reduced[axis]) return 1;  // the op's check rejects these first
-    reduced[axis] = true;
-  }
-  int n_reduced = 0;
-  for (int d = 0; d < rank; d++) n_reduced += reduced[d];
-  if (ndims[1] != (keep_dims ? rank : rank - n_reduced)) return 2;  // output shape disagrees with the attributes
-
-  int64_t nx = 1, ny = 1;
-  for (int d = 0; d < rank; d++) {
-    nx *= shape[d];
-    if (!reduced[d]) ny *= shape[d];
-  }
+  const ReducePlan *plan = static_cast<const ReducePlan *>(static_cast<AotExtra *>(extra)->KernelData());
+  if (plan == nullptr) return 3;  // ReduceSumInit makes it for each signature
+  const int64_t ny = plan->ny, count = plan->count;
   if (ny == 0) return 0;
-  if (nx == 0) {  // (mean only: always_compute) the sum of nothing is 0, its mean NaN
+  if (plan->nx == 0) {  // (mean only: always_compute) the sum of nothing is 0, its mean NaN
     for (int64_t i = 0; i < ny; i++) y[i] = Finish(Acc(0), 0);
     return 0;
   }
-  const int64_t count = nx / ny;  // elements summed into each y
-
-  // Merge neighbouring dims that are both reduced or both kept (size-1 dims
-  // drop out): x becomes groups alternating between reduced and kept.
-  std::vector<int64_t> group;
-  std::vector<bool> group_reduced;
-  for (int d = 0; d < rank; d++) {
-    if (shape[d] == 1) continue;
-    if (!group.empty() && group_reduced.back() == reduced[d]) {
-      group.back() *= shape[d];
-    } else {
-      group.push_back(shape[d]);
-      group_reduced.push_back(reduced[d]);
-    }
-  }
-  if (group.empty()) {  // one element
+  if (plan->one) {
     y[0] = Finish(Acc(x[0]), 1);
     return 0;
   }
-  // The last group is the contiguous run; the others are the outer kept
-  // dims (one per y row) and the outer reduced dims (the rows summed into it).
-  const int g = static_cast<int>(group.size());
-  const int64_t run = group[g - 1];
-  Dims kept, rows;
-  {
-    int64_t stride = run;
-    std::vector<std::pair<int64_t, int64_t>> k, r;  // (size, stride), innermost first
-    for (int d = g - 2; d >= 0; d--) {
-      (group_reduced[d] ? r : k).push_back({group[d], stride});
-      stride *= group[d];
-    }
-    for (auto it = k.rbegin(); it != k.rend(); ++it) kept.size.push_back(it->first), kept.stride.push_back(it->second);
-    for (auto it = r.rbegin(); it != r.rend(); ++it) rows.size.push_back(it->first), rows.stride.push_back(it->second);
-  }
-  const int64_t outer = kept.Count(), nrows = rows.Count();
+  const Dims &kept = plan->kept, &rows = plan->rows;
+  const int64_t run = plan->run, outer = plan->outer, nrows = plan->nrows;
 
-  if (group_reduced[g - 1]) {
+  if (plan->run_reduced) {
     // The run is reduced: each y is a sum of runs, one per reduced row.
     if (run <= kBlock) {
       const int64_t per_y = nrows * run;
@@ -388,7 +420,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
 """
 # One kernel per ISA (wider vectors, the same additions in the same order: the same results).
 for isa in SIMD_ISAS:
-    reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]}, code=REDUCE_SUM,
-                      isa=isa)
+    reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]},
+                      code=REDUCE_PLAN + REDUCE_SUM, isa=isa)
 reduce_sum.kernel(source=gpu_source("reduce_sum.cu", "ReduceSumGpu"), device="gpu",
                   dtypes=same_dtypes(GPU_NUMERIC))
