@@ -96,6 +96,7 @@ TRANSPOSE = r"""
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -104,37 +105,43 @@ TRANSPOSE = r"""
 
 static const int64_t kGrainBytes = 1 << 18;  // bytes moved by a parallel range at least
 
+// What a call moves where, worked out once per signature by TransposeInit:
+// y's dims (size > 1 only) with x's byte stride along each, merged where
+// contiguous, and the way to move them.
+struct TransposePlan : AotKernelData {
+  enum Way { kCopy, kTiled, kOdometer } way = kCopy;
+  int64_t size = 0, n = 0;           // element bytes, elements
+  std::vector<int64_t> dim, stride;  // kOdometer: without the innermost contiguous run
+  // kTiled: x is contiguous along y's dim `along`; the other dims but the last index the tiles' planes.
+  int along = -1;
+  std::vector<int64_t> ystride;
+  std::vector<int> others;
+  int64_t outer = 1;
+  int64_t run = 1;                   // kOdometer: elements copied whole at the innermost level
+};
+
 // y's last dim against x's contiguous dim `along`, in square tiles, for each
 // index of the other dims; ranges of tile rows in parallel.  Each tile is
 // staged through a small buffer: x's side is read as whole contiguous
 // pieces and y's written so, which keeps a power-of-two row stride (every
 // row in one cache set) from evicting lines before they are used up.
-// dim / stride: y's merged dims and x's byte strides along them.
 template <typename E>
-static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const std::vector<int64_t> &stride,
-                  int along) {
-  const int m = static_cast<int>(dim.size());
+static void Tiled(const char *x, char *y, const TransposePlan &plan) {
+  const std::vector<int64_t> &dim = plan.dim, &stride = plan.stride, &ystride = plan.ystride;
+  const int m = static_cast<int>(dim.size()), along = plan.along;
   const int64_t size = sizeof(E), TILE = size >= 8 ? 32 : 64;
-  std::vector<int64_t> ystride(m);
-  for (int d = m - 1; d >= 0; d--) ystride[d] = d == m - 1 ? size : ystride[d + 1] * dim[d + 1];
-  std::vector<int> others;
-  int64_t outer = 1;
-  for (int d = 0; d < m - 1; d++)
-    if (d != along) {
-      others.push_back(d);
-      outer *= dim[d];
-    }
   const int64_t rows = dim[along], cols = dim[m - 1];
   const int64_t x_col = stride[m - 1] / size, y_row = ystride[along] / size;
   const int64_t tiles = (rows + TILE - 1) / TILE;
   const int64_t grain = std::max<int64_t>(1, kGrainBytes / (TILE * cols * size));
-  opforge::parallel_for(0, outer * tiles, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<E> buffer(TILE * TILE);
-    E *buf = buffer.data();
+  const int64_t tile_rows = std::min(TILE, rows), tile_cols = std::min(TILE, cols);  // the staging a tile needs
+  opforge::parallel_for(0, plan.outer * tiles, grain, [&](int64_t t0, int64_t t1) {
+    std::unique_ptr<E[]> buffer(new E[tile_rows * tile_cols]);  // (left uninitialised: every tile fills it first)
+    E *buf = buffer.get();
     for (int64_t t = t0; t < t1; t++) {
       int64_t o = t / tiles, xoff = 0, yoff = 0;
-      for (int k = static_cast<int>(others.size()) - 1; k >= 0; k--) {
-        const int d = others[k];
+      for (int k = static_cast<int>(plan.others.size()) - 1; k >= 0; k--) {
+        const int d = plan.others[k];
         xoff += o % dim[d] * stride[d];
         yoff += o % dim[d] * ystride[d];
         o /= dim[d];
@@ -144,22 +151,17 @@ static void Tiled(const char *x, char *y, const std::vector<int64_t> &dim, const
       const int64_t r0 = t % tiles * TILE, r1 = std::min(r0 + TILE, rows), h = r1 - r0;
       for (int64_t c0 = 0; c0 < cols; c0 += TILE) {
         const int64_t c1 = std::min(c0 + TILE, cols), w = c1 - c0;
-        for (int64_t c = 0; c < w; c++) std::memcpy(buf + c * TILE, from + r0 + (c0 + c) * x_col, h * size);
+        for (int64_t c = 0; c < w; c++) std::memcpy(buf + c * tile_rows, from + r0 + (c0 + c) * x_col, h * size);
         for (int64_t r = 0; r < h; r++) {
           E *out = to + (r0 + r) * y_row + c0;
-          for (int64_t c = 0; c < w; c++) out[c] = buf[c * TILE + r];
+          for (int64_t c = 0; c < w; c++) out[c] = buf[c * tile_rows + r];
         }
       }
     }
   });
 }
 
-// y[i] = x at the matching index, every dim walked as an odometer.  Dims that
-// stay neighbours (x's axes a, a+1 at y's k, k+1) are merged first, and when
-// x's last axis stays last the innermost run is one memcpy.
-extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                         void *stream, void *extra_ptr) {
-  AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+extern "C" int TransposeInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0];
   const int64_t *shape = shapes[0];
   std::vector<int64_t> perm = extra->Attr<std::vector<int64_t>>("perm");
@@ -175,51 +177,80 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
     if (axis < 0 || axis >= rank || seen[axis]) return 1;
     seen[axis] = true;
   }
-  const int64_t size = ElementSize(dtypes[0]), n = ElementCount(rank, shape);
-  if (n == 0) return 0;
+  TransposePlan *plan = new TransposePlan;
+  extra->SetKernelData(plan);
+  const int64_t size = plan->size = ElementSize(dtypes[0]);
+  plan->n = ElementCount(rank, shape);
   std::vector<int64_t> xstride(rank);
   for (int d = rank - 1; d >= 0; d--) xstride[d] = d == rank - 1 ? size : xstride[d + 1] * shape[d + 1];
-  // y's dims (size > 1 only) with the byte stride of x along each, merged where contiguous.
-  std::vector<int64_t> dim, stride;
+  std::vector<int64_t> &dim = plan->dim, &stride = plan->stride;
   for (int k = 0; k < rank; k++) AppendDim(dim, stride, shape[perm[k]], xstride[perm[k]]);
-  const char *x = static_cast<const char *>(params[0]);
-  char *y = static_cast<char *>(params[1]);
-  if (dim.empty() || (dim.size() == 1 && stride[0] == size)) {
-    opforge::parallel_for(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
-    return 0;
-  }
+  if (plan->n == 0 || dim.empty() || (dim.size() == 1 && stride[0] == size)) return 0;  // kCopy
   const int m = static_cast<int>(dim.size());
   if (stride[m - 1] != size) {  // element by element: in tiles, so both sides stay in cache
-    int along = -1;  // the dim x is contiguous along
     for (int d = 0; d < m; d++)
-      if (stride[d] == size) along = d;
-    if (along >= 0) {
-      switch (size) {
-        case 1: Tiled<uint8_t>(x, y, dim, stride, along); return 0;
-        case 2: Tiled<uint16_t>(x, y, dim, stride, along); return 0;
-        case 4: Tiled<uint32_t>(x, y, dim, stride, along); return 0;
-        case 8: Tiled<uint64_t>(x, y, dim, stride, along); return 0;
-      }
+      if (stride[d] == size) plan->along = d;
+    if (plan->along >= 0 && (size == 1 || size == 2 || size == 4 || size == 8)) {
+      plan->way = TransposePlan::kTiled;
+      plan->ystride.resize(m);
+      for (int d = m - 1; d >= 0; d--) plan->ystride[d] = d == m - 1 ? size : plan->ystride[d + 1] * dim[d + 1];
+      for (int d = 0; d < m - 1; d++)
+        if (d != plan->along) {
+          plan->others.push_back(d);
+          plan->outer *= dim[d];
+        }
+      return 0;
     }
   }
-  // A contiguous innermost run is copied whole; otherwise elements one by
-  // one.  Ranges of y's rows run in parallel, each starting its odometer
-  // from its first row.
-  int64_t run = 1;
-  if (stride.back() == size) {
-    run = dim.back();
+  plan->way = TransposePlan::kOdometer;
+  if (stride.back() == size) {  // a contiguous innermost run is copied whole
+    plan->run = dim.back();
     dim.pop_back();
     stride.pop_back();
   }
+  return 0;
+}
+
+// y[i] = x at the matching index: one memcpy, tiles, or every dim walked as
+// an odometer.  Dims that stay neighbours (x's axes a, a+1 at y's k, k+1)
+// were merged by TransposeInit, and when x's last axis stays last the
+// innermost run is one memcpy.
+extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                         void *stream, void *extra) {
+  const TransposePlan *plan = static_cast<const TransposePlan *>(static_cast<AotExtra *>(extra)->KernelData());
+  if (plan == nullptr) return 4;  // TransposeInit makes it for each signature
+  const int64_t size = plan->size, n = plan->n;
+  if (n == 0) return 0;
+  const char *x = static_cast<const char *>(params[0]);
+  char *y = static_cast<char *>(params[1]);
+  switch (plan->way) {
+    case TransposePlan::kCopy:
+      opforge::parallel_for(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
+      return 0;
+    case TransposePlan::kTiled:
+      switch (size) {
+        case 1: Tiled<uint8_t>(x, y, *plan); return 0;
+        case 2: Tiled<uint16_t>(x, y, *plan); return 0;
+        case 4: Tiled<uint32_t>(x, y, *plan); return 0;
+        default: Tiled<uint64_t>(x, y, *plan); return 0;
+      }
+    case TransposePlan::kOdometer:
+      break;
+  }
+  // Ranges of y's rows run in parallel, each starting its odometer from its first row.
+  const std::vector<int64_t> &dim = plan->dim, &stride = plan->stride;
+  const int64_t run = plan->run;
   const int r = static_cast<int>(dim.size());
   const int64_t inner = dim[r - 1], inner_stride = stride[r - 1], run_bytes = run * size;
   const int64_t row_bytes = inner * run_bytes, nrows = n * size / row_bytes;
   opforge::parallel_for(0, nrows, std::max<int64_t>(1, kGrainBytes / row_bytes), [&](int64_t q0, int64_t q1) {
-    std::vector<int64_t> index(r, 0);
+    int64_t index[16] = {0};  // (ranks above 16 take the heap)
+    std::vector<int64_t> heap_index(r > 16 ? r : 0, 0);
+    int64_t *idx = r > 16 ? heap_index.data() : index;
     int64_t offset = 0;
     for (int64_t q = q0, d = r - 2; d >= 0; d--) {
-      index[d] = q % dim[d];
-      offset += index[d] * stride[d];
+      idx[d] = q % dim[d];
+      offset += idx[d] * stride[d];
       q /= dim[d];
     }
     char *to = y + q0 * row_bytes;
@@ -232,9 +263,9 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
       }
       for (int d = r - 2; d >= 0; d--) {
         offset += stride[d];
-        if (++index[d] < dim[d]) break;
+        if (++idx[d] < dim[d]) break;
         offset -= stride[d] * dim[d];
-        index[d] = 0;
+        idx[d] = 0;
       }
     }
   });
