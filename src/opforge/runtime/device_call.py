@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         def device(self) -> tuple[int, int]: ...
 
 PLANS_PER_OP = 64
+_64_BIT = frozenset({"int64", "uint64", "float64"})  # the dtypes JAX narrows without jax_enable_x64
 
 
 class _InterfaceView:
@@ -206,9 +207,10 @@ def _remember(planner: CallPlanner, where: Placement, args: Sequence[Any], views
     of the same type, device, shapes and dtypes run in C, with the steps above.  Only the plain
     case is remembered: arrays of one type with ``__dlpack__``, a native kernel with work to do,
     no 64-bit outputs for JAX (its check of them stays in Python)."""
-    kind = type(args[0]) if args else None
-    if (kind is None or plan.skip or not all(type(a) is kind for a in args) or not hasattr(kind, "__dlpack__")
-            or (where.kind == "jax" and any(to_numpy(s.dtype).itemsize == 8 for s in plan.out_specs))):
+    array_type = type(args[0]) if args else None
+    if (array_type is None or plan.skip or not all(type(a) is array_type for a in args)
+            or not hasattr(array_type, "__dlpack__")
+            or (where.kind == "jax" and any(s.dtype in _64_BIT for s in plan.out_specs))):
         return
     op, kernel, detached = planner.op, plan.kernel, where.detached()
 
@@ -216,7 +218,7 @@ def _remember(planner: CallPlanner, where: Placement, args: Sequence[Any], views
         raise kernel_error(op, kernel, rc, error)
 
     planner.device_routes.remember(
-        kind, where.device[1], tuple(v.shape for v in views), tuple(v.dtype for v in views), plan.function,
+        array_type, where.device[1], tuple(v.shape for v in views), tuple(v.dtype for v in views), plan.function,
         plan.extra, tuple(s.shape for s in plan.out_specs), tuple(s.dtype for s in plan.out_specs), plan.out_nbytes,
         plan.workspace, functools.partial(cuda.call_context, where.kind), where.from_dlpack,
         functools.partial(detached.wrap, op), failed,
