@@ -173,34 +173,65 @@ double WideSum(const T *x, int64_t n) {
 
 }  // namespace
 
+// The shape work of a call, once per signature (LayerNormInit, kept as the kernel's data): the rows,
+// and where each normalised element's scale and bias are (none when the inputs are laid out as the
+// normalised dims already, the usual case: they are read in place).
+struct LayerNormPlan : AotKernelData {
+  int64_t outer = 1, inner = 1;
+  double eps = 0;
+  std::vector<int64_t> at_scale, at_bias;  // empty: in place
+};
+
+// Offsets 0, 1, 2, ...: the tensor is read as it is.
+static void DropIdentity(std::vector<int64_t> *offsets) {
+  for (int64_t i = 0; i < static_cast<int64_t>(offsets->size()); i++)
+    if ((*offsets)[i] != i) return;
+  offsets->clear();
+}
+
+extern "C" int LayerNormInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  const int rank = ndims[0];
+  int64_t axis = extra->Attr<int64_t>("axis");
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis > rank) return 1;
+  LayerNormPlan *plan = new LayerNormPlan;
+  extra->SetKernelData(plan);
+  for (int d = 0; d < rank; d++) (d < axis ? plan->outer : plan->inner) *= shapes[0][d];
+  if (!Broadcast(rank, shapes[0], axis, ndims[1], shapes[1], &plan->at_scale) ||
+      !Broadcast(rank, shapes[0], axis, ndims[2], shapes[2], &plan->at_bias))
+    return 3;  // the op's check refuses these first
+  DropIdentity(&plan->at_scale);
+  DropIdentity(&plan->at_bias);
+  plan->eps = extra->Attr<float>("epsilon");
+  return 0;
+}
+
 // params: x, scale, bias, y, mean, inv_std_dev.  Per row: the mean, then the squares about it (two
-// passes over a row that sits in cache), then y in T arithmetic against scale and bias laid out
-// contiguously once per call.
+// passes over a row that sits in cache), then y in T arithmetic against scale and bias, laid out
+// contiguously once per call where they broadcast.
 extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                         void *stream, void *extra_ptr) {
+                         void *stream, void *extra) {
   try {
-    AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
-    const int rank = ndims[0];
-    int64_t axis = extra->Attr<int64_t>("axis");
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis > rank) return 1;
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < rank; d++) (d < axis ? outer : inner) *= shapes[0][d];
-    std::vector<int64_t> at_scale, at_bias;
-    if (!Broadcast(rank, shapes[0], axis, ndims[1], shapes[1], &at_scale) ||
-        !Broadcast(rank, shapes[0], axis, ndims[2], shapes[2], &at_bias))
-      return 3;  // the op's check refuses these first
+    const LayerNormPlan *plan = static_cast<const LayerNormPlan *>(static_cast<AotExtra *>(extra)->KernelData());
+    if (plan == nullptr) return 4;  // LayerNormInit makes it for each signature
+    const int64_t outer = plan->outer, inner = plan->inner;
     const T *x = static_cast<const T *>(params[0]), *scale_in = static_cast<const T *>(params[1]),
             *bias_in = static_cast<const T *>(params[2]);
     T *y = static_cast<T *>(params[3]), *mean_out = static_cast<T *>(params[4]),
       *inv_out = static_cast<T *>(params[5]);
-    std::vector<T> scale(inner), bias(inner);
-    for (int64_t i = 0; i < inner; i++) {
-      scale[i] = scale_in[at_scale[i]];
-      bias[i] = bias_in[at_bias[i]];
+    std::vector<T> scale, bias;  // (broadcast ones only)
+    const T *s = scale_in, *b = bias_in;
+    if (!plan->at_scale.empty()) {
+      scale.resize(inner);
+      for (int64_t i = 0; i < inner; i++) scale[i] = scale_in[plan->at_scale[i]];
+      s = scale.data();
     }
-    const double eps = extra->Attr<float>("epsilon");
-    const T *s = scale.data(), *b = bias.data();
+    if (!plan->at_bias.empty()) {
+      bias.resize(inner);
+      for (int64_t i = 0; i < inner; i++) bias[i] = bias_in[plan->at_bias[i]];
+      b = bias.data();
+    }
+    const double eps = plan->eps;
     opforge::parallel_for(0, outer, std::max<int64_t>(1, kParallelWork / std::max<int64_t>(1, inner)),
                           [&](int64_t lo, int64_t hi) {
       for (int64_t o = lo; o < hi; o++) {
