@@ -219,6 +219,7 @@ class Op(OpBase):
         if any(i.variadic for i in self.inputs) and not self.variadic:
             raise SchemaError(f"op '{name}': a variadic input must be the op's only tensor input")
         self.kernels: list[Kernel] = []
+        self.converts_layout = False  # a kernel of layout "any" (a reorder): inference gives its outputs' layout
         self.infer_fn: Callable[..., Any] | None = None
         self.check_fn: Callable[..., Any] | None = None
         self.grad_rule: Callable[..., Any] | None = None
@@ -240,6 +241,7 @@ class Op(OpBase):
             raise SchemaError(f"op '{self.name}' has trait cpu_only; it cannot take a {kernel.device} kernel")
         kernel.op_name = kernel.op_name or self.name
         self.kernels.append(kernel)
+        self.converts_layout = self.converts_layout or kernel.layout == "any"
         self._forget_plans()
         return kernel
 

@@ -240,7 +240,9 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> 
 
     def wrapped(*arrays: Any) -> tuple[Any, Any]:
         arrays = _arrays("grad", arrays)  # type: ignore[assignment]  # (a list now: only unpacked below)
-        forward = trace(fn, *arrays)
+        # Unoptimized: this trace is compared with the cached ones, and a joint graph made from it is
+        # optimized as it is traced (the passes took a fifth of a small function's trace).
+        forward = trace(fn, *arrays, optimize=False)
         if forward.tuple_output or len(forward.outputs) != 1:
             raise GradientError(f"grad needs '{forward.name}' to return one tensor")
         spec = forward.outputs[0].spec

@@ -117,7 +117,7 @@ def kernel_layout(op: Op, inputs: Iterable[Value | None]) -> str | None:
     since kernels are chosen by it (mixed layouts: no kernel takes them, so
     ndarray); None for an op that converts layouts (a kernel of layout "any"),
     whose inference gives the output's layout."""
-    if any(k.layout == "any" for k in op.kernels):
+    if op.converts_layout:
         return None
     layouts = {v.spec.layout for v in inputs if v is not None}
     return layouts.pop() if len(layouts) == 1 else "ndarray"
