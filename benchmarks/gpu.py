@@ -48,6 +48,8 @@ except ImportError:  # running from a checkout without installing
     import opforge
 import numpy as np
 
+from opforge.runtime import dispatch
+
 os.environ.setdefault("OPFORGE_CACHE_DIR", tempfile.mkdtemp(prefix="opforge-bench-"))
 
 # The __global__ function alone is what RawKernel compiles (NVRTC: no host code, no headers).
@@ -232,6 +234,9 @@ def main():
     print(f"\n{SMALL}-element float32 add, per call (median of {args.repeats} loops of {args.number}):")
     for name, seconds in small.items():
         print(f"  {name:40s} {seconds * 1e6:8.2f} us")
+    # Calls after the first run in C when their launcher remembers them (runtime.device_call): say whether they did.
+    routes = dispatch.launcher_for(add, add.resolve_attrs({}), 2).planner.device_routes.stats
+    print(f"  (the op's remembered calls: {routes['routes']}, calls they took in C: {routes['hits']})")
     if cupy is not None:
         ratios["gpu_call_vs_raw_launch"] = small["opforge on CuPy arrays"] / small[
             "CuPy RawKernel, preallocated output"]

@@ -296,6 +296,21 @@ def check_on_gpu(name, arrays, **attrs):
 
 
 @needs_gpu
+def test_calls_after_the_first_run_in_c_on_the_gpu_with_the_same_results():
+    """The remembered route (runtime.device_call, _native.DeviceRoutes) on real device memory and a real
+    launch; RawCudaArray, so that no framework bridge takes the calls first."""
+    add = opforge.lookup("add")
+    a, b = sample((3, 5), "float32", 1), sample((3, 5), "float32", 2)
+    da, db = RawCudaArray.from_numpy(a), RawCudaArray.from_numpy(b)
+    routes = opforge.runtime.dispatch.launcher_for(add, add.resolve_attrs({}), 2).planner.device_routes
+    before = routes.stats["hits"]
+    results = [add(da, db) for _ in range(3)]
+    assert routes.stats["hits"] - before >= 2
+    for result in results:
+        np.testing.assert_array_equal(result.numpy(), a + b)
+
+
+@needs_gpu
 @pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "minimum"])
 @pytest.mark.parametrize("dtype", common.GPU_NUMERIC)
 @pytest.mark.parametrize("shapes", [
