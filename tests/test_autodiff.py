@@ -641,6 +641,54 @@ def test_value_and_grad_plans_once_per_graph_and_retraces_what_changed(monkeypat
     assert len(made) == 3
 
 
+def test_a_call_like_an_earlier_one_is_checked_as_it_runs_without_a_new_trace(monkeypatch):
+    from opforge.graph import autodiff
+
+    traced = []  # the traces of f itself (joint graphs are traces too)
+    trace = autodiff.trace
+    monkeypatch.setattr(autodiff, "trace", lambda fn, *a, **k: traced.append(fn is f) or trace(fn, *a, **k))
+    state = {"axis": -1, "bias": np.zeros(3), "branch": False}
+
+    def f(x):
+        y = ops.softmax(x, axis=state["axis"]) + state["bias"]
+        if state["branch"]:  # Python control flow: another sequence of calls
+            y = ops.exp(y)
+        return ops.reduce_sum(y * y)
+
+    vg = opforge.value_and_grad(f)
+    x = r(2, 3)
+    want = vg(x)
+    for _ in range(3):  # the same calls: no trace
+        got = vg(x)
+    assert traced.count(True) == 1
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+    reference = opforge.value_and_grad(f)  # a fresh one traces every time it is asked here
+    np.testing.assert_allclose(vg(2 * x)[1], reference(2 * x)[1], rtol=1e-12)  # new values: still no trace of vg's
+    assert traced.count(True) == 2
+    for change, value in [("axis", 0), ("bias", np.ones(3)), ("branch", True)]:
+        state[change] = value  # an attribute, a constant, the calls themselves: each is a new trace
+        before = traced.count(True)
+        np.testing.assert_allclose(vg(x)[1], opforge.value_and_grad(f)(x)[1], rtol=1e-12)
+        assert traced.count(True) == before + 2  # vg's and the fresh one's
+
+
+def test_a_function_that_swallows_errors_cannot_hide_a_different_call():
+    calls = {"attribute": 1.0}
+
+    def f(x):
+        try:
+            y = ops.leaky_relu(x, alpha=calls["attribute"])
+        except Exception:  # the check of a later call must not be swallowed here
+            y = x
+        return ops.reduce_sum(y * 3.0)
+
+    vg = opforge.value_and_grad(f)
+    x = -np.ones(3)
+    np.testing.assert_allclose(vg(x)[1], [3.0, 3.0, 3.0])
+    calls["attribute"] = 0.5
+    np.testing.assert_allclose(vg(x)[1], [1.5, 1.5, 1.5])
+
+
 def test_the_joint_graph_computes_the_forward_once():
     from opforge.graph.autodiff import joint_graph
 

@@ -18,7 +18,7 @@ from ..attrs import attr_key
 from ..errors import DTypeError, GradientError, ShapeError
 from ..spec import TensorSpec
 from .ir import Graph, Value
-from .trace import trace
+from .trace import same_trace, trace
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -226,13 +226,14 @@ def vjp(fn: Callable[..., Any], *arrays: Any) -> tuple[Any, Callable[..., Any]]:
 def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., tuple[Any, Any]]:
     """Like ``grad``, also returning ``fn``'s value.
 
-    ``fn`` is traced on every call (as JAX's grad does): arrays it reads from
-    outside become constants of that trace, so a later call sees their new
-    values.  Tracing is cheap; planning is not: when a call's trace is the
-    graph an earlier call traced -- the same ops, attributes and wiring, equal
-    constants -- that call's joint graph runs again with its plans.  The joint
-    graph computes the value and the gradients in one pass: the backward part
-    reads the forward part's values instead of recomputing them."""
+    ``fn`` runs on symbolic values on every call (as JAX's grad traces it):
+    arrays it reads from outside become constants, so a later call sees their
+    new values.  Running it is cheap; planning is not: when a call makes the
+    calls an earlier call traced -- the same ops, attributes and wiring, equal
+    constants, checked one by one as ``fn`` runs on that trace's values, with
+    no new graph built -- that call's joint graph runs again with its plans.
+    The joint graph computes the value and the gradients in one pass: the
+    backward part reads the forward part's values instead of recomputing them."""
     _function("grad", fn)
     single = isinstance(argnums, int)
     # (forward graph, joint graph), most recent first; a few, for alternating signatures
@@ -240,19 +241,23 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> 
 
     def wrapped(*arrays: Any) -> tuple[Any, Any]:
         arrays = _arrays("grad", arrays)  # type: ignore[assignment]  # (a list now: only unpacked below)
-        # Unoptimized: this trace is compared with the cached ones, and a joint graph made from it is
-        # optimized as it is traced (the passes took a fifth of a small function's trace).
-        forward = trace(fn, *arrays, optimize=False)
-        if forward.tuple_output or len(forward.outputs) != 1:
-            raise GradientError(f"grad needs '{forward.name}' to return one tensor")
-        spec = forward.outputs[0].spec
-        if spec.is_static and int(np.prod(spec.shape)) != 1:
-            raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
-        joint = next((j for f, j in joints if same_graph(f, forward)), None)
+        # fn runs against each cached trace first, checked call by call (no new graph): most calls are
+        # the one traced before, with new values in the arrays.
+        joint = next((j for f, j in joints if same_trace(fn, f, arrays)), None)
         if joint is None:
-            joint = joint_graph(forward, argnums)
-            joints.insert(0, (forward, joint))
-            del joints[JOINT_GRAPHS_KEPT:]
+            # Unoptimized: this trace is compared with the cached ones, and a joint graph made from it is
+            # optimized as it is traced (the passes took a fifth of a small function's trace).
+            forward = trace(fn, *arrays, optimize=False)
+            if forward.tuple_output or len(forward.outputs) != 1:
+                raise GradientError(f"grad needs '{forward.name}' to return one tensor")
+            spec = forward.outputs[0].spec
+            if spec.is_static and int(np.prod(spec.shape)) != 1:
+                raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
+            joint = next((j for f, j in joints if same_graph(f, forward)), None)
+            if joint is None:
+                joint = joint_graph(forward, argnums)
+                joints.insert(0, (forward, joint))
+                del joints[JOINT_GRAPHS_KEPT:]
         value, *grads = joint(*arrays)
         return value, (grads[0] if single else tuple(grads))
 

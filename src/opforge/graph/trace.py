@@ -52,10 +52,75 @@ class _Builder:
     def constant(self, array: object) -> Value:
         key = id(array)
         if key not in self.constants:
-            node = constant_node(np.array(array))
-            self.nodes.append(node)
-            self.constants[key] = (array, node.outputs[0])  # keep the array alive: ids stay unique
+            self.constants[key] = (array, self._constant(array))  # keep the array alive: ids stay unique
         return self.constants[key][1]
+
+    def _constant(self, array: object) -> Value:
+        node = constant_node(np.array(array))
+        self.nodes.append(node)
+        return node.outputs[0]
+
+    def record(self, op: Op, inputs: Sequence[Value | None], attrs: Mapping[str, AttrValue]) -> list[Value]:
+        node = Node(op, inputs, attrs, _inferred([None if v is None else v.spec for v in inputs], op, attrs))
+        self.nodes.append(node)
+        return node.outputs
+
+
+class _Mismatch(BaseException):
+    """A call that a graph traced before does not make (``_Matcher``).  Not an Exception:
+    a function that catches errors of its own must not go on with the wrong values."""
+
+
+class _Matcher(_Builder):
+    """Runs a function as tracing does, checking each call against the nodes of a
+    graph it traced before, in order, instead of building new ones: the same op,
+    attribute values and inputs, equal constants.  The calls get that graph's values,
+    so their wiring is compared by identity; the first difference raises _Mismatch."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        self.expected = graph.nodes
+        self.next = 0
+
+    def _take(self) -> Node:
+        if self.next >= len(self.expected):
+            raise _Mismatch()
+        self.next += 1
+        return self.expected[self.next - 1]
+
+    def _constant(self, array: object) -> Value:
+        node, value = self._take(), np.asarray(array)
+        if not (node.is_constant and node.value.dtype == value.dtype and np.array_equal(node.value, value)):
+            raise _Mismatch()
+        return node.outputs[0]
+
+    def record(self, op: Op, inputs: Sequence[Value | None], attrs: Mapping[str, AttrValue]) -> list[Value]:
+        node = self._take()
+        if (node.op is not op or len(node.inputs) != len(inputs) or any(a is not b for a, b in zip(node.inputs, inputs))
+                or attr_key(node.attrs) != attr_key(attrs)):
+            raise _Mismatch()
+        return node.outputs
+
+
+def same_trace(fn: Callable[..., Any], graph: Graph, arrays: Sequence[Any]) -> bool:
+    """Whether tracing ``fn`` on ``arrays`` would give ``graph`` (traced from ``fn``
+    without the passes): the inputs' shapes and dtypes, then every call, checked as
+    ``fn`` runs on ``graph``'s own values -- no new nodes, no inference."""
+    if len(arrays) != len(graph.inputs) or any(
+            a.shape != v.spec.shape or a.dtype.name != v.spec.dtype for a, v in zip(arrays, graph.inputs)):
+        return False
+    matcher = _Matcher(graph)
+    _builders().append(matcher)
+    try:
+        result = fn(*graph.inputs)
+    except _Mismatch:
+        return False
+    finally:
+        _builders().pop()
+    several = isinstance(result, (tuple, list))
+    results = list(result) if several else [result]
+    return (matcher.next == len(matcher.expected) and several == graph.tuple_output
+            and len(results) == len(graph.outputs) and all(r is v for r, v in zip(results, graph.outputs)))
 
 
 def _record(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
@@ -73,10 +138,8 @@ def _record(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     args = [a.as_tensor(dtype) if isinstance(a, SymDim) else a for a in args]
     inputs = [a if isinstance(a, Value) or a is None else
               builder.constant(np.asarray(a, dtype) if type(a) in (int, float, bool) else a) for a in args]
-    out_specs = _inferred([None if v is None else v.spec for v in inputs], op, attrs)
-    node = Node(op, inputs, attrs, out_specs)
-    builder.nodes.append(node)
-    return tuple(node.outputs) if op.tuple_output else node.outputs[0]
+    outputs = builder.record(op, inputs, attrs)
+    return tuple(outputs) if op.tuple_output else outputs[0]
 
 
 dispatch.INTERCEPTORS.append(_record)
