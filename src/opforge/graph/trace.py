@@ -145,7 +145,7 @@ def _record(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
 dispatch.INTERCEPTORS.append(_record)
 
 # Output specs by (op, its inference and check functions, input specs, attributes):
-# a function traced on every call (opforge.grad) records the same calls again.
+# a function traced again (opforge.grad, for a new signature or constant) records the same calls again.
 _INFERRED: BoundedCache[tuple[object, ...], tuple[TensorSpec, ...]] = BoundedCache(4096)
 
 
