@@ -21,6 +21,7 @@ void *DeviceMemoryPointer(PyObject *buffer);  // nullptr when not a DeviceMemory
 int MakeDeviceCurrent(PyObject *runtime, int device_id);
 void RestoreDevice(PyObject *runtime, int previous);
 int PeekLastError(PyObject *runtime);  // cudaPeekAtLastError: the launch check that leaves the error in place
+void ClearLastError(PyObject *runtime);  // cudaGetLastError, its value dropped
 
 // -- device_call.cc: DeviceRoutes, a launcher's remembered calls on GPU arrays.
 bool AddDeviceCallTypes(PyObject *module);

@@ -315,6 +315,8 @@ bool Launch(DeviceRoutesObject *self, Route *route, const Inputs &inputs, PyObje
     for (int w = 0; allocated && w < n_work; at += route->workspace[w], ++w) params[n_in + n_out + w] = at;
   }
   if (!allocated) {  // the Python path allocates again and names the failure
+    // (a failed allocation is also the thread's last error: not the next launch check's to find)
+    opforge_native::ClearLastError(memory);
     PyErr_Clear();
     Py_XDECREF(workspace);
     for (int k = 0; k < n_out; ++k) Py_CLEAR(buffers[k]);
@@ -354,7 +356,8 @@ bool IsDeviceRoutes(PyObject *obj) { return Py_TYPE(obj) == &DeviceRoutesType; }
 bool TryDeviceRoutes(PyObject *routes_obj, PyObject *args, PyObject **result) {
   auto *self = reinterpret_cast<DeviceRoutesObject *>(routes_obj);
   if (self->n_routes == 0 || PyTuple_GET_SIZE(args) != self->n_inputs || self->n_inputs == 0) return false;
-  if (self->interceptors == nullptr || !PyList_Check(self->interceptors) || PyList_GET_SIZE(self->interceptors) != self->interceptors_seen) {
+  if (self->interceptors == nullptr || !PyList_Check(self->interceptors) ||
+      PyList_GET_SIZE(self->interceptors) != self->interceptors_seen) {
     DropRoutes(self);  // an interceptor came since (a bridge imported): it may take these calls now
     return false;
   }

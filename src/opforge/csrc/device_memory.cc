@@ -31,7 +31,7 @@ using EventCreateFn = int (*)(void **, unsigned);
 using EventRecordFn = int (*)(void *, void *);
 using StreamWaitEventFn = int (*)(void *, void *, unsigned);
 using EventDestroyFn = int (*)(void *);
-using PeekAtLastErrorFn = int (*)();
+using LastErrorFn = int (*)();
 
 constexpr unsigned kDisableTiming = 2;  // cudaEventDisableTiming
 
@@ -45,7 +45,7 @@ struct CudaRuntimeObject {
   EventRecordFn event_record;
   StreamWaitEventFn stream_wait_event;
   EventDestroyFn event_destroy;
-  PeekAtLastErrorFn peek_at_last_error;
+  LastErrorFn peek_at_last_error, get_last_error;
   PyTypeObject *buffer_type;  // what allocate() makes: DeviceMemory or a subclass of it
 };
 
@@ -90,6 +90,7 @@ int CudaRuntime_init(CudaRuntimeObject *self, PyObject *args, PyObject *) {
       {"cudaStreamWaitEvent", reinterpret_cast<void **>(&self->stream_wait_event)},
       {"cudaEventDestroy", reinterpret_cast<void **>(&self->event_destroy)},
       {"cudaPeekAtLastError", reinterpret_cast<void **>(&self->peek_at_last_error)},
+      {"cudaGetLastError", reinterpret_cast<void **>(&self->get_last_error)},
   };
   for (const Entry &entry : entries) {
     PyObject *address = PyDict_GetItemString(addresses, entry.name);  // borrowed
@@ -320,6 +321,8 @@ void RestoreDevice(PyObject *runtime, int previous) {
 }
 
 int PeekLastError(PyObject *runtime) { return reinterpret_cast<CudaRuntimeObject *>(runtime)->peek_at_last_error(); }
+
+void ClearLastError(PyObject *runtime) { reinterpret_cast<CudaRuntimeObject *>(runtime)->get_last_error(); }
 
 bool AddDeviceMemoryTypes(PyObject *module) {
   CudaRuntimeType.tp_name = "opforge._native.CudaRuntime";

@@ -112,8 +112,9 @@ _SIGNATURES = {  # name: argument types; every call returns cudaError_t (int)
 }
 
 
-_MEMORY_CALLS = ("cudaGetDevice", "cudaSetDevice", "cudaMallocFromPoolAsync", "cudaFreeAsync", "cudaEventCreateWithFlags",
-                 "cudaEventRecord", "cudaStreamWaitEvent", "cudaEventDestroy", "cudaPeekAtLastError")
+_MEMORY_CALLS = ("cudaGetDevice", "cudaSetDevice", "cudaMallocFromPoolAsync", "cudaFreeAsync",
+                 "cudaEventCreateWithFlags", "cudaEventRecord", "cudaStreamWaitEvent", "cudaEventDestroy",
+                 "cudaPeekAtLastError", "cudaGetLastError")
 
 
 class _Runtime(ctypes.CDLL):
