@@ -4,13 +4,16 @@ The kernel runs on the caller's current stream (``runtime.cuda.current_stream``:
 ``opforge.cuda.stream``, else PyTorch's or CuPy's current stream, else the
 default stream); inputs are taken through DLPack with that stream as the
 consumer's, so the producer's pending work on them is ordered before the
-kernel.  Outputs and workspace come from opforge's stream-ordered pool
+kernel (-1, nothing to order, when it is their library's own current stream:
+``cuda.call_stream``).  Outputs and workspace come from opforge's stream-ordered pool
 (``cuda.allocate``), launch errors are read with ``cudaGetLastError`` after
 the call, and nothing synchronizes: the outputs are handed back (as the
 inputs' kind, through DLPack) while the kernel may still be running, exactly
 as a framework's own ops do.  Their exports order each consumer's stream
 after the call's (``DeviceBuffer.export_to``).  Python and NumPy scalars among
 the inputs become 0-d device arrays (``cuda.constant``), typed as on the CPU.
+A call that went through is remembered by its launcher (``_remember``), and
+later calls that fit it run in C (``_native.DeviceRoutes``) with the same steps.
 """
 from __future__ import annotations
 
