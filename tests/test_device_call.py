@@ -548,6 +548,19 @@ def test_a_new_interceptor_takes_calls_the_routes_made_before(fake, routed, monk
         opforge.runtime.dispatch.INTERCEPTORS.remove(intercept)
 
 
+def test_a_call_remembered_after_an_interceptor_came_drops_the_routes_made_before(fake, routed):
+    planner = opforge.runtime.dispatch.launcher_for(routed, routed.resolve_attrs({}), 1).planner
+    routed(FakeCudaArray(np.ones(4, np.float32)))
+    assert routes(routed).stats["routes"] == 1
+    declining = lambda op, attrs, args: NotImplemented  # noqa: E731  (a bridge that takes none of these)
+    opforge.runtime.dispatch.INTERCEPTORS.append(declining)
+    try:
+        planner.prepare((FakeCudaArray(np.ones(2, np.float32)),))  # the Python path, straight: it remembers
+        assert routes(routed).stats["routes"] == 1  # the new call's alone: the older one predates the interceptor
+    finally:
+        opforge.runtime.dispatch.INTERCEPTORS.remove(declining)
+
+
 def test_a_remembered_call_on_a_second_device_switches_there_and_back(fake, routed):
     fake.fake_cuda_set_device_count(2)
     x = FakeCudaArray(np.ones(4, np.float32), device_id=1)

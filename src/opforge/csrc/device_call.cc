@@ -169,8 +169,10 @@ PyObject *DeviceRoutes_remember(DeviceRoutesObject *self, PyObject *args) {
     delete route;
     return nullptr;
   }
-  self->interceptors_seen =
+  const Py_ssize_t interceptors =
       self->interceptors != nullptr && PyList_Check(self->interceptors) ? PyList_GET_SIZE(self->interceptors) : -1;
+  if (interceptors != self->interceptors_seen) DropRoutes(self);  // routes made before an interceptor came
+  self->interceptors_seen = interceptors;
   for (int r = 0; r < self->n_routes; ++r) {  // the same call again (its route could not take it): replace
     if (SameCall(self->routes[r], route, self->n_inputs)) {
       ReleaseRoute(self->routes[r]);
