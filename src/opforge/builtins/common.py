@@ -64,6 +64,10 @@ GPU_FLOATS = ["float16", "float32", "float64"]
 GPU_NUMERIC = GPU_FLOATS + ["int32", "int64"]
 
 
+# include_dirs of a built-in source that includes the headers beside the built-ins (elements.h, lanes.h, ...).
+HEADER_DIRS = [str(Path(__file__).parent)]
+
+
 def gpu_source(file: str, function: str) -> str:
     """``"<builtins folder>/file:function"``, the ``source=`` of a built-in GPU kernel."""
     return f"{Path(__file__).with_name(file)}:{function}"

@@ -15,8 +15,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import known_dims
-from opforge.builtins.expand import HERE
+from opforge.builtins.common import HEADER_DIRS, known_dims
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -54,7 +53,7 @@ def constant_of_shape_grad(saved: Any, dy: Any, *, shape: Sequence[int]) -> Any:
     return opforge.ops.reshape(total, shape=list(known_dims(saved.value)))
 
 
-constant_of_shape.kernel(function="ConstantOfShape", include_dirs=HERE, code=r"""
+constant_of_shape.kernel(function="ConstantOfShape", include_dirs=HEADER_DIRS, code=r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 

@@ -12,14 +12,13 @@ underflow (through the subnormals to 0) and subnormal inputs as NumPy.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import GPU_FLOATS, SIMD_ISAS, gpu_source, same_dtypes
+from opforge.builtins.common import GPU_FLOATS, HEADER_DIRS, SIMD_ISAS, gpu_source, same_dtypes
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -54,7 +53,7 @@ def exp_grad(saved: Any, dy: Any) -> Any:
 # What every vecmath.h kernel is compiled with: explicit FMAs only (so the
 # vector body and the scalar tail round alike) and no FP-trap semantics (else
 # g++ will not turn the selects into vector blends below AVX).
-VECMATH: dict[str, Any] = dict(include_dirs=[str(Path(__file__).parent)],
+VECMATH: dict[str, Any] = dict(include_dirs=HEADER_DIRS,
                                cflags=["-ffp-contract=off", "-fno-trapping-math"])
 
 # y = f(x) for vecmath.h's array function VECMATH_FN, over the thread pool in

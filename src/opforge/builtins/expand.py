@@ -9,14 +9,13 @@ gradient sums dy over the broadcast axes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import known_dims
+from opforge.builtins.common import HEADER_DIRS, known_dims
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -83,11 +82,10 @@ def expand_grad(saved: Any, dy: Any, *, shape: Sequence[int]) -> Any:
     return dy
 
 
-HERE = [str(Path(__file__).parent)]
 
 # y written in order, x read at element strides, 0 along broadcast dims
 # (elements.h's StridedCopy: merged dims, rows of memcpy or fills, threaded).
-expand.kernel(function="Expand", include_dirs=HERE, code=r"""
+expand.kernel(function="Expand", include_dirs=HEADER_DIRS, code=r"""
 #include <vector>
 
 #include "custom_aot_extra.h"

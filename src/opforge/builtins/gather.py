@@ -8,14 +8,13 @@ gradient is ``gather_grad``: dy scatter-added into zeros of data's shape.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import FLOATS, every_dtype, shapes_agree
+from opforge.builtins.common import FLOATS, HEADER_DIRS, every_dtype, shapes_agree
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -121,8 +120,7 @@ extern "C" int Gather(int nparam, void **params, int *ndims, int64_t **shapes, c
   return 2;
 }
 """
-HERE = [str(Path(__file__).parent)]
-gather.kernel(function="Gather", code=GATHER_CC, include_dirs=HERE)
+gather.kernel(function="Gather", code=GATHER_CC, include_dirs=HEADER_DIRS)
 
 
 # The gradient is an op too: dx = zeros of data's shape, each dy row added at its index.
@@ -213,4 +211,4 @@ extern "C" int GatherGrad(int nparam, void **params, int *ndims, int64_t **shape
 }
 """
 gather_grad_op.kernel(function="GatherGrad", code=every_dtype(GATHER_GRAD_CC, "GatherGrad", FLOATS),
-                      dtypes=[(d, None, d) for d in FLOATS], include_dirs=HERE)
+                      dtypes=[(d, None, d) for d in FLOATS], include_dirs=HEADER_DIRS)

@@ -7,14 +7,13 @@ the spatial axes.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import FLOATS, floating_point, known_dims
+from opforge.builtins.common import FLOATS, HEADER_DIRS, floating_point, known_dims
 from opforge.builtins.mean import mean_grad
 from opforge.spec import UNKNOWN_RANK
 
@@ -97,6 +96,6 @@ extern "C" int GlobalAveragePool(int nparam, void **params, int *ndims, int64_t 
 """
 for _isa in (None, "avx2"):  # (its vectors are 32 bytes: AVX-512 gains nothing)
     global_average_pool.kernel(function="GlobalAveragePool", dtypes={"x": FLOATS}, isa=_isa,
-                               cflags=["-Wno-psabi"], include_dirs=[str(Path(__file__).parent)],
+                               cflags=["-Wno-psabi"], include_dirs=HEADER_DIRS,
                                code=GLOBAL_AVERAGE_POOL_CC)
 del _isa

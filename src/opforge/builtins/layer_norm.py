@@ -13,7 +13,6 @@ bias the NumPy reference runs.  The gradient covers all three outputs and every 
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.add import sum_to
-from opforge.builtins.common import FLOATS, floating_point, known_dims, zeros_like
+from opforge.builtins.common import FLOATS, HEADER_DIRS, floating_point, known_dims, zeros_like
 from opforge.spec import UNKNOWN_RANK
 
 if TYPE_CHECKING:
@@ -261,5 +260,5 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
 """
 for _isa in (None, "avx2"):
     layer_norm.kernel(function="LayerNorm", dtypes={"x": FLOATS, "scale": FLOATS, "bias": FLOATS}, isa=_isa,
-                      cflags=["-Wno-psabi"], include_dirs=[str(Path(__file__).parent)], code=LAYER_NORM_CC)
+                      cflags=["-Wno-psabi"], include_dirs=HEADER_DIRS, code=LAYER_NORM_CC)
 del _isa

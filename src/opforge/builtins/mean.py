@@ -13,7 +13,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import FLOATS, SIMD_ISAS, every_dtype, floating_point, known_dims, zeros_like
+from opforge.builtins.common import FLOATS, HEADER_DIRS, SIMD_ISAS, every_dtype, floating_point, known_dims, zeros_like
 from opforge.builtins.reduce_sum import REDUCE_PLAN, REDUCE_SUM, kept_axes, reduce_sum_check, spread
 from opforge.sbp import split
 from opforge.spec import UNKNOWN_RANK
@@ -68,4 +68,5 @@ def mean_grad(saved: Any, dy: Any, *, axes: Sequence[int], keep_dims: bool) -> A
 
 for isa in SIMD_ISAS:
     mean.kernel(function="ReduceSum", code=REDUCE_PLAN + every_dtype(REDUCE_SUM, "ReduceSum", FLOATS),
-                dtypes=[(d,) for d in FLOATS], name="Mean", cflags=["-DOPFORGE_MEAN=1"], isa=isa)
+                dtypes=[(d,) for d in FLOATS], name="Mean", cflags=["-DOPFORGE_MEAN=1"], isa=isa,
+                include_dirs=HEADER_DIRS)

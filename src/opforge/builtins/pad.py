@@ -20,7 +20,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.expand import HERE
+from opforge.builtins.common import HEADER_DIRS
 from opforge.builtins.max_pool import GRADIENT_DTYPES, gradient_op
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ extern "C" int PadGrad(int nparam, void **params, int *ndims, int64_t **shapes, 
   return 2;
 }
 """
-pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC, include_dirs=HERE)
+pad.kernel(function="Pad", dtypes=[(d,) for d in PAD_DTYPES], code=PAD_CC, include_dirs=HEADER_DIRS)
 
 
 # -- the gradient -----------------------------------------------------------------
@@ -328,4 +328,4 @@ def pad_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, pads: Seque
     return dx
 
 
-pad_grad.kernel(function="PadGrad", dtypes=GRADIENT_DTYPES, code=PAD_CC, include_dirs=HERE)
+pad_grad.kernel(function="PadGrad", dtypes=GRADIENT_DTYPES, code=PAD_CC, include_dirs=HEADER_DIRS)

@@ -12,6 +12,7 @@
 
 #include "custom_aot_extra.h"
 #include "opforge_cuda.h"
+#include "reduce_axes.h"
 
 namespace {
 
@@ -118,17 +119,8 @@ extern "C" int ReduceSumGpu(int nparam, void **params, int *ndims, int64_t **sha
   if (nparam < 2 || std::strcmp(dtypes[0], dtypes[1]) != 0) return 1;
   const int rank = ndims[0];
   const int64_t *shape = shapes[0];
-  std::vector<int64_t> axes = extra->Attr<std::vector<int64_t>>("axes");
-  const bool keep_dims = extra->Attr<bool>("keep_dims");
-  std::vector<bool> reduced(rank, axes.empty());  // no axes: reduce them all
-  for (int64_t axis : axes) {
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis >= rank || reduced[axis]) return 2;  // the op's check rejects these first
-    reduced[axis] = true;
-  }
-  int n_reduced = 0;
-  for (int d = 0; d < rank; d++) n_reduced += reduced[d];
-  if (ndims[1] != (keep_dims ? rank : rank - n_reduced)) return 3;  // output shape disagrees with the attributes
+  std::vector<bool> reduced;
+  if (const int bad = ReducedAxes(extra, rank, ndims[1], &reduced)) return 1 + bad;  // 2: axes, 3: y's rank
 
   Dims kept_dims{}, reduced_dims{};
   int64_t stride = 1, ny = 1, nr = 1;

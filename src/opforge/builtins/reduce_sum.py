@@ -13,7 +13,7 @@ import numpy as np
 
 import opforge
 from opforge import infer
-from opforge.builtins.common import GPU_NUMERIC, SIMD_ISAS, gpu_source, same_dtypes, zeros_like
+from opforge.builtins.common import GPU_NUMERIC, HEADER_DIRS, SIMD_ISAS, gpu_source, same_dtypes, zeros_like
 from opforge.sbp import partial_sum, split
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ REDUCE_PLAN = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "reduce_axes.h"
 
 // Some dims of x (sizes, element strides): the offset of a row-major index over them.
 struct Dims {
@@ -136,17 +137,8 @@ struct ReducePlan : AotKernelData {
 extern "C" int ReduceSumInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0];
   const int64_t *shape = shapes[0];
-  std::vector<int64_t> axes = extra->Attr<std::vector<int64_t>>("axes");
-  const bool keep_dims = extra->Attr<bool>("keep_dims");
-  std::vector<bool> reduced(rank, axes.empty());  // no axes: reduce them all
-  for (int64_t axis : axes) {
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis >= rank || reduced[axis]) return 1;  // the op's check rejects these first
-    reduced[axis] = true;
-  }
-  int n_reduced = 0;
-  for (int d = 0; d < rank; d++) n_reduced += reduced[d];
-  if (ndims[1] != (keep_dims ? rank : rank - n_reduced)) return 2;  // output shape disagrees with the attributes
+  std::vector<bool> reduced;
+  if (const int bad = ReducedAxes(extra, rank, ndims[1], &reduced)) return bad;  // 1: axes, 2: y's rank
 
   ReducePlan *plan = new ReducePlan;
   extra->SetKernelData(plan);
@@ -421,6 +413,6 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
 # One kernel per ISA (wider vectors, the same additions in the same order: the same results).
 for isa in SIMD_ISAS:
     reduce_sum.kernel(function="ReduceSum", dtypes={"x": ["float32", "float64", "int32", "int64"]},
-                      code=REDUCE_PLAN + REDUCE_SUM, isa=isa)
+                      code=REDUCE_PLAN + REDUCE_SUM, isa=isa, include_dirs=HEADER_DIRS)
 reduce_sum.kernel(source=gpu_source("reduce_sum.cu", "ReduceSumGpu"), device="gpu",
                   dtypes=same_dtypes(GPU_NUMERIC))

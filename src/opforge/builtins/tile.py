@@ -14,8 +14,7 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import known_dims
-from opforge.builtins.expand import HERE
+from opforge.builtins.common import HEADER_DIRS, known_dims
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -58,7 +57,7 @@ def tile_grad(saved: Any, dy: Any, *, repeats: Sequence[int]) -> Any:
     return summed
 
 
-tile.kernel(function="Tile", include_dirs=HERE, code=r"""
+tile.kernel(function="Tile", include_dirs=HEADER_DIRS, code=r"""
 #include <vector>
 
 #include "custom_aot_extra.h"

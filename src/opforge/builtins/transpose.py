@@ -9,14 +9,13 @@ transposes back with the inverse permutation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import gpu_source
+from opforge.builtins.common import HEADER_DIRS, gpu_source
 from opforge.errors import ShapeError
 from opforge.sbp import split
 
@@ -225,7 +224,8 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   char *y = static_cast<char *>(params[1]);
   switch (plan->way) {
     case TransposePlan::kCopy:
-      opforge::parallel_for(0, n * size, kGrainBytes, [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
+      opforge::parallel_for(0, n * size, kGrainBytes,
+                            [&](int64_t lo, int64_t hi) { std::memcpy(y + lo, x + lo, hi - lo); });
       return 0;
     case TransposePlan::kTiled:
       switch (size) {
@@ -272,5 +272,5 @@ extern "C" int Transpose(int nparam, void **params, int *ndims, int64_t **shapes
   return 0;
 }
 """
-transpose.kernel(function="Transpose", code=TRANSPOSE, include_dirs=[str(Path(__file__).parent)])
+transpose.kernel(function="Transpose", code=TRANSPOSE, include_dirs=HEADER_DIRS)
 transpose.kernel(source=gpu_source("transpose.cu", "TransposeGpu"), device="gpu")  # any dtype, as above

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..attrs import attr_key
 from ..errors import DTypeError, GradientError, ShapeError
 from ..spec import TensorSpec
 from .ir import Graph, Value
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 
     from ..attrs import AttrValue
     from ..operator import Op
-    from .ir import Node
 
 
 class Saved:
@@ -245,19 +243,17 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> 
         # the one traced before, with new values in the arrays.
         joint = next((j for f, j in joints if same_trace(fn, f, arrays)), None)
         if joint is None:
-            # Unoptimized: this trace is compared with the cached ones, and a joint graph made from it is
-            # optimized as it is traced (the passes took a fifth of a small function's trace).
+            # Unoptimized: later calls are checked against this trace as fn records it, and the joint graph
+            # made from it is optimized as it is traced (the passes took a fifth of a small function's trace).
             forward = trace(fn, *arrays, optimize=False)
             if forward.tuple_output or len(forward.outputs) != 1:
                 raise GradientError(f"grad needs '{forward.name}' to return one tensor")
             spec = forward.outputs[0].spec
             if spec.is_static and int(np.prod(spec.shape)) != 1:
                 raise GradientError(f"grad needs '{forward.name}' to return a scalar, got shape {list(spec.shape)}")
-            joint = next((j for f, j in joints if same_graph(f, forward)), None)
-            if joint is None:
-                joint = joint_graph(forward, argnums)
-                joints.insert(0, (forward, joint))
-                del joints[JOINT_GRAPHS_KEPT:]
+            joint = joint_graph(forward, argnums)
+            joints.insert(0, (forward, joint))
+            del joints[JOINT_GRAPHS_KEPT:]
         value, *grads = joint(*arrays)
         return value, (grads[0] if single else tuple(grads))
 
@@ -282,37 +278,6 @@ def joint_graph(forward: Graph, wrt: int | Sequence[int] | None = None) -> Graph
     graph = trace(value_and_gradients, *[v.spec for v in forward.inputs], name=f"{forward.name}_value_and_grad")
     graph.tuple_output = True
     return graph
-
-
-def same_graph(a: Graph, b: Graph) -> bool:
-    """Whether two traces are one graph: the same ops, attribute values and wiring,
-    inputs of the same specs, and equal constants."""
-    if len(a.nodes) != len(b.nodes) or len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
-        return False
-    position: dict[int, tuple[object, ...]] = {}  # value id -> where it comes from
-    x: Value | Node
-    y: Value | Node
-    for k, (x, y) in enumerate(zip(a.inputs, b.inputs)):
-        if x.spec != y.spec:
-            return False
-        position[x.id], position[y.id] = ("in", k), ("in", k)
-    for k, (x, y) in enumerate(zip(a.nodes, b.nodes)):
-        if x.op is not y.op or len(x.inputs) != len(y.inputs) or len(x.outputs) != len(y.outputs):
-            return False
-        if x.is_constant:
-            if not (y.is_constant and x.value.dtype == y.value.dtype and np.array_equal(x.value, y.value)):
-                return False
-        elif attr_key(x.attrs) != attr_key(y.attrs):
-            return False
-        for u, v in zip(x.inputs, y.inputs):  # (v is None exactly when u is: checked first)
-            if (u is None) != (v is None) or (
-                    u is not None and position.get(u.id) != position.get(v.id)):  # type: ignore[union-attr]
-                return False
-        for j, (u, v) in enumerate(zip(x.outputs, y.outputs)):
-            if u.spec != v.spec:
-                return False
-            position[u.id], position[v.id] = ("node", k, j), ("node", k, j)
-    return all(position.get(u.id) == position.get(v.id) for u, v in zip(a.outputs, b.outputs))
 
 
 def grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., Any]:

@@ -97,7 +97,9 @@ class _Matcher(_Builder):
     def record(self, op: Op, inputs: Sequence[Value | None], attrs: Mapping[str, AttrValue]) -> list[Value]:
         node = self._take()
         if (node.op is not op or len(node.inputs) != len(inputs) or any(a is not b for a, b in zip(node.inputs, inputs))
-                or attr_key(node.attrs) != attr_key(attrs)):
+                or attr_key(node.attrs) != attr_key(attrs)
+                or [v.spec for v in node.outputs] != _inferred([None if v is None else v.spec for v in inputs], op,
+                                                               attrs)):  # (an op declared again infers anew)
             raise _Mismatch()
         return node.outputs
 
@@ -112,15 +114,21 @@ def same_trace(fn: Callable[..., Any], graph: Graph, arrays: Sequence[Any]) -> b
     matcher = _Matcher(graph)
     _builders().append(matcher)
     try:
-        result = fn(*graph.inputs)
+        outputs, several = _graph_outputs(fn(*graph.inputs), matcher)
     except _Mismatch:
         return False
     finally:
         _builders().pop()
-    several = isinstance(result, (tuple, list))
-    results = list(result) if several else [result]
     return (matcher.next == len(matcher.expected) and several == graph.tuple_output
-            and len(results) == len(graph.outputs) and all(r is v for r, v in zip(results, graph.outputs)))
+            and len(outputs) == len(graph.outputs) and all(r is v for r, v in zip(outputs, graph.outputs)))
+
+
+def _graph_outputs(result: Any, builder: _Builder) -> tuple[list[Value], bool]:
+    """A traced function's result as graph outputs (symbolic dims and arrays become values), and
+    whether it gave several."""
+    several = isinstance(result, (tuple, list))
+    return [item if isinstance(item, Value) else item.as_tensor("int64") if isinstance(item, SymDim)
+            else builder.constant(np.asarray(item)) for item in (result if several else [result])], several
 
 
 def _record(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
@@ -183,10 +191,7 @@ def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = N
     builder = _Builder()
     _builders().append(builder)
     try:
-        result = fn(*inputs)
-        several = isinstance(result, (tuple, list))
-        outputs = [item if isinstance(item, Value) else item.as_tensor("int64") if isinstance(item, SymDim)
-                   else builder.constant(np.asarray(item)) for item in (result if several else [result])]
+        outputs, several = _graph_outputs(fn(*inputs), builder)
     finally:
         _builders().pop()
     # (mypy infers getattr's default in the context str | None, so it keeps None in the "or")

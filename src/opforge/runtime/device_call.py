@@ -177,10 +177,8 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
         if scalars:
             _scalar_views(op, args, scalars, views)
         signature = tuple([(v.shape, v.dtype) for v in views])
-        plan = _plans(planner).get(signature)
-        if plan is None:
-            plan = _plans(planner).get_or_create(
-                signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
+        plan = _plans(planner).get_or_create(
+            signature, lambda: BufferPlan(op, attrs, [TensorSpec(v.shape, v.dtype) for v in views], "gpu"))
         if not plan.native:  # a Python GPU kernel works on the caller's own arrays
             return plan.kernel.fn(*args, **attrs)
         held = _upload_scalars(views, scalars, stream, device_id) if scalars else ()
