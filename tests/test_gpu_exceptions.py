@@ -61,6 +61,14 @@ STAGES = textwrap.dedent(r'''
     stage("a jitted opforge op on the GPU", lambda: np.asarray(jax.jit(ops.relu)(g)))
     import opforge.torch
     stage("opforge.torch imported, relu a torch op", lambda: torch.ops.opforge.relu(x).sum().item())
+
+    # Which C++ runtimes and unwinders the process holds, for a failure's message: two copies bound at once
+    # would break C++ exceptions process-wide.
+    import sys
+    with open("/proc/self/maps") as maps:
+        names = sorted({line.split()[-1] for line in maps if any(
+            key in line for key in ("libstdc++", "libgcc_s", "libunwind", "libc++", "libcudart"))})
+    print("\n".join(names), file=sys.stderr)
 ''')
 
 
