@@ -430,6 +430,27 @@ def test_cublas_is_found_in_an_nvidia_wheel(tmp_path, monkeypatch):
     assert cublas.wheel_library() is None
 
 
+def test_a_preloaded_wheel_library_is_found_by_soname_and_stays_out_of_the_global_scope(tmp_path, monkeypatch):
+    import subprocess
+
+    from opforge.runtime import cublas
+
+    folder = tmp_path / "nvidia" / "cublas" / "lib"
+    folder.mkdir(parents=True)
+    source = tmp_path / "probe.c"
+    source.write_text("int opforge_cublas_probe(void) { return 7; }\n")
+    subprocess.run([find_compiler("c"), "-shared", "-fPIC", "-Wl,-soname,libcublas.so.99", "-o",
+                    str(folder / "libcublas.so.99"), str(source)], check=True)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.setattr(cublas, "_done", False)
+    monkeypatch.setattr(cublas, "_handle", None)
+    monkeypatch.delenv("OPFORGE_CUBLAS", raising=False)
+    assert cublas.preload() is not None
+    assert ctypes.CDLL("libcublas.so.99").opforge_cublas_probe() == 7  # what the kernel's dlopen by soname gets
+    with pytest.raises(AttributeError):  # not global: later libraries' symbols keep binding where they did
+        ctypes.CDLL(None).opforge_cublas_probe
+
+
 def test_gpu_matmul_asks_for_cublas_but_is_never_skipped_for_it():
     from opforge.runtime import cublas
 

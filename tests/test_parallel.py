@@ -1,6 +1,7 @@
 """opforge's thread pool (opforge/parallel.h, opforge.set_num_threads): kernels run ranges
 on several threads, results are exact, errors come back, nothing deadlocks (nested
 calls, calls from several Python threads, a forked child)."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -144,3 +145,17 @@ def test_openblas_loads_on_one_thread_unless_given_its_own():
     done = subprocess.run([sys.executable, "-c", code], env={**env, "OPFORGE_BLAS_THREADS": "2"},
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "2", done.stderr
+
+
+def test_opforge_puts_nothing_into_the_global_symbol_scope(who_wrote):
+    """Libraries loaded after opforge (torch's, JAX's) must bind their symbols where they would without it:
+    neither _native, nor its C++ runtime through it, nor a kernel library is global."""
+    code = ("import ctypes, numpy as np, opforge\n"
+            "opforge.ops.relu(np.ones(3, np.float32))\n"
+            "for name in ('opforge_parallel_for', 'opforge_parallel_table', 'opforge_parallel_api', 'PyInit__native'):\n"
+            "    assert not hasattr(ctypes.CDLL(None), name), name\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+    who_wrote(np.arange(4.0))
+    assert not hasattr(ctypes.CDLL(None), "opforge_parallel_api")  # this process too, after its kernels

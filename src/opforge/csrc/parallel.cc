@@ -1,9 +1,9 @@
 // opforge's thread pool: one per process, for built-in and user kernels alike.
 //
-// Kernels reach it through include/opforge/parallel.h, whose functions are
-// these C symbols: opforge loads this extension into the global symbol scope
-// (runtime/parallel.py) before any kernel library, so the loader resolves a
-// kernel's references to them; without them a kernel runs serially.
+// Kernels reach it through include/opforge/parallel.h: each kernel library
+// holds a pointer, opforge_parallel_api, that runtime/parallel.py sets to
+// opforge_parallel_table below when the library is loaded; where it stays null
+// a kernel runs serially.
 //
 // opforge_parallel_for(begin, end, grain, fn, context) splits [begin, end)
 // into chunks of at least `grain` and runs fn(chunk_begin, chunk_end,
@@ -29,6 +29,8 @@
 #include <pthread.h>
 #include <thread>
 #include <vector>
+
+#include "../include/opforge/parallel.h"
 
 using RangeFn = void (*)(int64_t, int64_t, void *);
 
@@ -218,5 +220,10 @@ __attribute__((visibility("default"))) void opforge_set_num_threads(int threads)
   replaced = std::move(pool);  // the next parallel call makes one of the new size
   wanted_threads = threads;
 }
+
+// What parallel.h's opforge_parallel_api points to in every kernel library opforge loads.
+__attribute__((visibility("default"))) extern const OpforgeParallelApi opforge_parallel_table;
+const OpforgeParallelApi opforge_parallel_table = {opforge_parallel_for, opforge_parallel_threads,
+                                                   opforge_parallel_thread_index};
 
 }  // extern "C"

@@ -7,8 +7,10 @@ flags.  Names are found on the loader's path (the CUDA toolkit's, a
 framework that already loaded cuBLAS) -- but not inside NVIDIA's pip wheels
 (``nvidia-cublas-cu12`` and the like, which PyTorch's CUDA builds install),
 whose folders are on no search path.  :func:`preload` finds a wheel's
-library and loads it with ``RTLD_GLOBAL`` first; the kernel's dlopen by
-soname then gets that copy.
+library and loads it first; the kernel's dlopen by soname then gets that copy
+(the loader matches a name against the sonames of the libraries it holds).
+It is loaded ``RTLD_LOCAL``: in the global scope its dependencies would come
+before the definitions of every library loaded later.
 
 The kernel declares :func:`prepare` as its ``requires``: it never turns the
 kernel down, so a missing cuBLAS is reported by the kernel as a
@@ -44,7 +46,7 @@ def wheel_library() -> str | None:
 
 
 def preload() -> ctypes.CDLL | None:
-    """Load a wheel's cuBLAS globally, once; the ctypes handle, or None (none found, or it does not load)."""
+    """Load a wheel's cuBLAS, once; the ctypes handle, or None (none found, or it does not load)."""
     global _done, _handle
     if _done:
         return _handle
@@ -53,7 +55,7 @@ def preload() -> ctypes.CDLL | None:
             path = None if os.environ.get("OPFORGE_CUBLAS") else wheel_library()
             if path is not None:
                 try:
-                    _handle = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+                    _handle = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
                 except OSError:
                     _handle = None  # the kernel's own search reports what is missing
             _done = True

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from ..errors import KernelSourceError, OpforgeError, SymbolNotFoundError
-from . import parallel  # noqa: F401 - the thread pool's symbols, global before any kernel library loads
+from . import parallel
 
 __all__ = ["Library", "detect_cxx11_abi", "load_library"]
 
@@ -184,6 +184,7 @@ def load_library(path: str | os.PathLike[str], *, cxx11_abi: bool | None = None)
                 handle = _dlopen(real, fresh=real in _loaded_paths)
             except OSError as exc:
                 raise OpforgeError(f"cannot load kernel library {real}: {exc}") from exc
+            parallel.attach(handle)
             _handles[(real, stamp)] = handle
             _loaded_paths.add(real)
         key = (real, stamp, None if cxx11_abi is None else bool(cxx11_abi))

@@ -1,10 +1,12 @@
 """opforge's thread pool (csrc/parallel.cc), which built-in and user kernels share
 through ``opforge/parallel.h``.
 
-The pool's functions live in the ``_native`` extension.  Importing this module
-loads that extension again into the global symbol scope (it exports nothing
-else: its other symbols are hidden), so a kernel library loaded afterwards
-finds them without linking anything.  Its size is ``OPFORGE_NUM_THREADS`` when
+The pool's functions live in the ``_native`` extension.  A kernel library built
+with the header holds one pointer, ``opforge_parallel_api``, which ``attach``
+sets to the pool's table when ``runtime.library`` loads it; a kernel links
+nothing.  (``_native`` stays out of the global symbol scope: there, its C++
+runtime and the template code it exports would come before the definitions of
+libraries loaded later, torch's and JAX's among them.)  The pool's size is ``OPFORGE_NUM_THREADS`` when
 set, else the cores this process may run on; ``set_num_threads`` changes it,
 and so the threads that multiply matmul's, gemm's and conv's products
 (OpenBLAS itself runs on one thread, see ``runtime.blas``): one count for every
@@ -18,9 +20,20 @@ import os
 from .. import _native
 from ..errors import OpforgeError
 
-_pool = ctypes.CDLL(_native.__file__, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+_pool = ctypes.CDLL(_native.__file__)  # the loaded extension, in its own (local) scope
 _pool.opforge_set_num_threads.argtypes = [ctypes.c_int]
 _pool.opforge_set_num_threads.restype = None
+_TABLE = ctypes.addressof(ctypes.c_char.in_dll(_pool, "opforge_parallel_table"))
+
+
+def attach(library: ctypes.CDLL) -> None:
+    """Give a kernel library built with ``opforge/parallel.h`` the pool (a library without the header is
+    left as it is)."""
+    try:
+        pointer = ctypes.c_void_p.in_dll(library, "opforge_parallel_api")
+    except ValueError:  # no such symbol
+        return
+    pointer.value = _TABLE
 
 
 def _default() -> int:

@@ -12,9 +12,12 @@
  * another thread's kernel holds the pool, runs serially.  An exception thrown
  * by the function is rethrown here once every range has finished.
  *
- * The functions are opforge's (its _native extension, loaded into the global
- * symbol scope before kernel libraries): a library built with this header links
- * nothing, and run where opforge has not loaded them, it runs serially.
+ * The pool is opforge's (its _native extension).  A library built with this
+ * header links nothing: it holds one pointer, opforge_parallel_api, which opforge
+ * sets to the pool's entry points when it loads the library.  Loaded by anything
+ * else, the pointer stays null and the loops run serially.  (opforge puts nothing
+ * into the process's global symbol scope: it would change which definitions the
+ * libraries loaded after it bind to.)
  */
 #ifndef OPFORGE_PARALLEL_H_
 #define OPFORGE_PARALLEL_H_
@@ -25,24 +28,32 @@
 
 extern "C" {
 typedef void (*OpforgeRangeFn)(int64_t begin, int64_t end, void *context);
-int opforge_parallel_for(int64_t begin, int64_t end, int64_t grain, OpforgeRangeFn fn, void *context)
-    __attribute__((weak));
-int opforge_parallel_threads(void) __attribute__((weak));
-int opforge_parallel_thread_index(void) __attribute__((weak));
+
+/* The pool's entry points (csrc/parallel.cc). */
+typedef struct OpforgeParallelApi {
+  int (*parallel_for)(int64_t begin, int64_t end, int64_t grain, OpforgeRangeFn fn, void *context);
+  int (*threads)(void);
+  int (*thread_index)(void);
+} OpforgeParallelApi;
+
+/* Set by opforge when it loads the library.  Weak: every file of a library that
+ * includes this header shares the one pointer. */
+__attribute__((weak, visibility("default"))) const OpforgeParallelApi *opforge_parallel_api = 0;
 }
 
 namespace opforge {
 
 /* Threads in opforge's pool (1 where there is none). */
-inline int num_threads() { return opforge_parallel_threads ? opforge_parallel_threads() : 1; }
+inline int num_threads() { return opforge_parallel_api ? opforge_parallel_api->threads() : 1; }
 
 /* Which of them runs the calling code: 0 for the thread that called the kernel. */
-inline int thread_index() { return opforge_parallel_thread_index ? opforge_parallel_thread_index() : 0; }
+inline int thread_index() { return opforge_parallel_api ? opforge_parallel_api->thread_index() : 0; }
 
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F &f) {
   if (end <= begin) return;
-  if (!opforge_parallel_for || end - begin <= grain) {
+  const OpforgeParallelApi *pool = opforge_parallel_api;
+  if (!pool || end - begin <= grain) {
     f(begin, end);
     return;
   }
@@ -51,7 +62,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F &f) {
     std::mutex lock;
     std::exception_ptr error;
   } context{&f, {}, nullptr};
-  opforge_parallel_for(
+  pool->parallel_for(
       begin, end, grain,
       [](int64_t lo, int64_t hi, void *raw) {
         auto *c = static_cast<Context *>(raw);
