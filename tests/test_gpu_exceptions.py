@@ -1,10 +1,12 @@
 """Other libraries' C++ errors still reach Python as their own exceptions after opforge's GPU work.
 
 On an H100/H200 machine (torch 2.11+cu130, jaxlib 0.11.2 with its CUDA plugin), error paths of torch and JAX
-came back as ``SystemError: ... returned NULL without setting an exception`` in processes that had run opforge
-GPU calls.  This test runs one fresh process through the stages below and checks after each that a torch
-error and a JAX error arrive with their types, so the first stage that breaks them is named in its output.
-It needs a CUDA device (CI has none).
+came back as ``SystemError: ... returned NULL without setting an exception`` (and torch's autograd reported
+"translate_exception_to_python called with invalid exception pointer") in processes that had imported opforge
+*before* torch; with torch imported first they kept their types.  opforge then loaded its extension into the
+global symbol scope.  This test runs one fresh process through the stages below, with opforge imported first
+and, separately, last, and checks after each stage that torch's and JAX's C++ errors arrive with their types,
+so the first stage that breaks them is named in its output.  It needs a CUDA device (CI has none).
 """
 import subprocess
 import sys
@@ -18,15 +20,20 @@ pytestmark = pytest.mark.skipif(cuda.device_count() == 0, reason="no CUDA device
 
 STAGES = textwrap.dedent(r'''
     import numpy as np, torch, jax, jax.numpy as jnp
+    from torch.library import Library
+
+    library = Library("tgpuexc", "DEF")
 
     def errors_arrive():
-        try:
-            torch.ops.aten.add.Tensor(torch.ones(2), "not a tensor")
-            return "torch raised nothing"
-        except SystemError as error:
-            return f"torch: SystemError {error}"
-        except (RuntimeError, TypeError):
-            pass
+        for name, call in [("torch", lambda: torch.ops.aten.add.Tensor(torch.ones(2), "not a tensor")),
+                           ("torch.library", lambda: library.define("not a name!(Tensor x) -> Tensor"))]:
+            try:
+                call()
+                return f"{name} raised nothing"
+            except SystemError as error:
+                return f"{name}: SystemError {error}"
+            except (RuntimeError, TypeError):
+                pass
         try:  # a callback's error comes back through XLA's C++ runtime
             np.asarray(jax.jit(lambda v: jax.pure_callback(fail, jax.ShapeDtypeStruct(v.shape, v.dtype), v))(
                 jnp.ones(3)))
@@ -72,10 +79,12 @@ STAGES = textwrap.dedent(r'''
 ''')
 
 
-def test_torch_and_jax_errors_keep_their_types_after_opforge_gpu_work():
+@pytest.mark.parametrize("first", ["opforge", "torch"])
+def test_torch_and_jax_errors_keep_their_types_after_opforge_gpu_work(first):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
-    done = subprocess.run([sys.executable, "-c", STAGES], capture_output=True, text=True, timeout=600)
+    script = ("import opforge\n" if first == "opforge" else "") + STAGES
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     stages = done.stdout.strip().splitlines()
     assert len(stages) == 8 and all(line.endswith(": ok") for line in stages), done.stdout
