@@ -177,6 +177,19 @@ def test_sum_agrees_with_numpy(dtype, shapes):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 8, 11])
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_sum_of_same_shape_inputs_adds_in_order_exactly(count, dtype, threads):
+    # 70001 elements: more than two of the kernel's blocks and a tail; the inputs are folded four, then
+    # three at a time, and must give exactly ((x0 + x1) + x2) + ...
+    inputs = [sample((70001,), dtype, seed=k) * (10.0 ** (k % 5) if dtype == "float32" else 1)
+              for k in range(count)]
+    want = inputs[0].copy()
+    for x in inputs[1:]:
+        want = want + x
+    np.testing.assert_array_equal(ops.sum(*inputs), want)
+
+
 def test_sum_of_one_input_is_a_copy():
     x = sample((3,), "float32")
     y = ops.sum(x)

@@ -103,20 +103,45 @@ static void Accumulate(const T *x, int ndim, const int64_t *shape, T *y, int ran
   }
 }
 
-// Inputs laid out like y (n elements each): y = ((x0 + x1) + x2) + ..., a block at a time, so the block
-// of y stays in cache while every input is added to it (one pass over memory, not one per input), the
-// blocks on opforge's pool.  The same additions in the same order as one input at a time.
+// y = ((x0 + x1) + x2) + x3 over n elements, with as many of x1..x3 as are not null.
+static void Fold(T *__restrict y, const T *__restrict x0, const T *__restrict x1, const T *__restrict x2,
+                 const T *__restrict x3, int64_t n) {
+  typedef Plus<T> P;
+  if (x3 != nullptr) {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(P::Apply(x0[i], x1[i]), x2[i]), x3[i]);
+  } else if (x2 != nullptr) {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(x0[i], x1[i]), x2[i]);
+  } else if (x1 != nullptr) {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(x0[i], x1[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) y[i] = x0[i];
+  }
+}
+
+// y = ((y + x1) + x2) + x3 in place, likewise.
+static void FoldOnto(T *y, const T *__restrict x1, const T *__restrict x2, const T *__restrict x3, int64_t n) {
+  typedef Plus<T> P;
+  if (x3 != nullptr) {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(P::Apply(y[i], x1[i]), x2[i]), x3[i]);
+  } else if (x2 != nullptr) {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(y[i], x1[i]), x2[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(y[i], x1[i]);
+  }
+}
+
+// Inputs laid out like y (n elements each): y = ((x0 + x1) + x2) + ..., a block at a time, the blocks on
+// opforge's pool.  The first four inputs are added in one pass, then three more per pass onto y's block,
+// which stays in cache meanwhile: every input is read from memory once and y written once, and the
+// additions keep the order of one input at a time.
 static void SumSameShape(void **params, int inputs, T *y, int64_t n) {
   const int64_t kBlock = 1 << 15;  // elements: y's block stays in L2 while the inputs stream by
   opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; b += kBlock) {
       const int64_t e = std::min(hi, b + kBlock);
-      const T *x0 = static_cast<const T *>(params[0]);
-      for (int64_t i = b; i < e; i++) y[i] = x0[i];
-      for (int k = 1; k < inputs; k++) {
-        const T *x = static_cast<const T *>(params[k]);
-        for (int64_t i = b; i < e; i++) y[i] = Plus<T>::Apply(y[i], x[i]);
-      }
+      auto at = [&](int k) { return k < inputs ? static_cast<const T *>(params[k]) + b : nullptr; };
+      Fold(y + b, at(0), at(1), at(2), at(3), e - b);
+      for (int k = 4; k < inputs; k += 3) FoldOnto(y + b, at(k), at(k + 1), at(k + 2), e - b);
     }
   });
 }
