@@ -482,40 +482,44 @@ inline int64_t Count(const Geometry &g, int64_t i, int64_t j, int64_t k, bool in
   return (A.last[i] - A.first[i]) * (B.last[j] - B.first[j]) * (C.last[k] - C.first[k]);
 }
 
+// The window's rows summed into a line of x's last axis, zero-padded so that every window of the row reads
+// inside it (taps in the padding, or past it with ceil_mode, add nothing): one vectorised pass per tap
+// gives every output of the row, and each is scaled by 1 / its count, the count's two factors (rows,
+// columns) inverted apart (within 2 ulp of the double quotient; none of the row's divisions).
 template <typename T>
 int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
-  const Axis &C = g.axis[2];
+  const Axis &A = g.axis[0], &B = g.axis[1], &C = g.axis[2];
   const int64_t in = g.in_size(), out = g.out_size();
-  int64_t k_lo = 0, k_hi = 0;
-  Interior(C, &k_lo, &k_hi);
+  const int64_t width = std::max((C.out - 1) * C.s + (C.k - 1) * C.d + 1, C.pb + C.in);
+  std::vector<double> inverse_columns(C.out);
+  for (int64_t k = 0; k < C.out; k++) {
+    const int64_t n = include_pad ? C.padded[k] : C.last[k] - C.first[k];
+    inverse_columns[k] = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
+  }
   ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
-    std::vector<double> line(C.in), sums(C.out);  // the window's rows summed; the interior windows' sums
+    std::vector<double> padded(width, 0.0), sums(C.out);
+    double *line = padded.data() + C.pb;  // x's columns; the zeros around them are never written
     for (int64_t plane = lo; plane < hi; plane++) {
       T *yp = y + plane * out;
       ByRows(g, x + plane * in,
              [&](const T *row, bool first) {
-               if (first) std::fill(line.begin(), line.end(), 0.0);
-               for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
+               if (first) {
+                 for (int64_t w = 0; w < C.in; w++) line[w] = row[w];
+               } else {
+                 for (int64_t w = 0; w < C.in; w++) line[w] += row[w];
+               }
              },
              [&](int64_t i, int64_t j, bool empty) {
-               auto window = [&](int64_t k) {  // one output, its taps inside x
-                 const int64_t c0 = k * C.s - C.pb;
-                 double sum = 0;
-                 if (!empty)
-                   for (int64_t tc = C.first[k]; tc < C.last[k]; tc++) sum += line[c0 + tc * C.d];
-                 const int64_t n = Count(g, i, j, k, include_pad);
-                 yp[k] = n > 0 ? static_cast<T>(sum / n) : T(0);
-               };
-               for (int64_t k = 0; k < k_lo; k++) window(k);
-               const int64_t n = k_hi > k_lo ? Count(g, i, j, k_lo, include_pad) : 0;  // the same for each
-               if (empty || n <= 0) {
-                 for (int64_t k = k_lo; k < k_hi; k++) window(k);
+               const int64_t rows = include_pad ? A.padded[i] * B.padded[j]
+                                                : (A.last[i] - A.first[i]) * (B.last[j] - B.first[j]);
+               if (empty || rows <= 0) {
+                 std::fill(yp, yp + C.out, T(0));
                } else {
-                 InteriorFold(C, k_lo, k_hi, line.data(), sums.data(), [](double sum, double v) { return sum + v; });
-                 const double count = static_cast<double>(n);
-                 for (int64_t k = k_lo; k < k_hi; k++) yp[k] = static_cast<T>(sums[k] / count);
+                 InteriorFold(C, 0, C.out, line, sums.data(), [](double sum, double v) { return sum + v; });
+                 const double inverse_rows = 1.0 / static_cast<double>(rows);
+                 for (int64_t k = 0; k < C.out; k++)
+                   yp[k] = static_cast<T>(sums[k] * (inverse_rows * inverse_columns[k]));
                }
-               for (int64_t k = k_hi; k < C.out; k++) window(k);
                yp += C.out;
              });
     }
