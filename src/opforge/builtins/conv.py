@@ -35,7 +35,10 @@ most 1.9e-7 in float32 on N(0, 1) data (im2col's 3.2e-7 on the same shapes;
 tests/test_conv_winograd.py holds it to 2e-6).  The C++ macro
 OPFORGE_CONV_WINOGRAD (0 never, 2 wherever it applies) overrides the choice.
 A batch_norm after a conv is folded into
-its weights by the graph pass ``fold_batch_norm_into_conv``.
+its weights by the graph pass ``fold_batch_norm_into_conv``, and a relu
+after it into the conv (``activation="relu"``, ``fold_relu_into_conv``):
+each part of y is clipped as soon as a task has made it, still in cache,
+where a relu node would pass over all of y again.
 Where OpenBLAS is missing the NumPy reference runs.
 
 The gradient: dx is ``conv_transpose`` of dy, dw is ``conv_weight_grad``
@@ -60,11 +63,14 @@ if TYPE_CHECKING:
 
 GEOMETRY_ATTRS = "int[] strides=[], int[] pads=[], int[] dilations=[], int group=1"
 
-conv = opforge.op(f"conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}) -> Tensor y",
+ACTIVATIONS = ("none", "relu")
+
+conv = opforge.op(f'conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}, str activation="none") -> Tensor y',
                   # always_compute: with no input channels (x and w empty) y is still the bias
                   traits=["no_side_effect", "always_compute"],
                   doc="ONNX Conv on N x C x spatial (any number of spatial dims): weights M x C/group x kernel, "
-                      "optional bias of M; pads are begin pads then end pads.")
+                      "optional bias of M; pads are begin pads then end pads; activation \"relu\" applies relu to "
+                      "y (the graph passes fold a relu after a conv into it).")
 
 
 # -- geometry shared with conv_transpose and conv_weight_grad ---------------------
@@ -122,7 +128,10 @@ def check_bias(op_name: str, b: TensorSpec | None, channels: int) -> None:
 
 @conv.infer
 def conv_infer(x: TensorSpec, w: TensorSpec, b: TensorSpec | None, *, strides: Sequence[int], pads: Sequence[int],
-               dilations: Sequence[int], group: int) -> TensorSpec:
+               dilations: Sequence[int], group: int, activation: str = "none") -> TensorSpec:
+    if activation not in ACTIVATIONS:
+        raise opforge.AttrError(f"op 'conv': attribute 'activation' is {activation!r}; expected one of "
+                                f"{', '.join(map(repr, ACTIVATIONS))}")
     same_float_dtype("conv", [x, w, b], ["x", "w", "b"])
     spatial = spatial_rank("conv", x, w)
     if spatial is None:
@@ -158,7 +167,8 @@ def windows(x: npt.NDArray[Any], kernel_shape: Sequence[int], out: Sequence[int]
 
 @conv.reference(fallback=True)
 def conv_reference(x: npt.NDArray[Any], w: npt.NDArray[Any], b: npt.NDArray[Any] | None, *, strides: Sequence[int],
-                   pads: Sequence[int], dilations: Sequence[int], group: int) -> npt.NDArray[Any]:
+                   pads: Sequence[int], dilations: Sequence[int], group: int,
+                   activation: str = "none") -> npt.NDArray[Any]:
     spatial = x.ndim - 2
     strides, pads, dilations = conv_params("conv", spatial, strides, pads, dilations, group)
     out = [conv_out_dim(x.shape[2 + j], w.shape[2 + j], strides[j], pads[j], pads[spatial + j], dilations[j])
@@ -172,6 +182,8 @@ def conv_reference(x: npt.NDArray[Any], w: npt.NDArray[Any], b: npt.NDArray[Any]
     y = y.reshape(n, m, *out)
     if b is not None:
         y += b.reshape(m, *[1] * spatial)
+    if activation == "relu":
+        y = np.maximum(y, 0)  # as relu's reference
     return y
 
 
@@ -187,9 +199,11 @@ def output_padding_for(x_dims: Sequence[int], w_dims: Sequence[int], strides: Se
             for j in range(spatial)]
 
 
-@conv.grad(save=["x", "w", "b"])
+@conv.grad(save=["x", "w", "b", "y"])
 def conv_grad(saved: Any, dy: Any, *, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
-              group: int) -> tuple[Any, Any, Any]:
+              group: int, activation: str = "none") -> tuple[Any, Any, Any]:
+    if activation == "relu":
+        dy = opforge.ops.relu_grad(dy, saved.y)
     x_dims, w_dims = known_dims(saved.x), known_dims(saved.w)
     geometry = dict(strides=strides, pads=pads, dilations=dilations, group=group)
     dx = opforge.ops.conv_transpose(dy, saved.w, None, **geometry,
@@ -222,6 +236,7 @@ struct ConvGeometry : AotKernelData {
   int64_t group = 1, in_size = 1, out_size = 1, kernel_size = 1;
   int64_t last_out = 1, outer = 1;  // out's last dim; how many runs of it make out (its other dims)
   bool direct = true;  // 1 x 1 kernel, stride 1, no padding: the columns matrix is the image itself
+  bool relu = false;   // conv's activation="relu": each part of y is clipped at 0 as soon as it is made
 };
 
 // The products are cut into independent tasks that opforge's pool hands to whichever thread is free,
@@ -453,6 +468,11 @@ static bool Fits(const ConvGeometry &g, int64_t rows, int64_t inner) {
 """
 
 CONV = CONV_COMMON + r"""
+// y = max(y, 0) over n elements (NaN passes, as relu's): the fused activation, on a part of y still in cache.
+static void Relu(T *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = y[i] > T(0) || y[i] != y[i] ? y[i] : T(0);
+}
+
 // Work (multiply-adds or copied elements) worth handing to another thread.
 static const int64_t kParallelWork = 1 << 15;
 static const int64_t kConvTasks = 4;  // tasks per convolution to aim for (more cost packing w again)
@@ -559,6 +579,7 @@ static void Depthwise2D(const ConvGeometry &g, int64_t n, int64_t m, const ConvA
         }
         T *out = a.y + (sample * m + channel) * oh * ow;
         for (int64_t oy = 0; oy < oh; oy++) CopyRow(out + oy * ow, acc + oy * width, ow);
+        if (g.relu) Relu(out, oh * ow);
       }
     }
   });
@@ -762,6 +783,7 @@ static void WinogradOutput(const ConvGeometry &g, int64_t m_group, int64_t first
         Store(y10 + q, V(b + (s[1][0] - s[2][0] - s[3][0])));
         Store(y11 + q, V(b + (s[1][1] - s[2][1] - s[3][1])));
       });
+      if (g.relu) Relu(rows, 4 * seg);
       T *__restrict__ out = y + (r * oh + 2 * ty) * ow + x0;
       const int64_t pairs = width / 2;
       for (int64_t q = 0; q < pairs; q++) out[2 * q] = y00[q], out[2 * q + 1] = y01[q];
@@ -818,7 +840,10 @@ static void Winograd2D(const ConvGeometry &g, int64_t n, int64_t m, int64_t c_gr
 extern "C" int ConvInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
   const int rank = ndims[0] - 2;
   if (rank < 1 || ndims[1] != ndims[0] || ndims[3] != ndims[0]) return 1;
-  return InitGeometry(shapes[0], shapes[3], shapes[1], rank, extra, true, [&](const ConvGeometry &g) {
+  // (ops declared with this source and without the attribute -- a user's copy of conv -- have no activation)
+  const bool relu = extra->HasAttr("activation") && extra->Attr<std::string>("activation") == "relu";
+  return InitGeometry(shapes[0], shapes[3], shapes[1], rank, extra, true, [&](ConvGeometry &g) {
+    g.relu = relu;
     return shapes[0][1] != shapes[1][1] * g.group || shapes[1][0] % g.group ? -1 : shapes[1][1];
   });
 }
@@ -845,9 +870,11 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
       a.FillBias(n, m, g->out_size);
       opforge::parallel_for(0, n * g->group, std::max<int64_t>(1, kParallelWork / (g->out_size * g->kernel_size)),
                          [&](int64_t lo, int64_t hi) {
-                           for (int64_t p = lo; p < hi; p++)
+                           for (int64_t p = lo; p < hi; p++) {
                              DepthwiseAdd(*g, a.x + p * g->in_size, a.w + p % g->group * inner,
                                           a.y + p * g->out_size);
+                             if (g->relu) Relu(a.y + p * g->out_size, g->out_size);
+                           }
                          });
       return 0;
     }
@@ -878,6 +905,8 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
       const T *columns = g->direct ? x + column0 : Im2Col(*g, c_group, first, count, x, Scratch(inner * width));
       OpforgeGemm(false, false, r1 - r0, width, inner, T(1), a.w + (image % g->group * m_group + r0) * inner, inner,
                   columns, g->direct ? g->out_size : width, T(1), out, g->out_size);
+      if (g->relu)
+        for (int64_t r = 0; r < r1 - r0; r++) Relu(out + r * g->out_size, width);
     });
   } catch (...) {  // (a failed allocation, the pool): nothing crosses the ABI
     return 2;

@@ -167,6 +167,35 @@ def fold_batch_norm_into_conv(graph: Graph) -> int:
     return folded
 
 
+def fold_relu_into_conv(graph: Graph) -> int:
+    """Fold each ``relu`` whose input is the only use of a ``conv``'s output into that conv
+    (``activation="relu"``: the conv clips each part of its output while it is still in cache).
+    Returns the number of relus folded."""
+    readers = _readers(graph)
+    relu_of = {n.inputs[0].id: n for n in graph.nodes
+               if not n.is_constant and n.op.name == "relu" and n.inputs and n.inputs[0] is not None}
+    folded, merged = 0, set()
+    for node in graph.nodes:
+        if node.is_constant or node.op.name != "conv" or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        relu = relu_of.get(out.id)
+        if (relu is None or readers.get(out.id) != 1 or node.attrs.get("activation", "none") != "none"
+                or out.spec.layout != "ndarray" or relu.outputs[0].spec.layout != "ndarray"):
+            continue
+        node.attrs = {**node.attrs, "activation": "relu"}
+        result = relu.outputs[0]  # the conv now computes the relu's output value: its readers stay as they are
+        result.producer, result.index = node, 0
+        node.outputs = [result]
+        merged.add(id(relu))
+        folded += 1
+    if folded:
+        graph.nodes = [n for n in graph.nodes if id(n) not in merged]
+        eliminate_dead_code(graph)
+        graph.invalidate()
+    return folded
+
+
 def _per_channel(value: Value, like: Value) -> npt.NDArray[np.float64] | None:
     """A constant ``value`` as one float64 number per channel of ``like`` (N x C x ...), when it
     broadcasts against ``like`` along the channels alone (shape (C, 1, ..., 1), (1, C, 1, ...), or one

@@ -385,7 +385,10 @@ def conv_attributes(e: NodeExport) -> dict[str, Any]:
 
 @exporter("conv")
 def _(e: NodeExport) -> None:
-    e.result("Conv", e.inputs, **conv_attributes(e))
+    if e.attrs.get("activation", "none") == "relu":  # a relu the graph passes folded in: ONNX's Conv, then Relu
+        e.result("Relu", e.emit("Conv", e.inputs, **conv_attributes(e)))
+    else:
+        e.result("Conv", e.inputs, **conv_attributes(e))
 
 
 @exporter("conv_transpose")
