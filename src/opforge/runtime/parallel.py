@@ -6,11 +6,11 @@ with the header holds one pointer, ``opforge_parallel_api``, which ``attach``
 sets to the pool's table when ``runtime.library`` loads it; a kernel links
 nothing.  (``_native`` stays out of the global symbol scope: there, its C++
 runtime and the template code it exports would come before the definitions of
-libraries loaded later, torch's and JAX's among them.)  The pool's size is ``OPFORGE_NUM_THREADS`` when
-set, else the cores this process may run on; ``set_num_threads`` changes it,
-and so the threads that multiply matmul's, gemm's and conv's products
-(OpenBLAS itself runs on one thread, see ``runtime.blas``): one count for every
-thread opforge starts.
+libraries loaded later, torch's and JAX's among them.)  The pool's size is
+``OPFORGE_NUM_THREADS`` when set, else the cores this process may run on;
+``set_num_threads`` changes it, and so the threads that multiply matmul's,
+gemm's and conv's products (OpenBLAS itself runs on one thread, see
+``runtime.blas``): one count for every thread opforge starts.
 """
 from __future__ import annotations
 
