@@ -71,6 +71,33 @@ def test_schema_translation(fresh):
     assert packet is torch.ops.my_lib.probe  # a dotted namespace: dots become underscores
 
 
+def test_defaults_torch_cannot_read_become_none_and_read_back(fresh):
+    # torch parses float defaults with std::stod, which refuses subnormals (an IndexError from torch's define)
+    op = declare(fresh, "tsub::tiny(Tensor x, *, float eps=4e-320, float[] taps=[1.0, -2.5e-315]) -> Tensor y")
+    assert ot.torch_schema(op) == "tiny(Tensor x, *, float? eps=None, float[]? taps=None) -> Tensor y"
+    seen = {}
+
+    @op.infer_shape
+    def _(x, *, eps, taps):
+        seen.update(eps=eps, taps=taps)
+        return x
+
+    op.kernel(lambda x, *, eps, taps: x * 2)
+    torch.ops.tsub.tiny(torch.ones(2))
+    assert seen == {"eps": 4e-320, "taps": (1.0, -2.5e-315)}
+
+
+def test_a_schema_torch_refuses_leaves_the_op_an_opforge_op(fresh, monkeypatch):
+    def refuse(self, schema, *args, **kwargs):
+        raise IndexError("stod")  # what torch's define raised for a subnormal default
+
+    monkeypatch.setattr(torch.library.Library, "define", refuse)
+    op = declare(fresh, "trefuse::op(Tensor x) -> Tensor y")  # declared: the listener's define fails quietly
+    assert opforge.lookup("trefuse::op") is op
+    with pytest.raises(opforge.SchemaError, match="'trefuse::op': PyTorch cannot define it.*stod"):
+        ot.register(op)
+
+
 def test_untranslatable_attributes_and_unknown_names_are_schema_errors(fresh):
     from opforge.attrs import AttrDef
     from opforge.operator import Op

@@ -70,7 +70,7 @@ def _define(op: Op) -> Binding:
         try:
             library.define(schema)
             library.define(schema.replace(f"{name}(", f"{python_name}(", 1))
-        except RuntimeError as error:  # names torch reserves (Python keywords, ...), its own limits
+        except Exception as error:  # names torch reserves (Python keywords, ...), its own limits (an IndexError, ...)
             library._destroy()
             raise SchemaError(f"op '{op.name}': PyTorch cannot define it as {namespace}::{schema}: "
                               f"{str(error).splitlines()[0]}") from None

@@ -12,6 +12,7 @@ is read back as opforge's default, so both give the same value.
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,8 +47,8 @@ def _literal(value: object) -> str | None:
         return "True" if value else "False"
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else None
+    if isinstance(value, float):  # torch reads floats with std::stod, which refuses infinities and subnormals
+        return repr(value) if math.isfinite(value) and (value == 0 or abs(value) >= sys.float_info.min) else None
     if isinstance(value, str):
         return "'" + value + "'" if "'" not in value and "\\" not in value else None
     if isinstance(value, tuple):
