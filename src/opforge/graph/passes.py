@@ -110,6 +110,20 @@ def _readers(graph: Graph) -> dict[int, int]:
     return readers
 
 
+def _take_output(node: Node, follower: Node) -> None:
+    """``node`` now computes ``follower``'s (one) output value, so that the value's readers stay as they are."""
+    result = follower.outputs[0]
+    result.producer, result.index = node, 0
+    node.outputs = [result]
+
+
+def _drop_folded(graph: Graph, nodes: list[Node], folded: set[int]) -> None:
+    """The graph's nodes become ``nodes`` less those folded away (by id); what they alone read goes too."""
+    graph.nodes = [n for n in nodes if id(n) not in folded]
+    eliminate_dead_code(graph)
+    graph.invalidate()
+
+
 def fold_batch_norm_into_conv(graph: Graph) -> int:
     """Fold each inference-form ``batch_norm`` whose input is the only use of a
     ``conv``'s output into that conv's weights and bias, when the weights,
@@ -154,16 +168,11 @@ def fold_batch_norm_into_conv(graph: Graph) -> int:
         new_b = constant_node(((old_bias - mean) * a + shift).astype(weights.dtype))
         nodes[-1:] = [new_w, new_b, node]
         node.inputs = [node.inputs[0], new_w.outputs[0], new_b.outputs[0]]
-        # the conv now computes the batch_norm's output value: its readers stay as they are
-        result = bn.outputs[0]
-        result.producer, result.index = node, 0
-        node.outputs = [result]
+        _take_output(node, bn)
         merged.add(id(bn))
         folded += 1
     if folded:
-        graph.nodes = nodes
-        eliminate_dead_code(graph)
-        graph.invalidate()
+        _drop_folded(graph, nodes, merged)
     return folded
 
 
@@ -174,7 +183,7 @@ def fold_relu_into_conv(graph: Graph) -> int:
     readers = _readers(graph)
     relu_of = {n.inputs[0].id: n for n in graph.nodes
                if not n.is_constant and n.op.name == "relu" and n.inputs and n.inputs[0] is not None}
-    folded, merged = 0, set()
+    folded, merged = 0, set[int]()
     for node in graph.nodes:
         if node.is_constant or node.op.name != "conv" or len(node.outputs) != 1:
             continue
@@ -184,15 +193,11 @@ def fold_relu_into_conv(graph: Graph) -> int:
                 or out.spec.layout != "ndarray" or relu.outputs[0].spec.layout != "ndarray"):
             continue
         node.attrs = {**node.attrs, "activation": "relu"}
-        result = relu.outputs[0]  # the conv now computes the relu's output value: its readers stay as they are
-        result.producer, result.index = node, 0
-        node.outputs = [result]
+        _take_output(node, relu)
         merged.add(id(relu))
         folded += 1
     if folded:
-        graph.nodes = [n for n in graph.nodes if id(n) not in merged]
-        eliminate_dead_code(graph)
-        graph.invalidate()
+        _drop_folded(graph, graph.nodes, merged)
     return folded
 
 
@@ -285,14 +290,10 @@ def _fold_scale_and_shift_once(graph: Graph) -> int:
             new_shift = constant_node((shift * factor if is_mul else shift + factor).astype(dtype))
             nodes[-1:] = ([new_scale] if is_mul else []) + [new_shift, node]
             node.inputs = [node.inputs[0], new_scale.outputs[0], new_shift.outputs[0], *node.inputs[3:]]
-        result = user.outputs[0]  # the node now computes the mul's or add's output: its readers stay
-        result.producer, result.index = node, 0
-        node.outputs = [result]
+        _take_output(node, user)
         folded.add(id(user))
     if folded:
-        graph.nodes = [n for n in nodes if id(n) not in folded]
-        eliminate_dead_code(graph)
-        graph.invalidate()
+        _drop_folded(graph, nodes, folded)
     return len(folded)
 
 
