@@ -1,4 +1,4 @@
-"""max_pool_with_indices and max_pool_grad (pool.cc's vectorised argmax passes) and global_average_pool against
+"""max_pool, max_pool_with_indices and max_pool_grad (pool.cc's max and vectorised argmax passes) and global_average_pool against
 their NumPy references, exactly: ties (small integers), NaN and -inf anywhere in a window, widths past the
 vector blocks, the strides and kernels the kernel compiles in and others, padding, dilation, ceil_mode, 1 to 3
 spatial dims, at 1 and 2 threads."""
@@ -51,6 +51,8 @@ def test_max_pool_argmax_matches_reference_exactly(shape, attrs, dtype, threads)
         want_y, want_indices = max_pool_with_indices_reference(x, storage_order=order, **full(attrs))
         np.testing.assert_array_equal(indices, want_indices)
         np.testing.assert_array_equal(y, want_y)  # NaN where NaN
+    assert_native("max_pool", x)
+    np.testing.assert_array_equal(ops.max_pool(x, **attrs), want_y)  # the kernel that tracks no position
     dy = np.random.default_rng(1).integers(-4, 5, y.shape).astype(dtype)  # sums exact in any order
     assert_native("max_pool_grad", dy, x)
     np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs),
@@ -82,6 +84,13 @@ def test_first_tap_nan_wins_and_later_nan_never_does():
     assert np.isnan(y[0, 0, 0, 0]) and indices[0, 0, 0, 0] == 0  # the first tap
     np.testing.assert_array_equal(y[0, 0, 0, 1:], [6, 6])
     np.testing.assert_array_equal(indices[0, 0, 0, 1:], [6, 6])  # NaN at offset 7 never wins
+    np.testing.assert_array_equal(ops.max_pool(x, kernel_shape=[2, 2], strides=[1, 1]), y)
+
+
+def test_a_nan_in_a_windows_first_row_hides_no_larger_tap_of_a_later_row():
+    x = np.array([[[[1, np.nan, 0, 2], [0, 5, 0, 3]]]], np.float32)  # 1 x 1 x 2 x 4
+    for op in (ops.max_pool, lambda x, **attrs: ops.max_pool_with_indices(x, **attrs)[0]):
+        np.testing.assert_array_equal(op(x, kernel_shape=[2, 2], strides=[2, 2]), [[[[5, 3]]]])
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 7, 7), (2, 3, 1), (1, 2, 3, 257), (2, 70000), (1, 3, 5000, 3), (2, 3, 0, 4)])

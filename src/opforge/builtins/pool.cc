@@ -95,6 +95,23 @@ inline T Lowest() {
                                               : std::numeric_limits<T>::lowest();
 }
 
+// line = row with NaN read as -inf (as Clean below reads taps); whether row holds a NaN.
+template <typename T>
+bool CleanCopy(const T *__restrict row, T *__restrict line, int64_t n) {
+  if constexpr (!std::numeric_limits<T>::has_quiet_NaN) {
+    std::copy(row, row + n, line);
+    return false;
+  } else {
+    int nan = 0;
+    for (int64_t w = 0; w < n; w++) {
+      const T v = row[w];
+      nan |= v != v;
+      line[w] = v == v ? v : -std::numeric_limits<T>::infinity();
+    }
+    return nan != 0;
+  }
+}
+
 // For every output row (i, j) of one plane: fold(row, first) for each row of x its windows cover (along
 // the last axis), then finish(i, j, empty), which reduces the folded line along the last axis.
 template <typename T, typename Line, typename Finish>
@@ -144,7 +161,9 @@ void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *line, T *y, Co
 }
 
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
-// max (contiguous, vectorised), then each output takes the max of its taps along that line.
+// max (contiguous, vectorised), then each output takes the max of its taps along that line.  Taps are
+// compared as Clean reads them (a NaN that is not a window's first tap must not hide a larger tap in a
+// later row), and a window whose first tap is NaN then takes that NaN: the argmax passes' answer.
 template <typename T>
 int MaxOnly(const Geometry &g, const T *x, T *y) {
   const Axis &C = g.axis[2];
@@ -154,12 +173,15 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
   Interior(C, &lo, &hi);
   ForPlanes(g, true, [&](int64_t first_plane, int64_t end_plane) {
     std::vector<T> line(C.in);
+    const T *first_row = nullptr;  // the windows' first row inside x
+    bool first_row_nan = false;
     for (int64_t plane = first_plane; plane < end_plane; plane++) {
       T *yp = y + plane * out;
       ByRows(g, x + plane * in,
              [&](const T *row, bool first) {
                if (first) {
-                 std::copy(row, row + C.in, line.begin());
+                 first_row = row;
+                 first_row_nan = CleanCopy(row, line.data(), C.in);
                  return;
                }
                for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
@@ -181,6 +203,13 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
                  for (int64_t k = 0; k < lo; k++) edge(k);
                  InteriorFold(C, lo, hi, line.data(), yp, [](T best, T v) { return v > best ? v : best; });
                  for (int64_t k = hi; k < C.out; k++) edge(k);
+                 if (first_row_nan) {
+                   for (int64_t k = 0; k < C.out; k++) {
+                     if (C.first[k] >= C.last[k]) continue;  // no tap in x along this axis
+                     const T v = first_row[k * C.s - C.pb + C.first[k] * C.d];
+                     yp[k] = v != v ? v : yp[k];
+                   }
+                 }
                }
                yp += C.out;
              });
