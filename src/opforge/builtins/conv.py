@@ -15,7 +15,9 @@ copy of each plane split into stride phases, the planes on the pool.  The
 products are cut into tasks for opforge's pool -- a block of output
 positions (its columns about 1 MiB, made in a per-thread buffer, still in
 cache for the gemm) times, where there are few blocks, a part of the output
-channels -- each calling OpenBLAS on its own thread: a free thread takes
+channels (a 1 x 1 product whose weights outweigh its image is cut into parts
+of the output channels only: a block of columns would pack all of the weights
+again) -- each calling OpenBLAS on its own thread: a free thread takes
 what a busy one leaves, where OpenBLAS's own threads would wait for each
 other.  How the work is cut depends on the shapes only, so the results are
 the same on any number of threads.
@@ -890,7 +892,11 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
     // so one thread does extra work for them).
     const int64_t images = n * g->group;
     int64_t runs = RunsPerBlock(*g, inner), blocks = (g->outer + runs - 1) / runs;
-    if (images > 0 && images * blocks < kConvTasks) {
+    // A direct product whose weights outweigh its image (deep layers on small images) is not cut into
+    // blocks of columns, each of which would pack all of w again; only into parts of the output channels
+    // (each packing its rows of w, and the image again).
+    const bool weights_heavier = g->direct && m_group > g->out_size;
+    if (images > 0 && images * blocks < kConvTasks && !weights_heavier) {
       const int64_t per_image = (kConvTasks + images - 1) / images;
       const int64_t least = (kLeastWidth + g->last_out - 1) / g->last_out;
       runs = std::min(runs, std::max(least, (g->outer + per_image - 1) / per_image));
