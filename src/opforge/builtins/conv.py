@@ -15,9 +15,9 @@ copy of each plane split into stride phases, the planes on the pool.  The
 products are cut into tasks for opforge's pool -- a block of output
 positions (its columns about 1 MiB, made in a per-thread buffer, still in
 cache for the gemm) times, where there are few blocks, a part of the output
-channels (a 1 x 1 product whose weights outweigh its image is cut into parts
-of the output channels only: a block of columns would pack all of the weights
-again) -- each calling OpenBLAS on its own thread: a free thread takes
+channels (a product whose weights outweigh its image's columns is cut into
+parts of the output channels only: a block of columns would pack all of the
+weights again) -- each calling OpenBLAS on its own thread: a free thread takes
 what a busy one leaves, where OpenBLAS's own threads would wait for each
 other.  How the work is cut depends on the shapes only, so the results are
 the same on any number of threads.
@@ -892,16 +892,17 @@ extern "C" int Conv(int nparam, void **params, int *ndims, int64_t **shapes, con
     // so one thread does extra work for them).
     const int64_t images = n * g->group;
     int64_t runs = RunsPerBlock(*g, inner), blocks = (g->outer + runs - 1) / runs;
-    // A direct product whose weights outweigh its image (deep layers on small images) is not cut into
+    // A product whose weights outweigh its image's columns (deep layers on small images) is not cut into
     // blocks of columns, each of which would pack all of w again; only into parts of the output channels
-    // (each packing its rows of w, and the image again).
-    const bool weights_heavier = g->direct && m_group > g->out_size;
+    // (each packing its rows of w, and making the columns again).
+    const bool weights_heavier = m_group > g->out_size;
     if (images > 0 && images * blocks < kConvTasks && !weights_heavier) {
       const int64_t per_image = (kConvTasks + images - 1) / images;
       const int64_t least = (kLeastWidth + g->last_out - 1) / g->last_out;
       runs = std::min(runs, std::max(least, (g->outer + per_image - 1) / per_image));
       blocks = (g->outer + runs - 1) / runs;
     }
+    runs = (g->outer + blocks - 1) / blocks;  // blocks of one size: a short last one would idle a thread
     const int64_t parts = Parts(m_group, images * blocks, 128, 2);
     RunTasks(images * blocks * parts, m_group / parts * inner * runs * g->last_out, [&](int64_t t) {
       const int64_t part = t % parts, block = t / parts % blocks, image = t / parts / blocks;
