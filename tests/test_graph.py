@@ -413,6 +413,36 @@ def test_mlp_chain_plans_less_than_half_the_memory_and_matches_eager():
     assert np.abs(want).max() > 0.1  # the chain did not die out
 
 
+def test_reshapes_inside_a_planned_graph_share_their_input_memory_and_run_no_kernel():
+    """reshape / squeeze / unsqueeze (the view trait) between kernels take their input's memory; one that is a
+    graph output is still a new array, as is a graph input passed through a reshape; checked mode runs them."""
+    def channel_shuffle(x, w):
+        y = ops.relu(ops.reshape(x, shape=[2, 3, 4]))  # of a graph input
+        y = ops.transpose(ops.reshape(y, shape=[2, 3, 2, 2]), perm=[0, 2, 1, 3])
+        z = ops.squeeze(ops.unsqueeze(ops.reshape(y, shape=[2, 12]), axes=[0]), axes=[0])  # views of views
+        return ops.matmul(z, w), ops.reshape(z, shape=[24])  # the second: a graph output
+
+    graph = opforge.trace(channel_shuffle, TensorSpec([6, 4]), TensorSpec([12, 5]))
+    x = rng(21).standard_normal((6, 4)).astype(np.float32)
+    w = rng(22).standard_normal((12, 5)).astype(np.float32)
+    want = np.maximum(x.reshape(2, 3, 4), 0).reshape(2, 3, 2, 2).transpose(0, 2, 1, 3).reshape(2, 12)
+    product, flat = graph(x, w)
+    plan = only_plan(graph)
+    assert plan.program is not None and plan.memory_report()["views"] == 5  # all but the graph output
+    np.testing.assert_allclose(product, want @ w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(flat, want.reshape(24))
+    again, _ = graph(x, w)
+    assert not np.shares_memory(again, product) and not np.shares_memory(flat, x)
+    np.testing.assert_array_equal(again, product)
+    opforge.set_checks(True)
+    try:
+        checked, checked_flat = graph(x, w)
+    finally:
+        opforge.set_checks(False)
+    np.testing.assert_array_equal(checked, product)
+    np.testing.assert_array_equal(checked_flat, flat)
+
+
 # -- native program vs. interpreted -----------------------------------------------
 
 def test_native_ops_compile_to_one_program():

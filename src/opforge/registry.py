@@ -14,7 +14,7 @@ from .operator import Op
 from .schema import parse_schema
 
 TRAITS = frozenset({"no_grad", "cpu_only", "no_side_effect", "always_compute", "support_non_contiguous",
-                    "elementwise"})
+                    "elementwise", "view"})
 
 _ops: dict[str, Op] = {}
 

@@ -1,7 +1,8 @@
 """reshape: the same elements in a new shape (one dim may be -1, inferred).
 
 Row-major data needs no movement, so the kernel is squeeze.cc's (threaded)
-copy; its gradient reshapes back.
+copy, and in a planned graph (the ``view`` trait) y is x's memory and no
+kernel runs; its gradient reshapes back.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from opforge.errors import ShapeError
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-reshape = opforge.op("reshape(Tensor x, *, Shape shape) -> Tensor y", traits=["no_side_effect"],
+reshape = opforge.op("reshape(Tensor x, *, Shape shape) -> Tensor y", traits=["no_side_effect", "view"],
                      doc="Row-major reshape; one entry of shape may be -1.")
 
 

@@ -17,7 +17,7 @@ from opforge import TensorSpec
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-squeeze = opforge.op("squeeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect"],
+squeeze = opforge.op("squeeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect", "view"],
                      doc="Remove the listed axes, each of size 1 (negative axes count from the end).")
 
 

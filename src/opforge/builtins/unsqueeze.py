@@ -19,7 +19,7 @@ from opforge.builtins.squeeze import normalized_axes
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-unsqueeze = opforge.op("unsqueeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect"],
+unsqueeze = opforge.op("unsqueeze(Tensor x, *, int[] axes) -> Tensor y", traits=["no_side_effect", "view"],
                        doc="Insert size-1 axes at the listed positions of the output "
                            "(negative axes count from the output's end).")
 

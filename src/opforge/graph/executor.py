@@ -6,7 +6,8 @@ layout pass's choice, else dispatch), Init per node, and a memory plan that
 places every intermediate in one arena, reusing the space of values whose
 lifetimes are over, with one workspace region shared by all nodes.  When
 every node has a native CPU kernel the plan is a ``_native.Program`` that
-runs all kernels in C; otherwise, and in checked mode (guard pages for every
+runs all kernels in C (a ``view`` op's output -- reshape, squeeze, unsqueeze
+-- is its input's memory there, and runs no kernel); otherwise, and in checked mode (guard pages for every
 buffer, see ``runtime.checks``), nodes run one by one through their kernels.
 Every buffer a kernel writes is followed by room for a canary that the
 program checks after each step.  A new input shape makes a new plan; a known
@@ -187,15 +188,33 @@ class Plan:
         return not skips and all(s is not None for s in in_specs)
 
     # -- the native program ---------------------------------------------------
+    def _views(self) -> dict[int, int]:
+        """{value id: id of the value whose memory it is}: the outputs of ``view`` ops (reshape, squeeze,
+        ...) that need no memory of their own -- same bytes and dtype as their input, plain layout, and
+        not a graph output (those are new arrays) -- resolved to the value that owns the memory."""
+        graph_outputs = {v.id for v in self.graph.outputs}
+        views: dict[int, int] = {}
+        for node, _, in_specs, out_specs in self.steps:
+            if "view" not in node.op.traits or len(node.outputs) != 1 or node.outputs[0].id in graph_outputs:
+                continue
+            source, given, made = node.inputs[0], in_specs[0], out_specs[0]
+            if source is None or given is None or (given.nbytes, given.dtype, given.layout) != \
+                    (made.nbytes, made.dtype, made.layout) or made.layout != "ndarray":
+                continue
+            views[node.outputs[0].id] = views.get(source.id, source.id)
+        return views
+
     def _compile(self) -> Any:  # a _native.Program
         graph = self.graph
+        views = self._views()  # run no kernel: their values share their source's memory
+        run = [step for step in self.steps if step[0].outputs[0].id not in views]  # (checked mode runs them all)
         position: dict[int, int] = {}  # value id -> step index that produces it
         last_use: dict[int, int] = {}
-        for index, (node, _, _, _) in enumerate(self.steps):
+        for index, (node, _, _, _) in enumerate(run):
             for value in node.outputs:
                 position[value.id] = index
             for value in node.inputs:  # type: ignore[assignment]  # (a native step has every input: _native)
-                last_use[value.id] = index
+                last_use[views.get(value.id, value.id)] = index  # a view's reader keeps its source alive
         buffers: dict[int, Ref] = {}  # value id -> (buffer index, offset)
         for k, value in enumerate(graph.inputs):
             buffers[value.id] = (1 + k, 0)
@@ -212,18 +231,20 @@ class Plan:
                 buffers[node.outputs[0].id] = (next_buffer, 0)
                 self.constants.append(np.ascontiguousarray(node.value))
                 next_buffer += 1
-        intermediates = [v for node, _, _, _ in self.steps for v in node.outputs if v.id not in buffers]
+        intermediates = [v for node, _, _, _ in run for v in node.outputs if v.id not in buffers]
         sizes = [self.specs[v.id].nbytes for v in intermediates]
         lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
         offsets, arena = plan_memory([size + _native.CANARY_BYTES for size in sizes], lifetimes)
         for value, offset in zip(intermediates, offsets):
             buffers[value.id] = (0, offset)
+        for view, source in views.items():
+            buffers[view] = buffers[source]
 
         largest: tuple[str, str, Sequence[int]] | None  # the largest workspace: (op, Init function, requested)
         steps, workspace_bytes, largest = [], 0, None
         prepared = []
         in_specs: list[TensorSpec]  # a native step has every input (_native): no spec is None
-        for node, kernel, in_specs, out_specs in self.steps:  # type: ignore[assignment]
+        for node, kernel, in_specs, out_specs in run:  # type: ignore[assignment]
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
             sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
@@ -246,7 +267,8 @@ class Plan:
         self.arena_bytes = workspace_at + workspace_bytes
         self.report = {"planned_bytes": self.arena_bytes, "intermediate_bytes": arena,
                        "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
-                       "workspace_bytes": workspace_bytes, "nodes": len(prepared), "fused": list(self.fused)}
+                       "workspace_bytes": workspace_bytes, "nodes": len(prepared), "fused": list(self.fused),
+                       "views": len(views)}
         self.largest_workspace = largest
         self.arena: npt.NDArray[np.uint8] | None = None  # allocated by the first run (checked mode never needs it)
         # where each graph output comes from, found by the first run
