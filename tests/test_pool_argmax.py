@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import opforge
+from opforge.builtins.average_pool import average_pool_reference
 from opforge.builtins.global_average_pool import global_average_pool_reference
 from opforge.builtins.max_pool import max_pool_grad_reference, max_pool_with_indices_reference
 from helpers import assert_native
@@ -91,6 +92,30 @@ def test_a_nan_in_a_windows_first_row_hides_no_larger_tap_of_a_later_row():
     x = np.array([[[[1, np.nan, 0, 2], [0, 5, 0, 3]]]], np.float32)  # 1 x 1 x 2 x 4
     for op in (ops.max_pool, lambda x, **attrs: ops.max_pool_with_indices(x, **attrs)[0]):
         np.testing.assert_array_equal(op(x, kernel_shape=[2, 2], strides=[2, 2]), [[[[5, 3]]]])
+
+
+SAME = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])  # inception's pools: pool.cc's flat-plane path
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2, 2), (2, 5, 7, 7), (1, 4, 14, 14), (1, 2, 3, 33), (1, 2, 40, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_3x3_same_pools_match_the_references(shape, dtype, threads):
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(dtype)
+    x.flat[::7] = -np.inf  # never a maximum unless the whole window is -inf
+    assert_native("average_pool", x)
+    for include_pad in (False, True):
+        got = ops.average_pool(x.clip(-4, 4), count_include_pad=include_pad, **SAME)
+        want = average_pool_reference(x.clip(-4, 4), count_include_pad=include_pad, ceil_mode=False, dilations=[],
+                                      **SAME)
+        np.testing.assert_allclose(got, want, rtol=2e-6 if dtype == "float32" else 1e-14, atol=1e-6)
+    np.testing.assert_array_equal(ops.max_pool(x, **SAME), max_pool_with_indices_reference(
+        x, storage_order=0, **full(SAME))[0])
+    ints = (x.clip(-4, 4) * 10).astype(np.int32)
+    x[0, 0, -1, 0] = np.nan  # one plane with a NaN: the rows' path for that plane, which keeps NaN's rule
+    np.testing.assert_array_equal(ops.max_pool(x, **SAME), max_pool_with_indices_reference(
+        x, storage_order=0, **full(SAME))[0])
+    np.testing.assert_array_equal(ops.max_pool(ints, **SAME), max_pool_with_indices_reference(
+        ints, storage_order=0, **full(SAME))[0])
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 7, 7), (2, 3, 1), (1, 2, 3, 257), (2, 70000), (1, 3, 5000, 3), (2, 3, 0, 4)])

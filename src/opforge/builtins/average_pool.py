@@ -4,8 +4,10 @@ max_pool's window attributes and geometry.  ``count_include_pad`` divides
 by the taps inside x and its explicit padding; otherwise (the default) by
 the taps inside x alone.  Taps past the end padding -- the extra reach of
 ``ceil_mode`` -- never count.  Floating-point; the kernels are pool.cc's
-(float32, float64, summing in double), the gradient ``average_pool_grad``
-spreads each dy over its window's taps.
+(float32, float64, summing in double; the 3 x 3 stride-1 "same" pools of
+inception modules sum their nine taps in the input's type, a plane at a
+time), the gradient ``average_pool_grad`` spreads each dy over its window's
+taps.
 """
 from __future__ import annotations
 

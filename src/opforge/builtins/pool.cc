@@ -160,6 +160,43 @@ void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *line, T *y, Co
   else InteriorFold<0>(C, lo, hi, line, y, combine);
 }
 
+// -- 3 x 3 "same" pools --------------------------------------------------------------------------
+//
+// 2-D pools of 3 x 3 windows, stride 1, dilation 1 and one row and column of padding on every side (the
+// pools inside inception modules) keep the plane's size, and each plane is a few whole-plane loops: two
+// passes down fold every window's rows into `down` (each output row with the rows above and below it
+// inside x), one across folds its columns; ByRows would make several short loops per output row (7 x 7
+// to 28 x 28 planes: most of the time went into loop overhead).
+
+inline bool SamePool3x3(const Geometry &g) {
+  auto same = [](const Axis &a) {
+    return a.k == 3 && a.s == 1 && a.d == 1 && a.pb == 1 && a.pe == 1 && a.out == a.in && a.in >= 2;
+  };
+  return g.axis[0].in == 1 && g.axis[0].k == 1 && same(g.axis[1]) && same(g.axis[2]);
+}
+
+// One plane (h x w) of a same pool: `fold` is max or +, `down` a plane of scratch that holds x's plane
+// already (the first pass: a copy, NaN as -inf for max); y[q] = the fold of its window, times scale[q]
+// where scale is given (average pools: 1 / the window's count).
+template <typename T, typename Fold>
+void SamePlane(int64_t h, int64_t w, const T *__restrict x, T *__restrict down, T *__restrict y,
+               const T *__restrict scale, Fold fold) {
+  const int64_t n = h * w;
+  for (int64_t q = w; q < n; q++) down[q] = fold(down[q], x[q - w]);  // the row above
+  for (int64_t q = 0; q < n - w; q++) down[q] = fold(down[q], x[q + w]);  // the row below (x: clean above)
+  // Across: every element from its left and right neighbours, then the first and last column of each
+  // row again from the two columns inside (the flat pass read a neighbouring row's element there).
+  y[0] = down[0];
+  for (int64_t q = 1; q < n - 1; q++) y[q] = fold(fold(down[q - 1], down[q]), down[q + 1]);
+  for (int64_t r = 0; r < h; r++) {
+    const int64_t first = r * w, last = first + w - 1;
+    y[first] = fold(down[first], down[first + 1]);
+    y[last] = fold(down[last - 1], down[last]);
+  }
+  if (scale != nullptr)
+    for (int64_t q = 0; q < n; q++) y[q] *= scale[q];
+}
+
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
 // max (contiguous, vectorised), then each output takes the max of its taps along that line.  Taps are
 // compared as Clean reads them (a NaN that is not a window's first tap must not hide a larger tap in a
@@ -171,12 +208,19 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
   const T lowest = Lowest<T>();
   int64_t lo = 0, hi = 0;
   Interior(C, &lo, &hi);
+  const bool same = SamePool3x3(g);
   ForPlanes(g, true, [&](int64_t first_plane, int64_t end_plane) {
-    std::vector<T> line(C.in);
+    std::vector<T> line(C.in), down(same ? in : 0);
     const T *first_row = nullptr;  // the windows' first row inside x
     bool first_row_nan = false;
     for (int64_t plane = first_plane; plane < end_plane; plane++) {
       T *yp = y + plane * out;
+      // (a plane holding a NaN takes the rows' path, which gives a window's NaN first tap its due)
+      if (same && !CleanCopy(x + plane * in, down.data(), in)) {
+        SamePlane(g.axis[1].in, C.in, x + plane * in, down.data(), yp, static_cast<const T *>(nullptr),
+                  [](T best, T v) { return v > best ? v : best; });
+        continue;
+      }
       ByRows(g, x + plane * in,
              [&](const T *row, bool first) {
                if (first) {
@@ -524,6 +568,22 @@ int AveragePoolT(const Geometry &g, const T *x, T *y, bool include_pad) {
   for (int64_t k = 0; k < C.out; k++) {
     const int64_t n = include_pad ? C.padded[k] : C.last[k] - C.first[k];
     inverse_columns[k] = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
+  }
+  if (SamePool3x3(g)) {  // nine taps: summed in T, as other libraries do, each plane in a few flat loops
+    std::vector<T> scale(in);
+    for (int64_t i = 0; i < B.out; i++) {
+      const double rows = include_pad ? 3.0 : static_cast<double>(B.last[i] - B.first[i]);
+      for (int64_t k = 0; k < C.out; k++) scale[i * C.out + k] = static_cast<T>(inverse_columns[k] / rows);
+    }
+    ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
+      std::vector<T> down(in);
+      for (int64_t plane = lo; plane < hi; plane++) {
+        std::copy(x + plane * in, x + (plane + 1) * in, down.begin());
+        SamePlane(B.in, C.in, x + plane * in, down.data(), y + plane * out, scale.data(),
+                  [](T sum, T v) { return sum + v; });
+      }
+    });
+    return 0;
   }
   ForPlanes(g, true, [&](int64_t lo, int64_t hi) {
     std::vector<double> padded(width, 0.0), sums(C.out);
