@@ -174,6 +174,23 @@ def test_sum_opset_6_and_folded():
     np.testing.assert_allclose(got[0], inputs[0] + inputs[1] + inputs[2], rtol=1e-6)
 
 
+def test_a_sum_of_two_loads_as_an_add_that_fuses_with_the_relu_after_it():
+    """ResNet's residual connections (Sum, then Relu): two inputs become add, which a planned graph fuses with the
+    relu into one generated kernel; three stay a sum."""
+    nodes = [helper.make_node("Sum", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Sum", ["r", "a", "b"], ["y"])]
+    info = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 8]) for name in ("a", "b")]
+    model = helper.make_model(helper.make_graph(nodes, "m", info, [helper.make_empty_tensor_value_info("y")]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    graph = ox.load(model)
+    assert [n.op.name for n in graph.nodes if not n.is_constant] == ["add", "relu", "sum"]
+    a, b = sample((2, 8)), sample((2, 8), seed=1)
+    np.testing.assert_allclose(graph(a, b), np.maximum(a + b, 0) + a + b, rtol=1e-6)
+    (plan,) = graph._executor.plans.values()
+    assert plan.memory_report()["fused"] == ["fused::add_relu"]
+
+
 # -- unary ----------------------------------------------------------------------------------
 
 UNARY = [("Relu", {}, 14), ("Exp", {}, 13), ("Tanh", {}, 13), ("Neg", {}, 13), ("Sigmoid", {}, 13),
@@ -444,7 +461,7 @@ def test_traced_graph_records_opforge_ops():
     model = one_node_model("Softmax", [sample((2, 3))], opset=13)
     graph = ox.load(model)
     assert [node.op.name for node in graph.nodes] == ["softmax"]
-    model = one_node_model("Sum", [sample((2, 3)), sample((3,))], opset=13)
+    model = one_node_model("Sum", [sample((2, 3)), sample((3,)), sample((2, 1))], opset=13)
     assert [node.op.name for node in ox.load(model).nodes] == ["sum"]
     assert opforge.lookup("sum") is not None
 

@@ -180,8 +180,10 @@ def reciprocal(node: NodeContext, x: Any) -> Any:
 
 @converter("Sum", since=1)
 def sum_(node: NodeContext, *inputs: Any) -> Any:
+    """Two inputs are an add (a residual connection, say), which a graph fuses with the elementwise ops
+    around it (a relu after it); sum has no such expression, having any number of inputs."""
     same_dtype(node, *inputs)
-    return ops.sum(*inputs)
+    return ops.add(*inputs) if len(inputs) == 2 else ops.sum(*inputs)
 
 
 @converter("Mean", since=1)
