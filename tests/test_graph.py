@@ -443,6 +443,46 @@ def test_reshapes_inside_a_planned_graph_share_their_input_memory_and_run_no_ker
     np.testing.assert_array_equal(checked_flat, flat)
 
 
+def test_concat_parts_are_made_in_place_in_its_output():
+    """A concat along an axis with only size-1 dims before it (channels at batch 1) runs no kernel: its parts are
+    made where it would copy them, nested concats included, and other readers of a part still see it; a part
+    that is a graph input, used twice, or cut by a batch dim is copied as before."""
+    w = rng(23).standard_normal((1, 4, 4)).astype(np.float32)
+
+    def blocks(x, y):
+        a, b = ops.relu(x), ops.neg(x)
+        inner = ops.concat(a, b, axis=1)  # [1, 8, 4]
+        outer = ops.concat(inner, ops.matmul(b, w), axis=1)  # [1, 12, 4], inner nested in it
+        late = ops.sum(a, ops.abs(b))  # reads the parts after both concats were made
+        copied = ops.concat(x, a, axis=1)  # x is a graph input: a copy
+        twice = ops.concat(b, b, axis=1)  # b twice: a copy
+        batch = ops.concat(ops.relu(y), ops.neg(y), axis=1)  # batch 2 before the axis: a copy
+        return ops.tanh(outer), late, copied, twice, batch
+
+    graph = opforge.trace(blocks, TensorSpec([1, 4, 4]), TensorSpec([2, 3, 4]))
+    x = rng(24).standard_normal((1, 4, 4)).astype(np.float32)
+    y = rng(25).standard_normal((2, 3, 4)).astype(np.float32)
+    got = graph(x, y)
+    plan = only_plan(graph)
+    assert plan.program is not None and plan.memory_report()["in_place"] == 4  # a, b, inner, matmul(b, w)
+    a, b = np.maximum(x, 0), -x
+    want = (np.tanh(np.concatenate([a, b, b @ w], axis=1)), a + np.abs(b), np.concatenate([x, a], axis=1),
+            np.concatenate([b, b], axis=1), np.concatenate([np.maximum(y, 0), -y], axis=1))
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(graph(x, y)[0], got[0])  # the second run of the plan
+
+
+def test_a_concat_that_is_a_graph_output_gets_its_parts_made_in_the_output_array():
+    graph = opforge.trace(lambda x: ops.concat(ops.relu(x), ops.neg(x), axis=0), TensorSpec([3, 2]))
+    x = rng(26).standard_normal((3, 2)).astype(np.float32)
+    first = graph(x)
+    assert only_plan(graph).memory_report()["in_place"] == 2
+    second = graph(x * 2)
+    np.testing.assert_array_equal(first, np.concatenate([np.maximum(x, 0), -x]))
+    np.testing.assert_array_equal(second, np.concatenate([np.maximum(2 * x, 0), -2 * x]))
+
+
 # -- native program vs. interpreted -----------------------------------------------
 
 def test_native_ops_compile_to_one_program():

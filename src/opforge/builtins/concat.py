@@ -2,7 +2,9 @@
 
 A variadic op: ``concat(a, b, c, axis=1)``.  Every input has one dtype and
 rank, and equal dims except along the axis.  The kernel (concat.cc) copies
-rows of bytes, so one library serves every dtype; the gradient slices dy.
+rows of bytes, so one library serves every dtype; in a planned graph a
+concat with only size-1 dims before its axis copies nothing, its inputs made
+in place (graph.executor).  The gradient slices dy.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ namespace {
 using opforge_native::AttrKind;
 using opforge_native::CanaryIntact;
 using opforge_native::GuardedBuffer;
+using opforge_native::kCanaryBytes;
 using opforge_native::kWorkspaceAlign;
 using opforge_native::WriteCanary;
 using opforge_native::ExtraState;
@@ -930,7 +931,9 @@ PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // with the GIL released; the plan (shapes, Init state, offsets) was computed
 // once in Python for this input signature.  Each step's outputs and
 // workspaces (its last params) are followed by room for a canary, written
-// before the step and checked after it.
+// before the step and checked after it; the bytes it covered are put back
+// after the check (a concat's parts are written in place, one after another:
+// a part's canary lies on the next part).
 
 struct Step {
   KernelFn fn = nullptr;
@@ -1025,6 +1028,7 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
   int rc = 0;
   Outcome outcome;
   std::vector<void *> params;
+  std::vector<char> covered;  // per written buffer: the bytes its canary covers
   Py_BEGIN_ALLOW_THREADS
   for (size_t k = 0; k < self->steps->size(); ++k) {
     Step &step = (*self->steps)[k];
@@ -1034,7 +1038,12 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
     ExtraState *state = step.extra ? step.extra->state : nullptr;
     void *extra_ptr = step.extra ? step.extra->extra : nullptr;
     size_t first_written = params.size() - step.written.size();
-    for (size_t w = 0; w < step.written.size(); ++w) WriteCanary(static_cast<char *>(params[first_written + w]) + step.written[w]);
+    covered.resize(step.written.size() * kCanaryBytes);
+    for (size_t w = 0; w < step.written.size(); ++w) {
+      char *end = static_cast<char *>(params[first_written + w]) + step.written[w];
+      std::memcpy(covered.data() + w * kCanaryBytes, end, kCanaryBytes);
+      WriteCanary(end);
+    }
     Guarded(&outcome, state, [&] {
       rc = step.fn(static_cast<int>(params.size()), params.data(), step.ndims.data(), step.shapes.data(),
                    step.dtypes.data(), nullptr, extra_ptr);
@@ -1046,6 +1055,9 @@ PyObject *Program_run(ProgramObject *self, PyObject *args) {
         MemoryOutcome(&outcome, "overrun", detail);
       }
     }
+    for (size_t w = step.written.size(); w-- > 0;)
+      std::memcpy(static_cast<char *>(params[first_written + w]) + step.written[w], covered.data() + w * kCanaryBytes,
+                  kCanaryBytes);
     if (rc != 0 || outcome.kind != nullptr) {
       failed = static_cast<Py_ssize_t>(k);
       break;

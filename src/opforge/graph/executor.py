@@ -7,7 +7,9 @@ places every intermediate in one arena, reusing the space of values whose
 lifetimes are over, with one workspace region shared by all nodes.  When
 every node has a native CPU kernel the plan is a ``_native.Program`` that
 runs all kernels in C (a ``view`` op's output -- reshape, squeeze, unsqueeze
--- is its input's memory there, and runs no kernel); otherwise, and in checked mode (guard pages for every
+-- is its input's memory there, and a concat along an axis with only size-1
+dims before it has its parts made in place, one after another in its output:
+neither runs a kernel); otherwise, and in checked mode (guard pages for every
 buffer, see ``runtime.checks``), nodes run one by one through their kernels.
 Every buffer a kernel writes is followed by room for a canary that the
 program checks after each step.  A new input shape makes a new plan; a known
@@ -23,8 +25,9 @@ the launches are captured once into a CUDA graph and replayed with one
 """
 from __future__ import annotations
 
+import math
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -204,24 +207,65 @@ class Plan:
             views[node.outputs[0].id] = views.get(source.id, source.id)
         return views
 
+    def _in_place(self, views: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """{value id: (id of a concat's output, byte offset)}: the inputs of concats along an axis with nothing
+        but size-1 dims before it, whose parts are then slices of the output, one after another -- each part
+        made there by its producer (a step with that one output; not a graph input, output, constant or view,
+        nor a part of another concat), and the concat left with nothing to do."""
+        graph_ends = {v.id for v in self.graph.inputs} | {v.id for v in self.graph.outputs}
+        single = {node.outputs[0].id for node, *_ in self.steps if len(node.outputs) == 1}
+        placed: dict[int, tuple[int, int]] = {}
+        for node, _, in_specs, out_specs in self.steps:
+            made = out_specs[0]
+            if node.op.name != "concat" or len(node.outputs) != 1 or made.layout != "ndarray":
+                continue
+            axis = cast(int, node.attrs["axis"]) % max(len(made.shape), 1)
+            parts = [v.id for v in node.inputs if v is not None]
+            if (math.prod(made.shape[:axis]) != 1 or len(parts) != len(node.inputs) or len(set(parts)) != len(parts)
+                    or any(p not in single or p in graph_ends or p in views or p in placed for p in parts)
+                    or any(spec is None or spec.layout != "ndarray" for spec in in_specs)):
+                continue
+            offset = 0
+            for part, spec in zip(parts, in_specs):
+                placed[part] = (node.outputs[0].id, offset)
+                offset += spec.nbytes  # type: ignore[union-attr]  # (checked above: no spec is None)
+        return placed
+
     def _compile(self) -> Any:  # a _native.Program
         graph = self.graph
         views = self._views()  # run no kernel: their values share their source's memory
-        run = [step for step in self.steps if step[0].outputs[0].id not in views]  # (checked mode runs them all)
-        position: dict[int, int] = {}  # value id -> step index that produces it
-        last_use: dict[int, int] = {}
+        placed = self._in_place(views)  # made where a concat would copy them to
+
+        def home(value_id: int) -> tuple[int, int]:
+            """(id of the value that owns the memory, byte offset in it)."""
+            offset = 0
+            while True:
+                if value_id in views:
+                    value_id = views[value_id]
+                elif value_id in placed:
+                    value_id, at = placed[value_id]
+                    offset += at
+                else:
+                    return value_id, offset
+
+        concats_done = {concat for concat, _ in placed.values()}  # (a concat is placed whole, or not at all)
+        run = [step for step in self.steps  # (checked mode runs them all)
+               if step[0].outputs[0].id not in views and step[0].outputs[0].id not in concats_done]
+        position: dict[int, int] = {}  # memory owner's value id -> first step that writes into it
+        last_use: dict[int, int] = {}  # memory owner's value id -> last step that reads it
         for index, (node, _, _, _) in enumerate(run):
             for value in node.outputs:
-                position[value.id] = index
+                position.setdefault(home(value.id)[0], index)
             for value in node.inputs:  # type: ignore[assignment]  # (a native step has every input: _native)
-                last_use[views.get(value.id, value.id)] = index  # a view's reader keeps its source alive
+                last_use[home(value.id)[0]] = index  # a view's or a part's reader keeps its memory alive
         buffers: dict[int, Ref] = {}  # value id -> (buffer index, offset)
         for k, value in enumerate(graph.inputs):
             buffers[value.id] = (1 + k, 0)
         self.output_slots: list[int] = []
         next_buffer = 1 + len(graph.inputs)
+        made = {v.id for node, *_ in self.steps for v in node.outputs}
         for value in graph.outputs:
-            if value.id not in buffers and value.id in position and value.id not in self.output_slots:
+            if value.id not in buffers and value.id in made and value.id not in self.output_slots:
                 buffers[value.id] = (next_buffer, 0)
                 self.output_slots.append(value.id)
                 next_buffer += 1
@@ -231,14 +275,16 @@ class Plan:
                 buffers[node.outputs[0].id] = (next_buffer, 0)
                 self.constants.append(np.ascontiguousarray(node.value))
                 next_buffer += 1
-        intermediates = [v for node, _, _, _ in run for v in node.outputs if v.id not in buffers]
+        intermediates = [v for node, _, _, _ in self.steps for v in node.outputs
+                         if v.id not in buffers and home(v.id)[0] == v.id]
         sizes = [self.specs[v.id].nbytes for v in intermediates]
         lifetimes = [(position[v.id], last_use.get(v.id, position[v.id])) for v in intermediates]
         offsets, arena = plan_memory([size + _native.CANARY_BYTES for size in sizes], lifetimes)
         for value, offset in zip(intermediates, offsets):
             buffers[value.id] = (0, offset)
-        for view, source in views.items():
-            buffers[view] = buffers[source]
+        for value_id in [*views, *placed]:
+            owner, at = home(value_id)
+            buffers[value_id] = (buffers[owner][0], buffers[owner][1] + at)
 
         largest: tuple[str, str, Sequence[int]] | None  # the largest workspace: (op, Init function, requested)
         steps, workspace_bytes, largest = [], 0, None
@@ -268,7 +314,7 @@ class Plan:
         self.report = {"planned_bytes": self.arena_bytes, "intermediate_bytes": arena,
                        "unplanned_bytes": sum(sizes) + workspace_bytes * len(prepared) if prepared else 0,
                        "workspace_bytes": workspace_bytes, "nodes": len(prepared), "fused": list(self.fused),
-                       "views": len(views)}
+                       "views": len(views), "in_place": len(placed)}
         self.largest_workspace = largest
         self.arena: npt.NDArray[np.uint8] | None = None  # allocated by the first run (checked mode never needs it)
         # where each graph output comes from, found by the first run
