@@ -473,6 +473,41 @@ def test_concat_parts_are_made_in_place_in_its_output():
     np.testing.assert_array_equal(graph(x, y)[0], got[0])  # the second run of the plan
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_random_graphs_of_concats_and_views_match_their_ops_called_one_by_one(seed):
+    """Random graphs of relu / neg / reshape / concat on [1, 2, n] values -- concats along axis 1 (made in
+    place, nested, parts reused and read after them) and along axis 2 (copied) -- planned as one program give
+    the same arrays as the same ops called eagerly."""
+    def build(x, choices):
+        values = [ops.relu(x), ops.neg(x)]  # (a graph input is never made in place)
+        for _ in range(14):
+            pick = values[int(choices.integers(len(values)))]
+            kind = int(choices.integers(6))
+            if kind in (0, 5):
+                values.append(ops.relu(pick))
+            elif kind == 1:
+                values.append(ops.neg(pick))
+            elif kind == 2:
+                values.append(ops.reshape(ops.reshape(pick, shape=[-1]), shape=[1, 2, -1]))
+            else:
+                width = [v for v in values if v.shape[2] == pick.shape[2]] if kind == 3 else values
+                count = min(len(width), int(choices.integers(2, 4)))
+                parts = [width[int(k)] for k in choices.choice(len(width), size=count, replace=False)]
+                if kind == 3:  # channels at batch 1: in place (unless a part is in place in another concat)
+                    values.append(ops.reshape(ops.concat(*parts, axis=1), shape=[1, 2, -1]))
+                else:  # a size-2 dim before the axis: copied
+                    values.append(ops.concat(*parts, axis=2))
+        return tuple(values[-3:]) + (ops.reshape(values[1], shape=[-1]),)
+
+    x = rng(200 + seed).standard_normal((1, 2, 3)).astype(np.float32)
+    graph = opforge.trace(lambda v: build(v, rng(100 + seed)), TensorSpec([1, 2, 3]))
+    want = build(x, rng(100 + seed))  # the same choices, each op called eagerly
+    got = graph(x)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert only_plan(graph).program is not None  # (about half of the seeds make parts in place, up to 7)
+
+
 def test_a_concat_that_is_a_graph_output_gets_its_parts_made_in_the_output_array():
     graph = opforge.trace(lambda x: ops.concat(ops.relu(x), ops.neg(x), axis=0), TensorSpec([3, 2]))
     x = rng(26).standard_normal((3, 2)).astype(np.float32)

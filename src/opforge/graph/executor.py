@@ -161,6 +161,20 @@ def plan_nodes(graph: Graph, input_specs: Sequence[TensorSpec],
     return specs, steps
 
 
+def _home(value_id: int, views: dict[int, int], placed: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(id of the value that owns a value's memory, byte offset in it): itself, a view's source, or the output of
+    the concat it is made in place in (in turn in place in another, ...)."""
+    offset = 0
+    while True:
+        if value_id in views:
+            value_id = views[value_id]
+        elif value_id in placed:
+            value_id, at = placed[value_id]
+            offset += at
+        else:
+            return value_id, offset
+
+
 class Plan:
     steps: list[Step[Any]]  # AotKernels where every step is native (the program), else any kernels
 
@@ -210,8 +224,8 @@ class Plan:
     def _in_place(self, views: dict[int, int]) -> dict[int, tuple[int, int]]:
         """{value id: (id of a concat's output, byte offset)}: the inputs of concats along an axis with nothing
         but size-1 dims before it, whose parts are then slices of the output, one after another -- each part
-        made there by its producer (a step with that one output; not a graph input, output, constant or view,
-        nor a part of another concat), and the concat left with nothing to do."""
+        (a view's source, for a view) made there by its producer (a step with that one output; not a graph
+        input, output or constant, nor a part of another concat), and the concat left with nothing to do."""
         graph_ends = {v.id for v in self.graph.inputs} | {v.id for v in self.graph.outputs}
         single = {node.outputs[0].id for node, *_ in self.steps if len(node.outputs) == 1}
         placed: dict[int, tuple[int, int]] = {}
@@ -220,16 +234,32 @@ class Plan:
             if node.op.name != "concat" or len(node.outputs) != 1 or made.layout != "ndarray":
                 continue
             axis = cast(int, node.attrs["axis"]) % max(len(made.shape), 1)
-            parts = [v.id for v in node.inputs if v is not None]
+            parts = [views.get(v.id, v.id) for v in node.inputs if v is not None]  # a view: its source moves
             if (math.prod(made.shape[:axis]) != 1 or len(parts) != len(node.inputs) or len(set(parts)) != len(parts)
-                    or any(p not in single or p in graph_ends or p in views or p in placed for p in parts)
+                    or any(p not in single or p in graph_ends or p in placed for p in parts)
                     or any(spec is None or spec.layout != "ndarray" for spec in in_specs)):
                 continue
             offset = 0
             for part, spec in zip(parts, in_specs):
                 placed[part] = (node.outputs[0].id, offset)
                 offset += spec.nbytes  # type: ignore[union-attr]  # (checked above: no spec is None)
-        return placed
+        # The canary after a part lies on what follows it; its producer must not read there (the canary is
+        # written before the kernel runs).  Concats that would have that are copied after all.
+        producer = {node.outputs[0].id: node for node, *_ in self.steps if len(node.outputs) == 1}
+        while True:
+            broken = set()
+            for part, (concat, _) in placed.items():
+                owner, at = _home(part, views, placed)
+                canary = (at + self.specs[part].nbytes, at + self.specs[part].nbytes + _native.CANARY_BYTES)
+                for value in producer[part].inputs:
+                    if value is None:
+                        continue
+                    read_owner, read_at = _home(value.id, views, placed)
+                    if read_owner == owner and read_at < canary[1] and read_at + self.specs[value.id].nbytes > canary[0]:
+                        broken.add(concat)
+            if not broken:
+                return placed
+            placed = {part: where for part, where in placed.items() if where[0] not in broken}
 
     def _compile(self) -> Any:  # a _native.Program
         graph = self.graph
@@ -237,16 +267,7 @@ class Plan:
         placed = self._in_place(views)  # made where a concat would copy them to
 
         def home(value_id: int) -> tuple[int, int]:
-            """(id of the value that owns the memory, byte offset in it)."""
-            offset = 0
-            while True:
-                if value_id in views:
-                    value_id = views[value_id]
-                elif value_id in placed:
-                    value_id, at = placed[value_id]
-                    offset += at
-                else:
-                    return value_id, offset
+            return _home(value_id, views, placed)
 
         concats_done = {concat for concat, _ in placed.values()}  # (a concat is placed whole, or not at all)
         run = [step for step in self.steps  # (checked mode runs them all)
