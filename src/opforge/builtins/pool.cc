@@ -183,10 +183,9 @@ void SamePlane(int64_t h, int64_t w, const T *__restrict x, T *__restrict down, 
                const T *__restrict scale, Fold fold) {
   const int64_t n = h * w;
   for (int64_t q = w; q < n; q++) down[q] = fold(down[q], x[q - w]);  // the row above
-  for (int64_t q = 0; q < n - w; q++) down[q] = fold(down[q], x[q + w]);  // the row below (x: clean above)
+  for (int64_t q = 0; q < n - w; q++) down[q] = fold(down[q], x[q + w]);  // the row below
   // Across: every element from its left and right neighbours, then the first and last column of each
   // row again from the two columns inside (the flat pass read a neighbouring row's element there).
-  y[0] = down[0];
   for (int64_t q = 1; q < n - 1; q++) y[q] = fold(fold(down[q - 1], down[q]), down[q + 1]);
   for (int64_t r = 0; r < h; r++) {
     const int64_t first = r * w, last = first + w - 1;
