@@ -103,9 +103,9 @@ static void Accumulate(const T *x, int ndim, const int64_t *shape, T *y, int ran
   }
 }
 
-// y = ((x0 + x1) + x2) + x3 over n elements, with as many of x1..x3 as are not null.
-static void Fold(T *__restrict y, const T *__restrict x0, const T *__restrict x1, const T *__restrict x2,
-                 const T *__restrict x3, int64_t n) {
+// y = ((x0 + x1) + x2) + x3 over n elements, with as many of x1..x3 as are not null; x0 may be y itself.
+static void Fold(T *y, const T *x0, const T *__restrict x1, const T *__restrict x2, const T *__restrict x3,
+                 int64_t n) {
   typedef Plus<T> P;
   if (x3 != nullptr) {
     for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(P::Apply(x0[i], x1[i]), x2[i]), x3[i]);
@@ -115,18 +115,6 @@ static void Fold(T *__restrict y, const T *__restrict x0, const T *__restrict x1
     for (int64_t i = 0; i < n; i++) y[i] = P::Apply(x0[i], x1[i]);
   } else {
     for (int64_t i = 0; i < n; i++) y[i] = x0[i];
-  }
-}
-
-// y = ((y + x1) + x2) + x3 in place, likewise.
-static void FoldOnto(T *y, const T *__restrict x1, const T *__restrict x2, const T *__restrict x3, int64_t n) {
-  typedef Plus<T> P;
-  if (x3 != nullptr) {
-    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(P::Apply(y[i], x1[i]), x2[i]), x3[i]);
-  } else if (x2 != nullptr) {
-    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(P::Apply(y[i], x1[i]), x2[i]);
-  } else {
-    for (int64_t i = 0; i < n; i++) y[i] = P::Apply(y[i], x1[i]);
   }
 }
 
@@ -141,7 +129,7 @@ static void SumSameShape(void **params, int inputs, T *y, int64_t n) {
       const int64_t e = std::min(hi, b + kBlock);
       auto at = [&](int k) { return k < inputs ? static_cast<const T *>(params[k]) + b : nullptr; };
       Fold(y + b, at(0), at(1), at(2), at(3), e - b);
-      for (int k = 4; k < inputs; k += 3) FoldOnto(y + b, at(k), at(k + 1), at(k + 2), e - b);
+      for (int k = 4; k < inputs; k += 3) Fold(y + b, y + b, at(k), at(k + 1), at(k + 2), e - b);
     }
   });
 }

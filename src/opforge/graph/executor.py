@@ -227,7 +227,7 @@ class Plan:
         (a view's source, for a view) made there by its producer (a step with that one output; not a graph
         input, output or constant, nor a part of another concat), and the concat left with nothing to do."""
         graph_ends = {v.id for v in self.graph.inputs} | {v.id for v in self.graph.outputs}
-        single = {node.outputs[0].id for node, *_ in self.steps if len(node.outputs) == 1}
+        producer = {node.outputs[0].id: node for node, *_ in self.steps if len(node.outputs) == 1}  # one output
         placed: dict[int, tuple[int, int]] = {}
         for node, _, in_specs, out_specs in self.steps:
             made = out_specs[0]
@@ -236,7 +236,7 @@ class Plan:
             axis = cast(int, node.attrs["axis"]) % max(len(made.shape), 1)
             parts = [views.get(v.id, v.id) for v in node.inputs if v is not None]  # a view: its source moves
             if (math.prod(made.shape[:axis]) != 1 or len(parts) != len(node.inputs) or len(set(parts)) != len(parts)
-                    or any(p not in single or p in graph_ends or p in placed for p in parts)
+                    or any(p not in producer or p in graph_ends or p in placed for p in parts)
                     or any(spec is None or spec.layout != "ndarray" for spec in in_specs)):
                 continue
             offset = 0
@@ -245,7 +245,6 @@ class Plan:
                 offset += spec.nbytes  # type: ignore[union-attr]  # (checked above: no spec is None)
         # The canary after a part lies on what follows it; its producer must not read there (the canary is
         # written before the kernel runs).  Concats that would have that are copied after all.
-        producer = {node.outputs[0].id: node for node, *_ in self.steps if len(node.outputs) == 1}
         while True:
             broken = set()
             for part, (concat, _) in placed.items():
