@@ -30,7 +30,10 @@ Threads: each thread count runs in its own process, with
 ``OPFORGE_NUM_THREADS`` set before NumPy loads (opforge's own OpenBLAS stays on
 one thread: its pool multiplies the blocks of a product), and
 ``OPENBLAS_THREAD_TIMEOUT=4`` so NumPy's BLAS threads sleep after each call
-rather than poll into the next contender's sample;
+rather than poll into the next contender's sample, and ``GOMP_SPINCOUNT=10000``
+for torch's OpenMP threads likewise (by default they poll 300000 rounds, 5-8 ms
+here, past the pause below: the next contender's two-thread sample then ran on
+one free core, a 1024^2 matmul 20% slower);
 inside it ``opforge.set_num_threads`` and ``torch.set_num_threads`` set the
 same count.  ``all`` is the cores this process may run on.
 
@@ -905,6 +908,7 @@ def main(argv=None):
             # NumPy's OpenBLAS threads sleep right after a call instead of polling ~0.1 s into the next
             # contender's sample (they halved opforge's two-thread matmul right after NumPy's)
             env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+            env.setdefault("GOMP_SPINCOUNT", "10000")  # the same for torch's OpenMP (libgomp) threads
             results = Path(folder) / f"{threads}.json"
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(threads), "--results",
                        str(results), "--rounds", str(rounds), "--ops", ",".join(names)]
