@@ -81,12 +81,13 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }
 
 // OpforgeGemm on opforge's pool: a product worth more than one thread is cut into blocks of C's
-// columns, or of its rows where it has more rows than columns (each task packs again the operand the
-// blocks share), that the pool's threads multiply with OpenBLAS on one thread each (opforge loads it so,
-// see runtime/blas.py; given threads of its own, OpenBLAS gets the product whole).  One or two blocks
-// per thread, each of at least kOpforgeGemmTaskWork multiply-adds and a multiple of 16 wide (the last
-// takes the rest, so none is narrow: a one-wide block would run as gemv, which adds in another order);
-// on one thread the product is one call.  Every block is a gemm over the whole of k, so each element
+// columns where it has more columns than rows, else of its rows (each task packs again the operand the
+// blocks share: the smaller one), that the pool's threads multiply with OpenBLAS on one thread each
+// (opforge loads it so, see runtime/blas.py; given threads of its own, OpenBLAS gets the product whole).
+// One block per thread, each of at least kOpforgeGemmTaskWork multiply-adds and a multiple of 16 wide
+// (the last takes the rest, so none is narrow: a one-wide block would run as gemv, which adds in another
+// order); on one thread the product is one call.  (A 1024^3 product on two threads: 193 GFLOP/s in two
+// blocks of rows, 176 in two of columns, 157 in four of columns, 178 for OpenBLAS's own threads.)  Every block is a gemm over the whole of k, so each element
 // is summed as OpenBLAS sums it alone: tests/test_conv_tasks.py checks the same bits on 1, 2 and 3
 // threads.
 constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
@@ -106,13 +107,10 @@ inline void OpforgeGemmParallel(bool trans_a, bool trans_b, int64_t m, int64_t n
     OpforgeGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const bool by_columns = m <= n;  // cut the larger dim of the output (the smaller operand is packed again)
+  const bool by_columns = m < n;  // cut the larger dim of the output (the smaller operand is packed again)
   const int64_t length = by_columns ? n : m;
-  // one block per thread, two where the product is large enough (a whole number of rounds: 3 blocks on 2
-  // threads would leave one thread idle for a third of the time)
   const int64_t threads = opforge::num_threads(), work = m * n * k;
-  const int64_t rounds = std::max<int64_t>(1, std::min<int64_t>(2, work / (kOpforgeGemmTaskWork * threads)));
-  const int64_t tasks = std::min({rounds * threads, work / kOpforgeGemmTaskWork, length / 16});
+  const int64_t tasks = std::min({threads, work / kOpforgeGemmTaskWork, length / 16});
   const int64_t width = std::max<int64_t>(16, length / tasks / 16 * 16);
   const int64_t blocks = std::max<int64_t>(1, length / width);  // the last one takes the rest
   opforge::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
