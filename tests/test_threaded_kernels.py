@@ -178,3 +178,45 @@ def test_transpose_agrees_with_numpy(shape, perm, threads):
     for dtype in ("float32", "float64", "int8", "float16"):
         x = data(shape, "float32", seed=11).astype(dtype)
         np.testing.assert_array_equal(ops.transpose(x, perm=perm), np.transpose(x, order), err_msg=f"{shape} {dtype}")
+
+
+# (data shape, axis, index count): one block of long rows, several blocks, short rows, few rows (fewer
+# than the threads: a range per thread would start past the end), indices along the last axis.
+GATHERS = [((4096, 301), 0, 5000), ((3, 700, 257), 1, 900), ((60001, 3), 0, 70001), ((5, 40000), 0, 9),
+           ((2, 3, 30001), 2, 40000)]
+
+
+@pytest.mark.parametrize("shape,axis,count", GATHERS)
+def test_gather_and_its_gradient_agree_with_numpy_on_any_number_of_threads(shape, axis, count):
+    x = data(shape, "float32", seed=12)
+    rng = np.random.default_rng(13)
+    indices = rng.integers(-shape[axis], shape[axis], count)  # repeated and negative ones
+    indices[:3] = indices[0]  # one index three times over: its rows add up
+    want = np.take(x, indices, axis=axis)
+    dy = data(want.shape, "float32", seed=14)
+    assert_native("gather", x, indices)
+    assert_native("gather_grad", dy, indices.astype(np.int32), x)
+    dx_want = np.zeros_like(x)
+    np.add.at(np.moveaxis(dx_want, axis, 0), indices, np.moveaxis(dy, axis, 0))
+    before = opforge.get_num_threads()
+    try:
+        grads = []
+        for count_threads in (1, 2, 3, 4):
+            opforge.set_num_threads(count_threads)
+            np.testing.assert_array_equal(ops.gather(x, indices, axis=axis), want)
+            grads.append(ops.gather_grad(dy, indices.astype(np.int32), x, axis=axis))
+    finally:
+        opforge.set_num_threads(before)
+    np.testing.assert_allclose(grads[0], dx_want, rtol=1e-6, atol=1e-6)
+    for dx in grads[1:]:  # each element summed in index order on any thread count
+        assert dx.tobytes() == grads[0].tobytes()
+
+
+def test_gather_gradient_checks_every_index_before_writing(threads):
+    x = data((4096, 300), "float32", seed=15)
+    indices = np.arange(4096)
+    indices[-1] = 4096
+    with pytest.raises(opforge.KernelError):
+        ops.gather_grad(data((4096, 300), "float32", seed=16), indices, x)
+    with pytest.raises(opforge.KernelError):
+        ops.gather(x, indices)

@@ -3,8 +3,9 @@
 y's shape is data's with the axis replaced by indices' shape.  Negative
 indices count from the end; an index out of range is an error (the kernel
 returns non-zero: KernelError), never a silent read.  The kernel copies rows
-of bytes, one library for every data dtype (int32 or int64 indices).  The
-gradient is ``gather_grad``: dy scatter-added into zeros of data's shape.
+of bytes, one library for every data dtype (int32 or int64 indices), on
+opforge's threads.  The gradient is ``gather_grad``: dy scatter-added into
+zeros of data's shape, each thread owning a range of dx's rows.
 """
 from __future__ import annotations
 
@@ -82,18 +83,26 @@ GATHER_CC = r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 
+// Whether every index is in [-size, size).
+template <typename I>
+static bool IndicesFit(const I *indices, int64_t n, int64_t size) {
+  for (int64_t i = 0; i < n; i++)
+    if (int64_t(indices[i]) < -size || int64_t(indices[i]) >= size) return false;
+  return true;
+}
+
 template <typename I>
 static int Run(const char *data, const I *indices, char *y, int64_t outer, int64_t size, int64_t n,
                int64_t row) {
-  for (int64_t o = 0; o < outer; o++) {
-    const char *block = data + o * size * row;
-    for (int64_t i = 0; i < n; i++, y += row) {
-      int64_t at = static_cast<int64_t>(indices[i]);
-      if (at < 0) at += size;
-      if (at < 0 || at >= size) return 4;  // an index out of range
-      std::memcpy(y, block + at * row, row);
+  if (!IndicesFit(indices, n, size)) return 4;  // an index out of range, found before any copy
+  // y's rows (outer x n of them) in ranges of at least OPFORGE_COPY_GRAIN bytes on opforge's threads
+  opforge::parallel_for(0, outer * n, std::max<int64_t>(1, OPFORGE_COPY_GRAIN / std::max<int64_t>(row, 1)),
+                        [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const int64_t o = r / n, at = int64_t(indices[r % n]);
+      std::memcpy(y + r * row, data + (o * size + (at < 0 ? at + size : at)) * row, row);
     }
-  }
+  });
   return 0;
 }
 
@@ -171,19 +180,43 @@ GATHER_GRAD_CC = r"""
 #include "custom_aot_extra.h"
 #include "elements.h"
 
+// Whether every index is in [-size, size).
+template <typename I>
+static bool IndicesFit(const I *indices, int64_t n, int64_t size) {
+  for (int64_t i = 0; i < n; i++)
+    if (int64_t(indices[i]) < -size || int64_t(indices[i]) >= size) return false;
+  return true;
+}
+
+// Elements a task handles at least; below that, waking the pool costs more than it saves.
+constexpr int64_t kParallelWork = int64_t(1) << 15;
+
 template <typename I>
 static int Run(const OPFORGE_T *dy, const I *indices, OPFORGE_T *dx, int64_t outer, int64_t size, int64_t n,
                int64_t inner) {
-  for (int64_t o = 0; o < outer; o++) {
-    OPFORGE_T *block = dx + o * size * inner;
-    for (int64_t i = 0; i < n; i++, dy += inner) {
-      int64_t at = static_cast<int64_t>(indices[i]);
-      if (at < 0) at += size;
-      if (at < 0 || at >= size) return 4;  // an index out of range
-      OPFORGE_T *row = block + at * inner;
-      for (int64_t j = 0; j < inner; j++) row[j] += dy[j];
+  if (!IndicesFit(indices, n, size)) return 4;  // an index out of range, found before dx is touched
+  // Repeated indices add into one row, so tasks split dx's rows, not the indices: each task zeroes its
+  // own range of rows of one outer block, then adds every dy row whose index falls in it, in index
+  // order (the same sum on any thread count).  One range per thread: each task reads all the indices.
+  const int64_t threads = opforge::num_threads();
+  const int64_t ranges = outer >= threads ? 1 : std::max<int64_t>(1, std::min(size, (threads + outer - 1) / outer));
+  const int64_t height = (size + ranges - 1) / ranges;
+  const int64_t work = std::max<int64_t>(1, (n / ranges + height) * inner);
+  opforge::parallel_for(0, outer * ranges, std::max<int64_t>(1, kParallelWork / work), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      const int64_t o = t / ranges, first = std::min(size, t % ranges * height), last = std::min(size, first + height);
+      OPFORGE_T *block = dx + o * size * inner;
+      const OPFORGE_T *rows = dy + o * n * inner;
+      std::fill(block + first * inner, block + last * inner, OPFORGE_T(0));
+      for (int64_t i = 0; i < n; i++) {
+        const int64_t at = int64_t(indices[i]) < 0 ? int64_t(indices[i]) + size : int64_t(indices[i]);
+        if (at < first || at >= last) continue;
+        OPFORGE_T *row = block + at * inner;
+        const OPFORGE_T *from = rows + i * inner;
+        for (int64_t j = 0; j < inner; j++) row[j] += from[j];
+      }
     }
-  }
+  });
   return 0;
 }
 
@@ -200,7 +233,6 @@ extern "C" int GatherGrad(int nparam, void **params, int *ndims, int64_t **shape
     if (d > axis) inner *= shapes[2][d];
   }
   OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[3]);
-  std::fill(dx, dx + ElementCount(rank, shapes[2]), OPFORGE_T(0));
   const OPFORGE_T *dy = static_cast<const OPFORGE_T *>(params[0]);
   const int64_t n = ElementCount(ndims[1], shapes[1]);
   if (!std::strcmp(dtypes[1], "int64"))
