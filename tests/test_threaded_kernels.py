@@ -220,3 +220,37 @@ def test_gather_gradient_checks_every_index_before_writing(threads):
         ops.gather_grad(data((4096, 300), "float32", seed=16), indices, x)
     with pytest.raises(opforge.KernelError):
         ops.gather(x, indices)
+
+
+# Past the grain: planes resampled along both axes, along one (the other's taps made up), the last two axes
+# of a rank-3 input, and resampling a leading axis (one axis at a time through buffers, not the plane path).
+RESIZES = [((2, 9, 40, 56), dict(scales=[1, 1, 2, 2], mode="linear")),
+           ((3, 5, 33, 70), dict(scales=[1, 1, 1, 0.6], mode="cubic", antialias=True)),
+           ((70, 40, 30), dict(sizes=[57, 23], axes=[1, 2], mode="nearest")),
+           ((6, 40, 300), dict(scales=[1.5, 1, 1], mode="linear")),
+           ((4, 8, 40, 56), dict(scales=[1, 1, 1.3, 0.7], mode="linear",
+                                 coordinate_transformation_mode="tf_crop_and_resize",
+                                 roi=[0, 0, 0.1, 0.2, 1, 1, 0.8, 0.9], extrapolation_value=2.0))]
+
+
+@pytest.mark.parametrize("shape,attrs", RESIZES)
+def test_resize_and_its_gradient_give_the_same_bits_on_any_number_of_threads(shape, attrs):
+    from opforge.testing import check_op
+
+    x = data(shape, "float32", seed=17)
+    dy = data(ops.resize(x, **attrs).shape, "float32", seed=18)
+    assert_native("resize", x)
+    assert_native("resize_grad", dy, x)
+    before = opforge.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3):
+            opforge.set_num_threads(count)
+            results.append((ops.resize(x, **attrs), ops.resize_grad(dy, x, **attrs)))
+            if count == 2:  # the kernels against their float64 references
+                check_op(ops.resize, x, **attrs)
+                check_op(ops.resize_grad, dy, x, **attrs)
+    finally:
+        opforge.set_num_threads(before)
+    for y, dx in results[1:]:
+        assert y.tobytes() == results[0][0].tobytes() and dx.tobytes() == results[0][1].tobytes()

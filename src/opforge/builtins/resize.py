@@ -252,7 +252,8 @@ def resize_grad_rule(saved: Any, dy: Any, **attrs: Any) -> Any:
 
 
 # The kernel: resize_reference's tap tables, built the same way (once per signature, by the Inits); when only
-# the last two axes resample, each output row blends rows of x straight into y, otherwise one axis at a time
+# the last two axes resample, each output row blends rows of x straight into y (the gradient: each plane of dy
+# sent back into a plane of double), rows and planes on opforge's threads; otherwise one axis at a time
 # through buffers of double.
 RESIZE_CC = r"""
 #include <algorithm>
@@ -262,6 +263,7 @@ RESIZE_CC = r"""
 #include <vector>
 
 #include "custom_aot_extra.h"
+#include "opforge/parallel.h"
 
 namespace {
 
@@ -470,6 +472,64 @@ const Plan *PlanOf(AotExtra *extra) {
   return plan != nullptr && plan->ok ? plan : nullptr;
 }
 
+// Elements a task handles at least; below that, waking the pool costs more than it saves.
+constexpr int64_t kParallelWork = int64_t(1) << 15;
+
+// Whether only the last two axes resample: then each plane goes straight from x to y, no buffers.
+bool Planar(int rank, const std::vector<std::vector<std::vector<Tap>>> &rows) {
+  bool planar = rank >= 2;
+  for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
+  return planar;
+}
+
+// An axis's taps, one per position with weight 1 where it does not resample (rows empty).
+std::vector<std::vector<Tap>> AxisTaps(const std::vector<std::vector<Tap>> &rows, int64_t length) {
+  if (!rows.empty()) return rows;
+  std::vector<std::vector<Tap>> same(length);
+  for (int64_t o = 0; o < length; o++) same[o].push_back({o, 1.0});
+  return same;
+}
+
+// An axis's taps as a table, `count` (the most any output has) per output, so that the loops over them
+// have a length the compiler knows when every output has as many (uniform: all but antialiasing and
+// exclude_outside); sizes[o]: how many of its entries output o has (the rest are never read).
+struct TapTable {
+  int64_t count = 1;
+  bool uniform = true;
+  std::vector<int64_t> index, sizes;
+  std::vector<double> weight;
+};
+
+TapTable Table(const std::vector<std::vector<Tap>> &rows) {
+  TapTable table;
+  for (const auto &row : rows) table.count = std::max<int64_t>(table.count, row.size());
+  table.index.assign(rows.size() * table.count, 0);
+  table.weight.assign(rows.size() * table.count, 0.0);
+  for (size_t o = 0; o < rows.size(); o++) {
+    table.sizes.push_back(rows[o].size());
+    table.uniform = table.uniform && int64_t(rows[o].size()) == table.count;
+    for (size_t t = 0; t < rows[o].size(); t++) {
+      table.index[o * table.count + t] = rows[o][t].index;
+      table.weight[o * table.count + t] = rows[o][t].weight;
+    }
+  }
+  return table;
+}
+
+// out[j] = the taps of output j along `table` over line; K: the table's count, when uniform (0: each
+// output's own size).
+template <int K, typename T>
+void Blend(const TapTable &table, const double *line, T *out, int64_t length) {
+  const int64_t *index = table.index.data();
+  const double *weight = table.weight.data();
+  for (int64_t j = 0; j < length; j++, index += table.count, weight += table.count) {
+    const int64_t count = K ? K : table.sizes[j];
+    double acc = 0;
+    for (int64_t t = 0; t < count; t++) acc += weight[t] * line[index[t]];
+    out[j] = static_cast<T>(acc);
+  }
+}
+
 template <typename T>
 int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const int rank = ndims[0];
@@ -481,34 +541,32 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   if (plan == nullptr) return 1;
   const auto &rows = plan->rows;
   T *y = static_cast<T *>(params[1]);
-  bool planar = rank >= 2;  // only the last two axes resample: straight from x to y, no buffers
-  for (int d = 0; d + 2 < rank; d++) planar = planar && rows[d].empty();
-  if (planar) {
+  if (Planar(rank, rows)) {
     const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
-    std::vector<std::vector<Tap>> rh = rows[rank - 2], rw = rows[rank - 1];
-    if (rh.empty())
-      for (int64_t o = 0; o < oh; o++) rh.push_back({{o, 1.0}});
-    if (rw.empty())
-      for (int64_t o = 0; o < ow; o++) rw.push_back({{o, 1.0}});
-    const int64_t planes = out_total / (oh * ow);
+    const TapTable rh = Table(AxisTaps(rows[rank - 2], oh)), rw = Table(AxisTaps(rows[rank - 1], ow));
     const T *x = static_cast<const T *>(params[0]);
-    std::vector<double> line(w);
-    for (int64_t p = 0; p < planes; p++) {
-      const T *xp = x + p * h * w;
-      T *yp = y + p * oh * ow;
-      for (int64_t i = 0; i < oh; i++) {
+    // the output rows of every plane, in ranges on opforge's threads
+    const int64_t grain = std::max<int64_t>(1, kParallelWork / (w + ow));
+    opforge::parallel_for(0, out_total / ow, grain, [&](int64_t r0, int64_t r1) {
+      std::vector<double> line(w);
+      for (int64_t r = r0; r < r1; r++) {
+        const int64_t p = r / oh, i = r % oh;
+        const T *xp = x + p * h * w;
         std::fill(line.begin(), line.end(), 0.0);  // the rows of x blended for output row i
-        for (const Tap &th : rh[i]) {
-          const T *src = xp + th.index * w;
-          for (int64_t j = 0; j < w; j++) line[j] += th.weight * src[j];
+        for (int64_t t = 0; t < rh.sizes[i]; t++) {
+          const T *src = xp + rh.index[i * rh.count + t] * w;
+          const double weight = rh.weight[i * rh.count + t];
+          for (int64_t j = 0; j < w; j++) line[j] += weight * src[j];
         }
-        for (int64_t j = 0; j < ow; j++) {
-          double acc = 0;
-          for (const Tap &tw : rw[j]) acc += tw.weight * line[tw.index];
-          yp[i * ow + j] = static_cast<T>(acc);
+        T *out = y + r * ow;
+        switch (rw.uniform ? rw.count : 0) {  // then blended along the row
+          case 1: Blend<1>(rw, line.data(), out, ow); break;
+          case 2: Blend<2>(rw, line.data(), out, ow); break;
+          case 4: Blend<4>(rw, line.data(), out, ow); break;
+          default: Blend<0>(rw, line.data(), out, ow);
         }
       }
-    }
+    });
   } else {
     int64_t total = 1;
     for (int d = 0; d < rank; d++) total *= in_shape[d];
@@ -534,10 +592,38 @@ int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
     out_total *= out_shape[d];
   }
   T *dx = static_cast<T *>(params[2]);
-  std::fill(dx, dx + in_total, T(0));
-  if (out_total == 0 || in_total == 0) return 0;
+  if (out_total == 0 || in_total == 0) {
+    std::fill(dx, dx + in_total, T(0));
+    return 0;
+  }
   const Plan *plan = PlanOf(extra);
   if (plan == nullptr) return 1;
+  if (Planar(rank, plan->rows) && plan->transform != "tf_crop_and_resize") {
+    // each plane of dx summed in a buffer of double from its plane of dy, the planes on opforge's threads:
+    // a row of dy sent back along the width's taps, then that line along the height's taps of the row
+    const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
+    const auto rh = AxisTaps(plan->rows[rank - 2], oh), rw = AxisTaps(plan->rows[rank - 1], ow);
+    const T *dy = static_cast<const T *>(params[0]);
+    opforge::parallel_for(0, in_total / (h * w), std::max<int64_t>(1, kParallelWork / (h * w + oh * ow)),
+                          [&](int64_t p0, int64_t p1) {
+      std::vector<double> plane(h * w), line(w);
+      for (int64_t p = p0; p < p1; p++) {
+        std::fill(plane.begin(), plane.end(), 0.0);
+        const T *dyp = dy + p * oh * ow;
+        for (int64_t i = 0; i < oh; i++) {
+          std::fill(line.begin(), line.end(), 0.0);
+          for (int64_t j = 0; j < ow; j++)
+            for (const Tap &tw : rw[j]) line[tw.index] += tw.weight * dyp[i * ow + j];
+          for (const Tap &th : rh[i]) {
+            double *to = plane.data() + th.index * w;
+            for (int64_t j = 0; j < w; j++) to[j] += th.weight * line[j];
+          }
+        }
+        for (int64_t k = 0; k < h * w; k++) dx[p * h * w + k] = static_cast<T>(plane[k]);
+      }
+    });
+    return 0;
+  }
   std::vector<double> cur(static_cast<const T *>(params[0]), static_cast<const T *>(params[0]) + out_total);
   if (plan->transform == "tf_crop_and_resize")  // extrapolated outputs hold a constant
     ForEachOutside(rank, out_shape, plan->outside, [&](int64_t i) { cur[i] = 0; });
