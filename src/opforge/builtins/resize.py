@@ -21,8 +21,10 @@ time: per output position, a few taps (input positions) and their weights.
   when downsampling.
 
 Floating-point; the C++ kernel (float32, float64) builds the same tap
-tables.  The gradient is ``resize_grad``: dy sent back through the taps
-(the transposed weights), one axis at a time, by the same kernel source.
+tables, and sums in double.  The gradient is ``resize_grad``: dy sent back
+through the taps (the transposed weights), by the same kernel source.  Where
+only the last two axes resample (NCHW images), both go plane by plane on
+opforge's threads; otherwise one axis at a time.
 """
 from __future__ import annotations
 
