@@ -254,3 +254,17 @@ def test_resize_and_its_gradient_give_the_same_bits_on_any_number_of_threads(sha
         opforge.set_num_threads(before)
     for y, dx in results[1:]:
         assert y.tobytes() == results[0][0].tobytes() and dx.tobytes() == results[0][1].tobytes()
+
+
+@pytest.mark.parametrize("shape,axis", [((4096, 301), 1), ((301, 4096), 0), ((7, 3001, 5), 1)])
+def test_topk_gradient_agrees_with_numpy(shape, axis, threads):
+    x = data(shape, "float32", seed=19)
+    values, indices = ops.topk(x, k=8, axis=axis)
+    dvalues = data(values.shape, "float32", seed=20)
+    assert_native("topk_grad", dvalues, indices, x)
+    want = np.zeros_like(x)
+    np.put_along_axis(want, indices, dvalues, axis=axis)
+    np.testing.assert_array_equal(ops.topk_grad(dvalues, indices, x, axis=axis), want)
+    indices[-1] = shape[axis]  # past the end: an error, not a write out of bounds
+    with pytest.raises(opforge.KernelError):
+        ops.topk_grad(dvalues, indices, x, axis=axis)

@@ -236,6 +236,7 @@ TOPK_GRAD_CC = r"""
 #include <cstdint>
 
 #include "custom_aot_extra.h"
+#include "opforge/parallel.h"
 
 // params: dvalues, indices, x (shape only), dx.
 extern "C" int TopKGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -244,24 +245,28 @@ extern "C" int TopKGrad(int nparam, void **params, int *ndims, int64_t **shapes,
   int64_t axis = static_cast<AotExtra *>(extra)->Attr<int64_t>("axis");
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank || ndims[0] != rank) return 1;
-  int64_t outer = 1, inner = 1, total = 1;
+  int64_t outer = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
     if (d < axis) outer *= shapes[2][d];
     if (d > axis) inner *= shapes[2][d];
-    total *= shapes[2][d];
   }
   const int64_t n = shapes[2][axis], k = shapes[0][axis];
   const OPFORGE_T *dy = static_cast<const OPFORGE_T *>(params[0]);
   const int64_t *indices = static_cast<const int64_t *>(params[1]);
   OPFORGE_T *dx = static_cast<OPFORGE_T *>(params[3]);
-  std::fill(dx, dx + total, OPFORGE_T(0));
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t j = 0; j < k; j++)
-      for (int64_t i = 0; i < inner; i++) {
-        const int64_t from = (o * k + j) * inner + i, at = indices[from];
-        if (at < 0 || at >= n) return 4;  // not an index topk gives
-        dx[(o * n + at) * inner + i] += dy[from];
-      }
+  for (int64_t i = 0; i < outer * k * inner; i++)
+    if (indices[i] < 0 || indices[i] >= n) return 4;  // not an index topk gives (checked before any write)
+  // Each block of dx along the axis (zeroed, then dvalues added at the indices) on opforge's threads.
+  const int64_t block = std::max<int64_t>(1, n * inner);
+  opforge::parallel_for(0, outer, std::max<int64_t>(1, (int64_t(1) << 15) / block), [&](int64_t o0, int64_t o1) {
+    std::fill(dx + o0 * n * inner, dx + o1 * n * inner, OPFORGE_T(0));
+    for (int64_t o = o0; o < o1; o++)
+      for (int64_t j = 0; j < k; j++)
+        for (int64_t i = 0; i < inner; i++) {
+          const int64_t from = (o * k + j) * inner + i;
+          dx[(o * n + indices[from]) * inner + i] += dy[from];
+        }
+  });
   return 0;
 }
 """
