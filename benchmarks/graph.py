@@ -12,6 +12,10 @@
    through ``opforge.value_and_grad`` against torch autograd (``backward``),
    at one thread and at every thread (``opforge.set_num_threads`` and
    ``torch.set_num_threads`` alike).  Needs torch (``n/a`` without it).
+   torch's OpenMP threads poll 10000 rounds after a parallel region
+   (``GOMP_SPINCOUNT``, set here unless given) rather than 300000 (several
+   ms): they polled into the start of opforge's samples, which ran on one
+   free core (two-thread forward 194 -> 159 us; torch's own figures stay).
 4. An elementwise chain on 4M float32 (``tanh(x * x) * 0.5 + y``), as a graph
    whose nodes fuse into one generated kernel against the same graph unfused
    (``OPFORGE_FUSE=0``), NumPy, and torch eager, at every thread.
@@ -37,6 +41,7 @@ except ImportError:  # running from a checkout without installing
 import numpy as np
 
 os.environ.setdefault("OPFORGE_CACHE_DIR", tempfile.mkdtemp(prefix="opforge-bench-"))
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads (item 3 above)
 ops = opforge.ops
 CHAIN = 50
 
