@@ -39,6 +39,7 @@ CASES = [  # (x shape, attributes)
     ((2, 2, 64), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
     ((1, 2, 5, 6, 41), dict(kernel_shape=[2, 3, 3], strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 1])),
     ((1, 1, 3, 3), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[2, 2, 2, 2], ceil_mode=True)),  # padding-only windows
+    ((1, 2, 13, 37), dict(kernel_shape=[5, 5], strides=[2, 2], pads=[2, 1, 2, 1])),  # rows folded 3, then 2
 ]
 
 

@@ -139,18 +139,31 @@ inline void Interior(const Axis &C, int64_t *lo, int64_t *hi) {
 }
 
 // y[k] = line's taps k * s - pb + t * d (t < taps) folded with combine, in that order, for the interior
-// outputs k in [lo, hi): one pass per tap, so the loops vectorise (S: the stride compiled in, 1 or 2;
-// 0 reads C.s).
-template <int S, typename T, typename Combine>
+// outputs k in [lo, hi): with 2 or 3 taps (K) one pass over the outputs, else one pass per tap, so the loops
+// vectorise (S: the stride compiled in, 1 or 2; 0 reads C.s).
+template <int S, int K, typename T, typename Combine>
 void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *__restrict line, T *__restrict y,
                   Combine combine) {
   const int64_t s = S ? S : C.s;
-  const T *base = line - C.pb;
-  for (int64_t k = lo; k < hi; k++) y[k] = base[k * s];
-  for (int64_t t = 1; t < C.k; t++) {
-    const T *tap = base + t * C.d;
-    for (int64_t k = lo; k < hi; k++) y[k] = combine(y[k], tap[k * s]);
+  const T *t0 = line - C.pb, *t1 = t0 + C.d, *t2 = t1 + C.d;
+  if constexpr (K == 3) {
+    for (int64_t k = lo; k < hi; k++) y[k] = combine(combine(t0[k * s], t1[k * s]), t2[k * s]);
+  } else if constexpr (K == 2) {
+    for (int64_t k = lo; k < hi; k++) y[k] = combine(t0[k * s], t1[k * s]);
+  } else {
+    for (int64_t k = lo; k < hi; k++) y[k] = t0[k * s];
+    for (int64_t t = 1; t < C.k; t++) {
+      const T *tap = t0 + t * C.d;
+      for (int64_t k = lo; k < hi; k++) y[k] = combine(y[k], tap[k * s]);
+    }
   }
+}
+
+template <int S, typename T, typename Combine>
+void InteriorFold(const Axis &C, int64_t lo, int64_t hi, const T *line, T *y, Combine combine) {
+  if (C.k == 3) InteriorFold<S, 3>(C, lo, hi, line, y, combine);
+  else if (C.k == 2) InteriorFold<S, 2>(C, lo, hi, line, y, combine);
+  else InteriorFold<S, 0>(C, lo, hi, line, y, combine);
 }
 
 template <typename T, typename Combine>
@@ -196,6 +209,28 @@ void SamePlane(int64_t h, int64_t w, const T *__restrict x, T *__restrict down, 
     for (int64_t q = 0; q < n; q++) y[q] *= scale[q];
 }
 
+// line[w] = the largest of line[w] and rows[r][w] (r < count <= 3) in one pass, a NaN tap never taking.
+// Start: line's own values are not read: rows[0] stands first, NaN read as -inf (as CleanCopy), and the
+// result is whether rows[0] holds a NaN.
+template <bool Start, typename T>
+bool FoldRows(const T *const *rows, int count, T *__restrict line, int64_t n) {
+  constexpr bool kNaN = std::numeric_limits<T>::has_quiet_NaN;
+  const T *__restrict r0 = rows[0], *__restrict r1 = rows[count > 1 ? 1 : 0], *__restrict r2 = rows[count - 1];
+  auto take = [](T best, T v) { return v > best ? v : best; };
+  if constexpr (!Start) {
+    for (int64_t w = 0; w < n; w++) line[w] = take(take(take(line[w], r0[w]), r1[w]), r2[w]);
+    return false;  // (a row given twice or thrice changes nothing)
+  }
+  int nan = 0;
+  for (int64_t w = 0; w < n; w++) {
+    const T v = r0[w];
+    if constexpr (kNaN) nan |= v != v;
+    const T clean = !kNaN || v == v ? v : -std::numeric_limits<T>::infinity();
+    line[w] = take(take(clean, r1[w]), r2[w]);
+  }
+  return nan != 0;
+}
+
 // The maximum alone (no position to track): the window's rows folded into one line with an elementwise
 // max (contiguous, vectorised), then each output takes the max of its taps along that line.  Taps are
 // compared as Clean reads them (a NaN that is not a window's first tap must not hide a larger tap in a
@@ -220,16 +255,29 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
                   [](T best, T v) { return v > best ? v : best; });
         continue;
       }
+      // A window's rows are folded into line three at a time (one pass each), the first of them read
+      // with NaN as -inf.
+      const T *pending[3];
+      int n_pending = 0;
+      bool started = false;
+      auto flush = [&] {
+        if (!started) {
+          first_row = pending[0];
+          first_row_nan = FoldRows<true>(pending, n_pending, line.data(), C.in);
+          started = true;
+        } else {
+          FoldRows<false>(pending, n_pending, line.data(), C.in);
+        }
+        n_pending = 0;
+      };
       ByRows(g, x + plane * in,
              [&](const T *row, bool first) {
-               if (first) {
-                 first_row = row;
-                 first_row_nan = CleanCopy(row, line.data(), C.in);
-                 return;
-               }
-               for (int64_t w = 0; w < C.in; w++) line[w] = row[w] > line[w] ? row[w] : line[w];
+               if (first) started = false;
+               pending[n_pending++] = row;
+               if (n_pending == 3) flush();
              },
              [&](int64_t, int64_t, bool empty) {
+               if (n_pending > 0) flush();
                auto edge = [&](int64_t k) {  // a window reaching into the padding: its taps inside x
                  const int64_t c0 = k * C.s - C.pb;
                  T best = lowest;
