@@ -174,6 +174,12 @@ PRODUCTS = [  # op, input shapes (None: absent), attributes
     ("matmul", [(33, 8000), (8000, 32)], {}),
     ("matmul", [(2, 3, 33, 8000), (2, 3, 8000, 33)], {}),
     ("matmul", [(5, 16, 40000), (5, 40000, 16)], {}),  # entries too narrow to cut: a group per task
+    # one row or one column of output (gemv), each layout, lengths past a multiple of 16
+    ("gemm", [(1, 3000), (4001, 3000), (4001,)], {"trans_b": True}),  # a batch-1 fully connected layer
+    ("gemm", [(1, 3000), (3000, 4001), None], {}),
+    ("gemm", [(3000, 1), (3000, 4001), None], {"trans_a": True}),
+    ("matmul", [(4001, 3000), (3000, 1)], {}),
+    ("gemm", [(3000, 4001), (1, 3000), None], {"trans_a": True, "trans_b": True}),
 ]
 
 
