@@ -466,6 +466,29 @@ def test_launcher_forget_keeps_it_usable():
     np.testing.assert_array_equal(relu(x), [0, 2])
 
 
+def test_a_launcher_takes_every_kind_of_call():
+    """Plain arrays go straight to the kernel (vectorcall); everything else takes the general path."""
+    a, b = np.arange(4.0), np.ones(4)
+    opforge.lookup("add")(a, b)
+    add = opforge.lookup("add")._default_launcher
+    add.forget()
+    np.testing.assert_array_equal(add(a, b), [1, 2, 3, 4])  # a plan miss: the planner gets the arrays as a tuple
+    np.testing.assert_array_equal(add(*(a, b)), [1, 2, 3, 4])
+    np.testing.assert_array_equal(type(add).__call__(add, a, b), [1, 2, 3, 4])  # tp_call, with a tuple
+    np.testing.assert_array_equal(add([0.0, 1.0], b[:2]), [1, 2])  # a list: converted first
+    np.testing.assert_array_equal(add(a[::2], b[:2]), [1, 3])  # a view that is not contiguous
+    assert add.stats["plans"] == 2  # (float64 x2 at 4 and at 2 elements)
+    before = sys.getrefcount(a), sys.getrefcount(b)
+    for _ in range(100):
+        add(a, b)
+        add.forget()  # a plan miss each time too
+    assert (sys.getrefcount(a), sys.getrefcount(b)) == before  # no reference kept or lost
+    with pytest.raises(opforge.OpforgeError):
+        add(a)  # one input of two
+    with pytest.raises(opforge.OpforgeError):
+        add(a, b, alpha=1.0)  # an attribute add does not have
+
+
 def test_native_kernel_with_an_absent_optional_input_falls_back_or_says_why(fresh):
     op = declare(fresh, "t24::maybe(Tensor x, Tensor? b=None) -> Tensor y")
     op.def_infer(opforge.infer.same_as(0))

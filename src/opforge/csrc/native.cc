@@ -457,6 +457,7 @@ void ReleasePlan(Plan *plan) {
 
 struct LauncherObject {
   PyObject_HEAD
+  vectorcallfunc vectorcall;  // Launcher_vectorcall: a call builds no argument tuple
   int n_inputs;
   int n_outputs;
   int tuple_output;
@@ -548,11 +549,16 @@ PyObject *CallPlanner(LauncherObject *self, const char *method, PyObject *argume
   return result;
 }
 
-Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, PyObject *array_tuple) {
+// The plan of these arrays' signature, made by the planner on a miss: array_tuple() gives the arrays as
+// a tuple (a borrowed reference, nullptr with an error set).
+template <typename MakeTuple>
+Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, MakeTuple array_tuple) {
   for (int p = 0; p < self->n_plans; ++p)
     if (SignatureMatches(self->plans[p]->signature, arrays, self->n_inputs)) return self->plans[p];
   self->plan_misses++;
-  PyObject *spec = CallPlanner(self, "plan", array_tuple);
+  PyObject *tuple = array_tuple();
+  if (tuple == nullptr) return nullptr;
+  PyObject *spec = CallPlanner(self, "plan", tuple);
   if (spec == nullptr) return nullptr;
   auto *plan = new Plan();
   bool ok = FillPlan(plan, spec, self->n_inputs, self->n_outputs);
@@ -570,6 +576,17 @@ Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, PyObject *arr
     self->next_victim = (self->next_victim + 1) % kMaxPlans;
   }
   return plan;
+}
+
+// A new tuple of the first n arrays.
+PyObject *ArrayTuple(PyArrayObject *const *arrays, int n) {
+  PyObject *tuple = PyTuple_New(n);
+  if (tuple == nullptr) return nullptr;
+  for (int k = 0; k < n; ++k) {
+    Py_INCREF(arrays[k]);
+    PyTuple_SET_ITEM(tuple, k, reinterpret_cast<PyObject *>(arrays[k]));
+  }
+  return tuple;
 }
 
 bool IsPlainArray(PyObject *obj) {
@@ -743,6 +760,10 @@ bool RunPlan(Plan *plan, PyArrayObject **arrays, int n_inputs, int n_outputs, in
 // The poison of this call: -1 (default mode) unless checked mode is on.
 int CallPoison() { return opforge_native::CheckedMode() ? opforge_native::kCheckedPoison : -1; }
 
+PyObject *RunArrays(LauncherObject *self, PyArrayObject *const *given, PyObject *inputs);
+PyObject *CallWithTupleAndDict(ternaryfunc call, PyObject *callable, PyObject *const *args, Py_ssize_t n_args,
+                               PyObject *kwnames);
+
 PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) {
   if (self->planner == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "Launcher was not initialised");
@@ -787,6 +808,15 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
       break;
     }
   }
+  auto *items = reinterpret_cast<PyTupleObject *>(inputs)->ob_item;
+  PyObject *result = RunArrays(self, reinterpret_cast<PyArrayObject *const *>(items), inputs);
+  Py_DECREF(inputs);
+  return result;
+}
+
+// A call of plain arrays (IsPlainArray), one per input: `inputs` is their tuple, or nullptr when the call
+// came without one (one is made where the planner needs it).
+PyObject *RunArrays(LauncherObject *self, PyArrayObject *const *given, PyObject *inputs) {
   PyArrayObject *stack_arrays[kStackTensors];
   std::vector<PyArrayObject *> heap_arrays;
   PyArrayObject **arrays = stack_arrays;
@@ -795,16 +825,21 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
     heap_arrays.resize(n_tensors);
     arrays = heap_arrays.data();
   }
-  for (int k = 0; k < self->n_inputs; ++k) arrays[k] = reinterpret_cast<PyArrayObject *>(PyTuple_GET_ITEM(inputs, k));
+  for (int k = 0; k < self->n_inputs; ++k) arrays[k] = given[k];
+  PyObject *made = nullptr;  // the tuple made for the planner, if one was
+  auto tuple = [&]() -> PyObject * {
+    if (inputs == nullptr) inputs = made = ArrayTuple(given, self->n_inputs);
+    return inputs;
+  };
 
-  Plan *plan = FindOrMakePlan(self, arrays, inputs);
+  Plan *plan = FindOrMakePlan(self, arrays, tuple);
   if (plan == nullptr) {
-    Py_DECREF(inputs);
+    Py_XDECREF(made);
     return nullptr;
   }
   if (plan->fn == nullptr) {
-    PyObject *result = CallPlanner(self, "run", inputs);
-    Py_DECREF(inputs);
+    PyObject *result = tuple() == nullptr ? nullptr : CallPlanner(self, "run", inputs);
+    Py_XDECREF(made);
     return result;
   }
   plan->users++;  // keeps the plan alive even if a call on another thread evicts it
@@ -828,8 +863,20 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
   }
   plan->users--;
   if (plan->evicted && plan->users == 0) delete plan;
-  Py_DECREF(inputs);
+  Py_XDECREF(made);
   return result;
+}
+
+// The launcher's call without an argument tuple (vectorcall): plain arrays, one per input, go straight to
+// RunArrays; any other call (keywords, another count, objects to convert) takes Launcher_call's path.
+PyObject *Launcher_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  auto *self = reinterpret_cast<LauncherObject *>(callable);
+  const Py_ssize_t n_args = PyVectorcall_NARGS(nargsf);
+  bool plain = self->planner != nullptr && n_args == self->n_inputs &&
+               (kwnames == nullptr || PyTuple_GET_SIZE(kwnames) == 0);
+  for (Py_ssize_t k = 0; plain && k < n_args; ++k) plain = IsPlainArray(args[k]);
+  if (plain) return RunArrays(self, reinterpret_cast<PyArrayObject *const *>(args), nullptr);
+  return CallWithTupleAndDict(reinterpret_cast<ternaryfunc>(Launcher_call), callable, args, n_args, kwnames);
 }
 
 int Launcher_init(LauncherObject *self, PyObject *args, PyObject *kwds) {
@@ -860,6 +907,7 @@ int Launcher_init(LauncherObject *self, PyObject *args, PyObject *kwds) {
 
 PyObject *Launcher_new(PyTypeObject *type, PyObject *, PyObject *) {
   auto *self = reinterpret_cast<LauncherObject *>(type->tp_alloc(type, 0));
+  if (self != nullptr) self->vectorcall = Launcher_vectorcall;
   return reinterpret_cast<PyObject *>(self);
 }
 
@@ -1681,14 +1729,15 @@ PyMODINIT_FUNC PyInit__native(void) {
 
   LauncherType.tp_name = "opforge._native.Launcher";
   LauncherType.tp_basicsize = sizeof(LauncherObject);
-  LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  LauncherType.tp_vectorcall_offset = offsetof(LauncherObject, vectorcall);
   LauncherType.tp_doc = "Launcher(n_inputs, n_outputs, tuple_output, planner): eager kernel calls";
   LauncherType.tp_new = Launcher_new;
   LauncherType.tp_init = reinterpret_cast<initproc>(Launcher_init);
   LauncherType.tp_dealloc = reinterpret_cast<destructor>(Launcher_dealloc);
   LauncherType.tp_traverse = reinterpret_cast<traverseproc>(Launcher_traverse);
   LauncherType.tp_clear = reinterpret_cast<inquiry>(Launcher_clear);
-  LauncherType.tp_call = reinterpret_cast<ternaryfunc>(Launcher_call);
+  LauncherType.tp_call = PyVectorcall_Call;
   LauncherType.tp_methods = Launcher_methods;
   LauncherType.tp_getset = Launcher_getset;
 
