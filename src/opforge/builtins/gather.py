@@ -76,13 +76,8 @@ def gather_grad(saved: Any, dy: Any, *, axis: int) -> tuple[Any, None]:
     return opforge.ops.gather_grad(dy, saved.indices, saved.data, axis=axis), None
 
 
-GATHER_CC = r"""
-#include <cstdint>
-#include <cstring>
-
-#include "custom_aot_extra.h"
-#include "elements.h"
-
+# Both kernels check every index before they write anything.
+INDICES_FIT = r"""
 // Whether every index is in [-size, size).
 template <typename I>
 static bool IndicesFit(const I *indices, int64_t n, int64_t size) {
@@ -90,7 +85,15 @@ static bool IndicesFit(const I *indices, int64_t n, int64_t size) {
     if (int64_t(indices[i]) < -size || int64_t(indices[i]) >= size) return false;
   return true;
 }
+"""
 
+GATHER_CC = r"""
+#include <cstdint>
+#include <cstring>
+
+#include "custom_aot_extra.h"
+#include "elements.h"
+""" + INDICES_FIT + r"""
 template <typename I>
 static int Run(const char *data, const I *indices, char *y, int64_t outer, int64_t size, int64_t n,
                int64_t row) {
@@ -179,15 +182,7 @@ GATHER_GRAD_CC = r"""
 
 #include "custom_aot_extra.h"
 #include "elements.h"
-
-// Whether every index is in [-size, size).
-template <typename I>
-static bool IndicesFit(const I *indices, int64_t n, int64_t size) {
-  for (int64_t i = 0; i < n; i++)
-    if (int64_t(indices[i]) < -size || int64_t(indices[i]) >= size) return false;
-  return true;
-}
-
+""" + INDICES_FIT + r"""
 // Elements a task handles at least; below that, waking the pool costs more than it saves.
 constexpr int64_t kParallelWork = int64_t(1) << 15;
 
