@@ -192,3 +192,17 @@ def test_products_on_the_pool_give_the_same_bits_on_any_thread_count(name, shape
     wide = op(*[None if x is None else x.astype(np.float64) for x in inputs], **attrs)
     np.testing.assert_allclose(y[1], wide, rtol=1e-4, atol=1e-3)
     assert np.array_equal(y[1], y[2]) and np.array_equal(y[1], y[3])
+
+
+@needs_blas
+@pytest.mark.parametrize("name,shapes,attrs", [
+    # k <= 48: OpenBLAS has another gemv for up to 16384 outputs, which adds otherwise (not cut)
+    ("matmul", [(1, 48), (48, 200000)], {}),
+    ("gemm", [(48, 1), (48, 200000), None], {"trans_a": True}),
+    ("matmul", [(1, 64), (64, 200000)], {}),  # k >= 64: cut, each block the same gemv as the whole
+])
+def test_vector_products_give_the_same_bits_on_many_threads(name, shapes, attrs):
+    inputs = [None if s is None else normal(s, k) for k, s in enumerate(shapes)]
+    op = getattr(ops, name)
+    one, many = on_threads(1, lambda: op(*inputs, **attrs)), on_threads(16, lambda: op(*inputs, **attrs))
+    assert np.array_equal(one, many)

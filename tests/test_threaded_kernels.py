@@ -212,7 +212,7 @@ def test_gather_and_its_gradient_agree_with_numpy_on_any_number_of_threads(shape
         assert dx.tobytes() == grads[0].tobytes()
 
 
-def test_gather_gradient_checks_every_index_before_writing(threads):
+def test_gather_and_its_gradient_refuse_an_index_out_of_range(threads):
     x = data((4096, 300), "float32", seed=15)
     indices = np.arange(4096)
     indices[-1] = 4096
@@ -268,3 +268,21 @@ def test_topk_gradient_agrees_with_numpy(shape, axis, threads):
     indices[-1] = shape[axis]  # past the end: an error, not a write out of bounds
     with pytest.raises(opforge.KernelError):
         ops.topk_grad(dvalues, indices, x, axis=axis)
+
+
+def test_gradients_of_empty_gathers_and_topks_are_empty(threads):
+    dy = np.zeros((0, 2), np.float32)
+    dx = ops.gather_grad(dy, np.array([0, 1]), np.zeros((0, 5), np.float32), axis=1)  # no block before the axis
+    assert dx.shape == (0, 5)
+    assert ops.gather_grad(np.zeros((3, 0), np.float32), np.zeros(0, np.int64), np.ones((3, 4), np.float32),
+                           axis=1).tolist() == [[0] * 4] * 3
+    x = np.zeros((0, 7), np.float32)
+    values, indices = ops.topk(x, k=2, axis=1)
+    assert ops.topk_grad(values, indices, x, axis=1).shape == (0, 7)
+
+
+def test_topk_gradient_refuses_dvalues_of_another_shape():
+    x = data((64, 300), "float32", seed=21)
+    values, indices = ops.topk(x, k=4, axis=1)
+    with pytest.raises(opforge.OpforgeError, match="dvalues"):
+        ops.topk_grad(values[:32], indices[:32], x, axis=1)  # fewer rows than x: the kernel would read past them

@@ -190,6 +190,7 @@ template <typename I>
 static int Run(const OPFORGE_T *dy, const I *indices, OPFORGE_T *dx, int64_t outer, int64_t size, int64_t n,
                int64_t inner) {
   if (!IndicesFit(indices, n, size)) return 4;  // an index out of range, found before dx is touched
+  if (outer == 0) return 0;  // dx is empty
   // Repeated indices add into one row, so tasks split dx's rows, not the indices: each task zeroes its
   // own range of rows of one outer block, then adds every dy row whose index falls in it, in index
   // order (the same sum on any thread count).  One range per thread: each task reads all the indices.

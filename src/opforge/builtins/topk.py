@@ -215,6 +215,13 @@ def topk_grad_check(dvalues: TensorSpec, indices: TensorSpec, x: TensorSpec, *, 
     if None not in (dvalues.rank, indices.rank) and dvalues.shape != indices.shape:
         if not TensorSpec(indices.shape).matches(dvalues.shape) or dvalues.rank != indices.rank:
             return f"inputs 'dvalues' {list(dvalues.shape)} and 'indices' {list(indices.shape)} differ in shape"
+    if None not in (dvalues.rank, x.rank) and x.rank:
+        # dvalues is topk's output: x's shape but along axis (k there)
+        mismatch = dvalues.rank != x.rank or any(
+            d != axis % x.rank and -1 not in (a, b) and a != b for d, (a, b) in enumerate(zip(dvalues.shape, x.shape)))
+        if mismatch:
+            return (f"input 'dvalues' has shape {list(dvalues.shape)}; topk of 'x' {list(x.shape)} along axis {axis} "
+                    f"has x's shape but along that axis")
     return None
 
 
@@ -244,7 +251,9 @@ extern "C" int TopKGrad(int nparam, void **params, int *ndims, int64_t **shapes,
   const int rank = ndims[2];
   int64_t axis = static_cast<AotExtra *>(extra)->Attr<int64_t>("axis");
   if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank || ndims[0] != rank) return 1;
+  if (axis < 0 || axis >= rank || ndims[0] != rank || ndims[1] != rank) return 1;
+  for (int d = 0; d < rank; d++)  // dvalues and indices: topk's outputs, x's shape but along axis
+    if (shapes[1][d] != shapes[0][d] || (d != axis && shapes[0][d] != shapes[2][d])) return 1;
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
     if (d < axis) outer *= shapes[2][d];

@@ -89,8 +89,11 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 // order); on one thread the product is one call.  (A 1024^3 product on two threads: 193 GFLOP/s in two
 // blocks of rows, 176 in two of columns, 157 in four of columns, 178 for OpenBLAS's own threads.)  A product
 // with one row or one column of output (a batch-1 fully connected layer) is cut the same way, each block
-// a gemv: memory-bound, it reads its part of the matrix on each core.  Every block is a gemm over the whole of k, so each element
-// is summed as OpenBLAS sums it alone: tests/test_conv_tasks.py checks the same bits on 1, 2 and 3
+// a gemv (memory-bound: each core reads its part of the matrix), but only with k >= 64: OpenBLAS picks
+// another gemv kernel, which adds in another order, for k <= 48 and up to 16384 outputs.  (A block has at
+// least kOpforgeGemmTaskWork / k outputs, so none would reach it today; the bound keeps it so.)  Every block is a gemm (or gemv) over the whole of k, so each
+// element is summed as OpenBLAS sums it alone, as long as OpenBLAS runs the same kernel on a block as on
+// the whole (it does on the shapes cut here): tests/test_conv_tasks.py checks the same bits on 1, 2 and 3
 // threads.
 constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
 
@@ -98,8 +101,8 @@ constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
 inline bool OpforgeGemmCuts(int64_t m, int64_t n, int64_t k) {
   const int64_t work = m * n * std::max<int64_t>(k, 0), length = m <= n ? n : m;
   // (the sizes first: a small product asks neither the pool nor OpenBLAS anything)
-  return work >= 2 * kOpforgeGemmTaskWork && length >= 32 && opforge::num_threads() > 1 &&
-         scipy_openblas_get_num_threads() <= 1;
+  return work >= 2 * kOpforgeGemmTaskWork && length >= 32 && (std::min(m, n) > 1 || k >= 64) &&
+         opforge::num_threads() > 1 && scipy_openblas_get_num_threads() <= 1;
 }
 
 template <typename T>
