@@ -95,21 +95,23 @@ inline T Lowest() {
                                               : std::numeric_limits<T>::lowest();
 }
 
-// line = row with NaN read as -inf (as Clean below reads taps); whether row holds a NaN.
+// A tap as the passes compare it: NaN read as -inf.  A later tap must be strictly greater to win and
+// -inf never is, so NaN never wins -- except as a window's first tap, which FirstRow lets win.
+template <typename T>
+inline T Clean(T v) {
+  if constexpr (std::numeric_limits<T>::has_quiet_NaN) return v == v ? v : -std::numeric_limits<T>::infinity();
+  return v;
+}
+
+// line = row read as Clean reads taps; whether row holds a NaN.
 template <typename T>
 bool CleanCopy(const T *__restrict row, T *__restrict line, int64_t n) {
-  if constexpr (!std::numeric_limits<T>::has_quiet_NaN) {
-    std::copy(row, row + n, line);
-    return false;
-  } else {
-    int nan = 0;
-    for (int64_t w = 0; w < n; w++) {
-      const T v = row[w];
-      nan |= v != v;
-      line[w] = v == v ? v : -std::numeric_limits<T>::infinity();
-    }
-    return nan != 0;
+  int nan = 0;
+  for (int64_t w = 0; w < n; w++) {
+    nan |= row[w] != row[w];  // (false for integers: the compiler drops it)
+    line[w] = Clean(row[w]);
   }
+  return nan != 0;
 }
 
 // For every output row (i, j) of one plane: fold(row, first) for each row of x its windows cover (along
@@ -210,11 +212,10 @@ void SamePlane(int64_t h, int64_t w, const T *__restrict x, T *__restrict down, 
 }
 
 // line[w] = the largest of line[w] and rows[r][w] (r < count <= 3) in one pass, a NaN tap never taking.
-// Start: line's own values are not read: rows[0] stands first, NaN read as -inf (as CleanCopy), and the
-// result is whether rows[0] holds a NaN.
+// Start: line's own values are not read: rows[0] stands first, read as Clean reads taps, and the result is
+// whether rows[0] holds a NaN.
 template <bool Start, typename T>
 bool FoldRows(const T *const *rows, int count, T *__restrict line, int64_t n) {
-  constexpr bool kNaN = std::numeric_limits<T>::has_quiet_NaN;
   const T *__restrict r0 = rows[0], *__restrict r1 = rows[count > 1 ? 1 : 0], *__restrict r2 = rows[count - 1];
   auto take = [](T best, T v) { return v > best ? v : best; };
   if constexpr (!Start) {
@@ -223,10 +224,8 @@ bool FoldRows(const T *const *rows, int count, T *__restrict line, int64_t n) {
   }
   int nan = 0;
   for (int64_t w = 0; w < n; w++) {
-    const T v = r0[w];
-    if constexpr (kNaN) nan |= v != v;
-    const T clean = !kNaN || v == v ? v : -std::numeric_limits<T>::infinity();
-    line[w] = take(take(clean, r1[w]), r2[w]);
+    nan |= r0[w] != r0[w];
+    line[w] = take(take(Clean(r0[w]), r1[w]), r2[w]);
   }
   return nan != 0;
 }
@@ -317,14 +316,6 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
 // the first largest of its taps (RowMax); then each output row folds the rows of its windows in tap
 // order with the same strict rule (FirstRow, FoldRow), so ties go to the earlier row, then the earlier
 // column.  Offsets within a plane are int32 where a plane allows (narrower index lanes), else int64.
-
-// A tap as the passes compare it: NaN read as -inf.  A later tap must be strictly greater to win and
-// -inf never is, so NaN never wins -- except as a window's first tap, which FirstRow lets win.
-template <typename T>
-inline T Clean(T v) {
-  if constexpr (std::numeric_limits<T>::has_quiet_NaN) return v == v ? v : -std::numeric_limits<T>::infinity();
-  return v;
-}
 
 // One thread's buffers: RowMax of every input row of a plane (value, column), then the plane's answer.
 template <typename T, typename I>

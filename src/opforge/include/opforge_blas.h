@@ -87,13 +87,13 @@ inline void OpforgeGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 // One block per thread, each of at least kOpforgeGemmTaskWork multiply-adds and a multiple of 16 wide
 // (the last takes the rest, so none is narrow: a one-wide block would run as gemv, which adds in another
 // order); on one thread the product is one call.  (A 1024^3 product on two threads: 193 GFLOP/s in two
-// blocks of rows, 176 in two of columns, 157 in four of columns, 178 for OpenBLAS's own threads.)  A product
-// with one row or one column of output (a batch-1 fully connected layer) is cut the same way, each block
-// a gemv (memory-bound: each core reads its part of the matrix), but only with k >= 64: OpenBLAS picks
-// another gemv kernel, which adds in another order, for k <= 48 and up to 16384 outputs.  (A block has at
-// least kOpforgeGemmTaskWork / k outputs, so none would reach it today; the bound keeps it so.)  Every block is a gemm (or gemv) over the whole of k, so each
-// element is summed as OpenBLAS sums it alone, as long as OpenBLAS runs the same kernel on a block as on
-// the whole (it does on the shapes cut here): tests/test_conv_tasks.py checks the same bits on 1, 2 and 3
+// blocks of rows, 176 in two of columns, 157 in four of columns, 178 for OpenBLAS's own threads.)
+// A product with one row or one column of output (a batch-1 fully connected layer) is cut too, each block
+// a gemv (memory-bound: each core reads its part of the matrix), but only with k >= 64: for k <= 48 and
+// up to 16384 outputs OpenBLAS has another gemv, which adds in another order (a block has at least
+// kOpforgeGemmTaskWork / k outputs, so none would reach it today; the bound keeps it so).  Every block is
+// OpenBLAS's product over the whole of k, by the kernel it would use on the whole, so each element is
+// summed as OpenBLAS sums it alone: tests/test_conv_tasks.py checks the same bits on 1, 2, 3 and 16
 // threads.
 constexpr int64_t kOpforgeGemmTaskWork = int64_t(1) << 22;
 
