@@ -588,6 +588,21 @@ def _(op, S, torch):
                                                                         False, indices))
 
 
+@case("max_pool_with_indices_grad")
+def _(op, S, torch):
+    x = normal(S.stem, seed=62)
+    t = torch.from_numpy(x)
+    import opforge
+    _, indices = opforge.ops.max_pool_with_indices(x, **MAX_POOL)
+    _, tindices = torch.nn.functional.max_pool2d(t, 3, 2, 1, return_indices=True)
+    dy = normal(indices.shape, seed=63)
+    tdy = torch.from_numpy(dy)
+    return Case(f"dy {_dims(dy.shape)} -> x {_dims(S.stem)} float32 (each given its forward's indices)",
+                (dy, indices, x), lambda: op(dy, indices, x, **MAX_POOL), "NumPy has no scatter of window maxima",
+                lambda: torch.ops.aten.max_pool2d_with_indices_backward(tdy, t, [3, 3], [2, 2], [1, 1], [1, 1],
+                                                                        False, tindices))
+
+
 @case("average_pool")
 def _(op, S, torch):
     x = normal(S.image, seed=64)

@@ -302,14 +302,30 @@ put("max_pool",
            note="values all distinct: every window has one maximum"),
     sample(distinct(2, 1, 7, seed=118), differentiable=[0], **MAX_POOL_1D))
 put("max_pool_with_indices",
-    sample(distinct(1, 2, 4, 5, seed=119), **MAX_POOL_2D),
-    sample(distinct(1, 2, 4, 3, seed=120), kernel_shape=[2, 2], pads=[1, 1, 0, 0], storage_order=1,
-           note="storage_order 1: indices count the spatial dims column-major"))
+    sample(distinct(1, 2, 4, 5, seed=119), differentiable=[0], **MAX_POOL_2D),
+    sample(distinct(1, 2, 4, 3, seed=120), differentiable=[0], kernel_shape=[2, 2], pads=[1, 1, 0, 0],
+           storage_order=1, note="storage_order 1: indices count the spatial dims column-major"))
 put("max_pool_grad",
     sample(normal(*output_shape("max_pool", distinct(1, 2, 4, 5), **MAX_POOL_2D), seed=121),
            distinct(1, 2, 4, 5, seed=122), **MAX_POOL_2D, note="dy shaped as max_pool's output; x without ties"),
     sample(normal(*output_shape("max_pool", distinct(2, 1, 7), **MAX_POOL_1D), seed=123),
            distinct(2, 1, 7, seed=124), **MAX_POOL_1D))
+
+
+def pool_indices(x, **attrs):
+    """max_pool_with_indices's indices of x, from its reference."""
+    from opforge.builtins.max_pool import max_pool_with_indices_reference
+
+    return max_pool_with_indices_reference(x, **op_named("max_pool_with_indices").resolve_attrs(attrs))[1]
+
+
+put("max_pool_with_indices_grad",
+    sample(normal(*output_shape("max_pool", distinct(1, 2, 4, 5), **MAX_POOL_2D), seed=131),
+           pool_indices(distinct(1, 2, 4, 5, seed=132), **MAX_POOL_2D), distinct(1, 2, 4, 5, seed=132),
+           **MAX_POOL_2D, note="indices are max_pool_with_indices's of x"),
+    sample(normal(*output_shape("max_pool", distinct(2, 1, 7), **MAX_POOL_1D), seed=133),
+           pool_indices(distinct(2, 1, 7, seed=134), storage_order=1, **MAX_POOL_1D), distinct(2, 1, 7, seed=134),
+           storage_order=1, **MAX_POOL_1D))
 
 AVERAGE_POOL_2D = {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "ceil_mode": True}
 AVERAGE_POOL_1D = {"kernel_shape": [3], "dilations": [2], "pads": [2, 1], "count_include_pad": True}

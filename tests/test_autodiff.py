@@ -62,6 +62,13 @@ def topk_values(x, **attrs):
 topk_values.op = ops.topk.op
 
 
+def max_pool_values(x, **attrs):
+    return ops.max_pool_with_indices(x, **attrs)[0]
+
+
+max_pool_values.op = ops.max_pool_with_indices.op
+
+
 GRADCHECKS = {
     "add": (ops.add, [r(3, 4), r(3, 4, seed=1)], {}),
     "add_broadcast_b": (ops.add, [r(2, 3, 4), r(3, 1, seed=1)], {}),
@@ -139,6 +146,8 @@ GRADCHECKS = {
     # max_pool, average_pool, global_average_pool, batch_norm, pad
     "max_pool": (ops.max_pool, [r(1, 2, 5, 6)],
                  {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "ceil_mode": True}),
+    "max_pool_with_indices": (max_pool_values, [r(1, 2, 5, 6)],
+                              {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "storage_order": 1}),
     "average_pool": (ops.average_pool, [r(1, 2, 5, 6)],
                      {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "ceil_mode": True}),
     "average_pool_include_pad_1d": (ops.average_pool, [r(2, 1, 7)],

@@ -1,4 +1,5 @@
-"""max_pool, max_pool_with_indices and max_pool_grad (pool.cc's max and vectorised argmax passes) and global_average_pool against
+"""max_pool, max_pool_with_indices, their gradients (pool.cc's max and vectorised argmax passes, the scatter of
+dy) and global_average_pool against
 their NumPy references, exactly: ties (small integers), NaN and -inf anywhere in a window, widths past the
 vector blocks, the strides and kernels the kernel compiles in and others, padding, dilation, ceil_mode, 1 to 3
 spatial dims, at 1 and 2 threads."""
@@ -8,7 +9,8 @@ import pytest
 import opforge
 from opforge.builtins.average_pool import average_pool_reference
 from opforge.builtins.global_average_pool import global_average_pool_reference
-from opforge.builtins.max_pool import max_pool_grad_reference, max_pool_with_indices_reference
+from opforge.builtins.max_pool import (max_pool_grad_reference, max_pool_with_indices_grad_reference,
+                                       max_pool_with_indices_reference)
 from helpers import assert_native
 
 ops = opforge.ops
@@ -48,17 +50,23 @@ CASES = [  # (x shape, attributes)
 def test_max_pool_argmax_matches_reference_exactly(shape, attrs, dtype, threads):
     x = tied(shape, dtype, seed=len(shape) + shape[-1])
     assert_native("max_pool_with_indices", x)
+    want_dx = None
     for order in (0, 1):
         y, indices = ops.max_pool_with_indices(x, storage_order=order, **attrs)
         want_y, want_indices = max_pool_with_indices_reference(x, storage_order=order, **full(attrs))
         np.testing.assert_array_equal(indices, want_indices)
         np.testing.assert_array_equal(y, want_y)  # NaN where NaN
+        dy = np.random.default_rng(1).integers(-4, 5, y.shape).astype(dtype)  # sums exact in any order
+        want_dx = max_pool_grad_reference(dy, x, storage_order=0, **full(attrs))
+        assert_native("max_pool_with_indices_grad", dy, indices, x)
+        np.testing.assert_array_equal(ops.max_pool_with_indices_grad(dy, indices, x, storage_order=order, **attrs),
+                                      want_dx)
+        np.testing.assert_array_equal(  # the reference reads indices of either order too
+            max_pool_with_indices_grad_reference(dy, indices, x, storage_order=order, **full(attrs)), want_dx)
     assert_native("max_pool", x)
     np.testing.assert_array_equal(ops.max_pool(x, **attrs), want_y)  # the kernel that tracks no position
-    dy = np.random.default_rng(1).integers(-4, 5, y.shape).astype(dtype)  # sums exact in any order
     assert_native("max_pool_grad", dy, x)
-    np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs),
-                                  max_pool_grad_reference(dy, x, storage_order=0, **full(attrs)))
+    np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs), want_dx)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64"])
@@ -78,6 +86,56 @@ def test_max_pool_grad_past_the_grain(threads):
     dy = np.random.default_rng(6).integers(-4, 5, ops.max_pool(x, **attrs).shape).astype("float32")
     np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs),
                                   max_pool_grad_reference(dy, x, storage_order=0, **full(attrs)))
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 95, 97), (1, 3, 40, 40)], ids=["streamed", "cached"])
+def test_max_pool_gradients_large_and_small(shape, threads):
+    """A dx over 4 MiB is written past the cache (planes of an odd size: rows start off a 16-byte boundary);
+    a small one is copied.  Both gradients, both ways, against the reference."""
+    x = tied(shape, "float32", seed=7, specials=False)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    y, indices = ops.max_pool_with_indices(x, **attrs)
+    dy = np.random.default_rng(8).integers(-4, 5, y.shape).astype("float32")
+    want = max_pool_grad_reference(dy, x, storage_order=0, **full(attrs))
+    np.testing.assert_array_equal(ops.max_pool_with_indices_grad(dy, indices, x, **attrs), want)
+    np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs), want)
+
+
+def test_max_pool_with_indices_grad_refuses_an_index_outside_its_plane():
+    x = tied((2, 3, 8, 8), "float32", seed=9, specials=False)
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
+    y, indices = ops.max_pool_with_indices(x, **attrs)
+    dy = np.ones_like(y)
+    for stray in (64 * 6, -2, 64):  # past x; below -1; the next plane's first element (from plane 0)
+        bad = indices.copy()
+        bad[0, 0, 1, 1] = stray
+        with pytest.raises(opforge.KernelError, match="max_pool_with_indices_grad"):
+            ops.max_pool_with_indices_grad(dy, bad, x, **attrs)
+        with pytest.raises(opforge.ShapeError, match="outside its own"):
+            max_pool_with_indices_grad_reference(dy, bad, x, storage_order=0, **full(attrs))
+    with pytest.raises(opforge.DTypeError, match="'indices' has dtype int32"):
+        ops.max_pool_with_indices_grad(dy, indices.astype(np.int32), x, **attrs)
+    with pytest.raises(opforge.CheckError, match="'indices' has shape"):
+        ops.max_pool_with_indices_grad(dy, indices[:, :, :2], x, **attrs)
+
+
+def test_grad_of_max_pool_scatters_at_the_forwards_indices():
+    """opforge.grad's graph computes max_pool's indices once, forward, and the gradient reads them."""
+    from opforge.graph.autodiff import joint_graph
+
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+
+    def loss(x):
+        y = ops.max_pool(x, **attrs)
+        return ops.reduce_sum(y * y, keep_dims=False)
+
+    x = tied((2, 3, 11, 10), "float32", seed=10, specials=False)
+    names = [n.op.name for n in joint_graph(opforge.trace(loss, x, optimize=False)).nodes if not n.is_constant]
+    assert "max_pool_with_indices" in names and "max_pool_with_indices_grad" in names
+    assert "max_pool" not in names and "max_pool_grad" not in names
+    y = ops.max_pool(x, **attrs)
+    np.testing.assert_array_equal(opforge.grad(loss)(x),
+                                  max_pool_grad_reference(2 * y, x, storage_order=0, **full(attrs)))
 
 
 def test_first_tap_nan_wins_and_later_nan_never_does():

@@ -12,7 +12,11 @@ with ``storage_order=1``).
 
 The kernels (pool.cc, shared with average_pool) take float32, float64,
 int8, uint8, int32 and int64; other dtypes run the NumPy reference.  The
-gradient is ``max_pool_grad``: dy added at each window's (first) maximum.
+gradient is ``max_pool_grad``: dy added at each window's (first) maximum,
+found again from x.  ``max_pool_with_indices``'s gradient,
+``max_pool_with_indices_grad``, adds dy where its indices say and finds
+nothing again (the backward that PyTorch and onnxruntime train with): use it
+in a model that is trained, at the cost of writing the indices forward.
 """
 from __future__ import annotations
 
@@ -273,3 +277,55 @@ def max_pool_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, kernel
 
 
 pool_kernels(max_pool_grad, "MaxPoolGrad", GRADIENT_DTYPES)
+
+
+# -- the gradient from the forward's indices --------------------------------------
+
+max_pool_with_indices_grad = opforge.op(
+    f"max_pool_with_indices_grad(Tensor dy, Tensor indices, Tensor x, *, {MAX_ATTRS}) -> Tensor dx",
+    traits=["no_side_effect", "always_compute"],
+    doc="Gradient of max_pool_with_indices: zeros like x, with each dy added at the offset indices gives "
+        "(max_pool_with_indices's; -1 adds nothing).  x lends its shape; no maximum is looked for again.")
+check_dy_and_x = gradient_check("max_pool", max_pool_check, max_pool_infer)
+
+
+@max_pool_with_indices_grad.check
+def max_pool_with_indices_grad_check(dy: TensorSpec, indices: TensorSpec, x: TensorSpec, **attrs: Any) -> str | None:
+    if indices.dtype != "int64":
+        raise opforge.DTypeError(f"op 'max_pool_with_indices_grad': input 'indices' has dtype {indices.dtype}; "
+                                 "expected int64 (max_pool_with_indices's indices)")
+    if dy.rank is not None and indices.rank is not None and not shapes_agree(dy.shape, indices.shape):
+        return f"input 'indices' has shape {list(indices.shape)}; it must be dy's, {list(dy.shape)}"
+    return check_dy_and_x(dy, x, **attrs)
+
+
+@max_pool_with_indices_grad.infer
+def max_pool_with_indices_grad_infer(dy: TensorSpec, indices: TensorSpec, x: TensorSpec, **attrs: Any) -> TensorSpec:
+    return shaped_like_x(dy, x)
+
+
+@max_pool_with_indices_grad.reference(fallback=True)
+def max_pool_with_indices_grad_reference(dy: npt.NDArray[Any], indices: npt.NDArray[np.int64], x: npt.NDArray[Any],
+                                         *, storage_order: int, **attrs: Any) -> npt.NDArray[Any]:
+    planes, size = x.shape[0] * x.shape[1], int(np.prod(x.shape[2:]))
+    at = indices.reshape(planes, -1) - np.arange(planes, dtype=np.int64)[:, None] * size
+    taken = indices.reshape(planes, -1) != -1
+    if np.any(taken & ((at < 0) | (at >= size))):
+        raise opforge.ShapeError("op 'max_pool_with_indices_grad': input 'indices' holds an offset outside its "
+                                 f"own (sample, channel) plane of x {list(x.shape)}")
+    if storage_order == 1 and x.ndim > 2:  # back to row-major positions
+        at = np.where(taken, np.ravel_multi_index(np.unravel_index(np.where(taken, at, 0), x.shape[2:], order="F"),
+                                                  x.shape[2:]), -1)
+    dx = np.zeros((planes, size), dy.dtype)
+    dy = dy.reshape(planes, -1)
+    for plane in range(planes):
+        np.add.at(dx[plane], at[plane][taken[plane]], dy[plane][taken[plane]])
+    return dx.reshape(x.shape)
+
+
+@max_pool_with_indices.grad(save=["x", "indices"])
+def max_pool_with_indices_grad_rule(saved: Any, dy: Any, dindices: Any, **attrs: Any) -> Any:
+    return opforge.ops.max_pool_with_indices_grad(dy, saved.indices, saved.x, **attrs)
+
+
+pool_kernels(max_pool_with_indices_grad, "MaxPoolIndicesGrad", [(d, "int64", d) for d in FLOATS])

@@ -1,4 +1,4 @@
-// max_pool, max_pool_with_indices, max_pool_grad, average_pool and
+// max_pool, max_pool_with_indices, their gradients, average_pool and
 // average_pool_grad: NC + 1 to 3 spatial dims (ONNX MaxPool / AveragePool).
 //
 // Every spatial rank runs through one 3-D loop: 1-D and 2-D inputs get
@@ -8,11 +8,13 @@
 // channel) planes run on opforge's pool.  The op's check has validated the
 // attributes and inference the output shape.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
+#include <emmintrin.h>
 
 #include "custom_aot_extra.h"
 #include "opforge/parallel.h"
@@ -323,6 +325,7 @@ struct ArgMaxWork {
   int64_t lo = 0, hi = 0;  // Interior() of the last axis
   std::vector<T> value, best;
   std::vector<I> column, at;
+  std::vector<T> scratch;  // for the caller's use (left empty here)
   explicit ArgMaxWork(const Geometry &g)
       : value(g.axis[0].in * g.axis[1].in * g.axis[2].out), best(g.out_size()),
         column(value.size()), at(g.out_size()) {
@@ -536,11 +539,11 @@ void ArgMaxPlanes(const Geometry &g, const T *x, int64_t lo, int64_t hi, Emit em
   ArgMaxWork<T, I> work(g);
   for (int64_t plane = lo; plane < hi; plane++) {
     PlaneArgMax(g, x + plane * g.in_size(), work);
-    emit(plane, work.best.data(), work.at.data());
+    emit(plane, work.best.data(), work.at.data(), work.scratch);
   }
 }
 
-// emit(plane, best, at) for every plane, on the pool; int32 offsets where a plane has fewer than 2^31
+// emit(plane, best, at, scratch) for every plane, on the pool; int32 offsets where a plane has fewer than 2^31
 // elements.
 template <typename T, typename Emit>
 void ForArgMax(const Geometry &g, const T *x, Emit emit) {
@@ -556,7 +559,7 @@ template <typename T>
 int MaxPoolIndicesT(const Geometry &g, const T *x, T *y, int64_t *indices, bool column_major) {
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t H = g.axis[1].in, W = g.axis[2].in, D = g.axis[0].in;
-  ForArgMax(g, x, [&](int64_t plane, const T *best, const auto *at) {
+  ForArgMax(g, x, [&](int64_t plane, const T *best, const auto *at, std::vector<T> &) {
     std::copy(best, best + out, y + plane * out);
     int64_t *ip = indices + plane * out;
     const int64_t offset = plane * in;
@@ -572,18 +575,89 @@ int MaxPoolIndicesT(const Geometry &g, const T *x, T *y, int64_t *indices, bool 
   return 0;
 }
 
+// Gradients larger than this are written with non-temporal stores: they would not stay in cache anyway,
+// and dx's lines are then not read before they are written.
+const int64_t kStreamBytes = int64_t(1) << 22;
+
+// n elements from src (in cache) to dst, streamed past the cache where `stream`.
+template <typename T>
+void WriteOut(const T *src, T *dst, int64_t n, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    char *d = reinterpret_cast<char *>(dst);
+    const char *s = reinterpret_cast<const char *>(src);
+    int64_t bytes = n * static_cast<int64_t>(sizeof(T));
+    const int64_t head = std::min<int64_t>(bytes, (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15);
+    std::memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i *>(d), _mm_loadu_si128(reinterpret_cast<const __m128i *>(s)));
+    std::memcpy(d, s, bytes);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n * sizeof(T));
+}
+
+// One plane of a max_pool gradient: dy[o] added at offset at[o] - base of the plane (below 0: nowhere),
+// summed in `sums` (the plane and one slot more, where the nowheres go: the loop has no branch) and
+// written out to dx.
+template <typename T, typename I>
+void ScatterPlane(const T *dy, const I *at, int64_t base, int64_t out, std::vector<T> &sums, T *dx, bool stream) {
+  const int64_t in = static_cast<int64_t>(sums.size()) - 1;
+  std::fill(sums.begin(), sums.end(), T(0));
+  for (int64_t o = 0; o < out; o++) {
+    const int64_t k = at[o] - base;
+    sums[k < 0 ? in : k] += dy[o];
+  }
+  WriteOut(sums.data(), dx, in, stream);
+}
+
 // dy added at each window's first maximum.
 template <typename T>
 int MaxPoolGradT(const Geometry &g, const T *dy, const T *x, T *dx) {
   const int64_t in = g.in_size(), out = g.out_size();
-  ForArgMax(g, x, [&](int64_t plane, const T *, const auto *at) {
-    T *dxp = dx + plane * in;
-    const T *dyp = dy + plane * out;
-    std::memset(dxp, 0, sizeof(T) * in);
-    for (int64_t o = 0; o < out; o++)
-      if (at[o] >= 0) dxp[at[o]] += dyp[o];
+  const bool stream = g.planes * in * static_cast<int64_t>(sizeof(T)) > kStreamBytes;
+  ForArgMax(g, x, [&](int64_t plane, const T *, const auto *at, std::vector<T> &sums) {
+    sums.resize(in + 1);
+    ScatterPlane(dy + plane * out, at, 0, out, sums, dx + plane * in, stream);
   });
   return 0;
+}
+
+// dy added where indices (max_pool_with_indices's: flat offsets in x, -1 for nothing) say: no maximum is
+// looked for again.  An index outside its own plane, which max_pool_with_indices never gives, fails the
+// call (4) before that plane is written.
+template <typename T>
+int MaxPoolIndicesGradT(const Geometry &g, const T *dy, const int64_t *indices, T *dx, bool column_major) {
+  const int64_t in = g.in_size(), out = g.out_size();
+  const int64_t D = g.axis[0].in, H = g.axis[1].in, W = g.axis[2].in;
+  const bool stream = g.planes * in * static_cast<int64_t>(sizeof(T)) > kStreamBytes;
+  std::atomic<bool> outside{false};
+  ForPlanes(g, false, [&](int64_t lo, int64_t hi) {
+    std::vector<T> sums(in + 1);
+    std::vector<int64_t> row_major(column_major ? out : 0);
+    for (int64_t plane = lo; plane < hi; plane++) {
+      const int64_t *ip = indices + plane * out, base = plane * in;
+      uint64_t stray = 0;  // nonzero where an index is neither -1 nor in the plane
+      for (int64_t o = 0; o < out; o++)
+        stray |= (ip[o] != -1) & (static_cast<uint64_t>(ip[o] - base) >= static_cast<uint64_t>(in));
+      if (stray) {
+        outside = true;
+        return;
+      }
+      if (column_major) {  // (w, h, d) counted d fastest
+        for (int64_t o = 0; o < out; o++) {
+          const int64_t c = ip[o] - base;
+          row_major[o] = ip[o] == -1 ? -1 : base + ((c % D) * H + c / D % H) * W + c / (D * H);
+        }
+        ip = row_major.data();
+      }
+      ScatterPlane(dy + plane * out, ip, base, out, sums, dx + base, stream);
+    }
+  });
+  return outside ? 4 : 0;
 }
 
 // The divisor of output (i, j, k): the taps inside x, or inside x and its padding.
@@ -748,6 +822,25 @@ extern "C" int MaxPoolGrad(int nparam, void **params, int *ndims, int64_t **shap
     if (!std::strcmp(dtypes[0], name)) \
       return MaxPoolGradT<T>(g, static_cast<const T *>(params[0]), static_cast<const T *>(params[1]), \
                              static_cast<T *>(params[2]));
+    FLOAT_TYPES(X)
+#undef X
+  } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
+  }
+  return 2;
+}
+
+// params: dy, indices (int64), x, dx (x lends its shape).  (max_pool_with_indices_grad)
+extern "C" int MaxPoolIndicesGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                  void *stream, void *extra_ptr) {
+  try {
+    AotExtra *extra = static_cast<AotExtra *>(extra_ptr);
+    Geometry g;
+    if (!ReadGeometry(extra, ndims[2], shapes[2], shapes[0], &g)) return 1;
+    const bool column_major = extra->Attr<int64_t>("storage_order") == 1;
+#define X(T, name) \
+    if (!std::strcmp(dtypes[0], name)) \
+      return MaxPoolIndicesGradT<T>(g, static_cast<const T *>(params[0]), static_cast<const int64_t *>(params[1]), \
+                                    static_cast<T *>(params[3]), column_major);
     FLOAT_TYPES(X)
 #undef X
   } catch (...) {  // (attribute lookup, the pool): nothing crosses the ABI
