@@ -16,7 +16,9 @@ for max_pool) for convolution, pooling and normalisation -- three ways:
   has no function of its own, e.g. softmax or im2col + tensordot for conv);
 * torch: the equivalent torch CPU call on tensors sharing the NumPy inputs'
   memory (``torch.from_numpy``); for gradient ops, torch's own backward op
-  (``aten.threshold_backward``, ``aten.convolution_backward``, ...).
+  (``aten.threshold_backward``, ``aten.convolution_backward``, ...), from the
+  inputs the opforge op takes (max_pool_grad's torch finds the indices from
+  x first; max_pool_with_indices_grad's is given its own forward's).
 
 opforge's ops return new arrays, so a peer whose expression would return a
 view (reshape, transpose, slice, expand, ...) copies it (``.copy()``,
@@ -579,13 +581,16 @@ def _(op, S, torch):
 def _(op, S, torch):
     x = normal(S.stem, seed=62)
     t = torch.from_numpy(x)
-    _, indices = torch.nn.functional.max_pool2d(t, 3, 2, 1, return_indices=True)
-    dy = normal(tuple(indices.shape), seed=63)
+    dy = normal(tuple(torch.nn.functional.max_pool2d(t, 3, 2, 1).shape), seed=63)
     tdy = torch.from_numpy(dy)
-    return Case(f"dy {_dims(dy.shape)} -> x {_dims(S.stem)} float32 (torch is given the forward's indices)",
-                (dy, x), lambda: op(dy, x, **MAX_POOL), "NumPy has no scatter of window maxima",
-                lambda: torch.ops.aten.max_pool2d_with_indices_backward(tdy, t, [3, 3], [2, 2], [1, 1], [1, 1],
-                                                                        False, indices))
+
+    def torch_grad():  # from dy and x alone, as the op: the maxima are found, then dy scattered
+        _, indices = torch.nn.functional.max_pool2d(t, 3, 2, 1, return_indices=True)
+        return torch.ops.aten.max_pool2d_with_indices_backward(tdy, t, [3, 3], [2, 2], [1, 1], [1, 1], False,
+                                                               indices)
+    return Case(f"dy {_dims(dy.shape)} -> x {_dims(S.stem)} float32 (from x: torch finds the indices, then "
+                f"scatters)", (dy, x), lambda: op(dy, x, **MAX_POOL), "NumPy has no scatter of window maxima",
+                torch_grad)
 
 
 @case("max_pool_with_indices_grad")
@@ -774,7 +779,7 @@ def run_worker(threads, names, sizes, rounds, results_path):
     rows = []
     print(f"\n== {threads_label(threads)}: opforge {opforge.get_num_threads()}, torch {torch.get_num_threads()}, "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')} ==")
-    print(f"{'op':22s} {'opforge':>11s} {'numpy':>12s} {'torch':>12s} {'vs best':>8s}  best   opforge kernel")
+    print(f"{'op':26s} {'opforge':>11s} {'numpy':>12s} {'torch':>12s} {'vs best':>8s}  best   opforge kernel")
     for name in names:
         row = {"op": name, "threads": threads, "times": {}, "why": {}, "differs": []}
         try:
@@ -822,7 +827,7 @@ def ratio(row):
 
 def print_row(row):
     if "error" in row:
-        print(f"{row['op']:22s} error: {row['error']}", flush=True)
+        print(f"{row['op']:26s} error: {row['error']}", flush=True)
         return
     cells = []
     for who in CONTENDERS:
@@ -830,14 +835,14 @@ def print_row(row):
         cells.append(cell + ("!" if who in row["differs"] else " "))
     r, best = ratio(row), best_peer(row)
     vs = f"{r:8.2f}  {best[0]:6s}" if r is not None else f"{'n/a':>8s}  {'':6s}"
-    print(f"{row['op']:22s} {cells[0][:-1]:>11s} {cells[1]:>12s} {cells[2]:>12s} {vs} {row['kernel']}")
+    print(f"{row['op']:26s} {cells[0][:-1]:>11s} {cells[1]:>12s} {cells[2]:>12s} {vs} {row['kernel']}")
     details = [row["what"]]
     if row["flops"]:
         details.append("GFLOP/s " + " / ".join(
             f"{who} {row['flops'] / row['times'][who] / 1e9:.1f}" for who in CONTENDERS if who in row["times"]))
     details += [f"{peer}: n/a ({why})" for peer, why in row["why"].items()]
     details += [f"{peer}'s result differs from opforge's (no ratio taken)" for peer in row["differs"]]
-    print(f"{'':22s}   {'; '.join(details)}", flush=True)
+    print(f"{'':26s}   {'; '.join(details)}", flush=True)
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -936,14 +941,14 @@ def main(argv=None):
 def summarize(rows, thread_counts, names, sizes):
     by = {(row["op"], row["threads"]): row for row in rows}
     print("\nopforge's time over the best peer's, per thread count (lower is better; n/a: no peer)")
-    print(f"{'op':22s}" + "".join(f" {threads_label(t):>11s}" for t in thread_counts))
+    print(f"{'op':26s}" + "".join(f" {threads_label(t):>11s}" for t in thread_counts))
     for name in names:
         cells = []
         for t in thread_counts:
             row = by[(name, t)]
             r = ratio(row)
             cells.append("error" if "error" in row else f"{r:.2f}" if r is not None else "n/a")
-        print(f"{name:22s}" + "".join(f" {c:>11s}" for c in cells))
+        print(f"{name:26s}" + "".join(f" {c:>11s}" for c in cells))
 
     errors = [row for row in rows if "error" in row]
     if errors:
