@@ -119,25 +119,6 @@ def test_max_pool_with_indices_grad_refuses_an_index_outside_its_plane():
         ops.max_pool_with_indices_grad(dy, indices[:, :, :2], x, **attrs)
 
 
-def test_grad_of_max_pool_scatters_at_the_forwards_indices():
-    """opforge.grad's graph computes max_pool's indices once, forward, and the gradient reads them."""
-    from opforge.graph.autodiff import joint_graph
-
-    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-
-    def loss(x):
-        y = ops.max_pool(x, **attrs)
-        return ops.reduce_sum(y * y, keep_dims=False)
-
-    x = tied((2, 3, 11, 10), "float32", seed=10, specials=False)
-    names = [n.op.name for n in joint_graph(opforge.trace(loss, x, optimize=False)).nodes if not n.is_constant]
-    assert "max_pool_with_indices" in names and "max_pool_with_indices_grad" in names
-    assert "max_pool" not in names and "max_pool_grad" not in names
-    y = ops.max_pool(x, **attrs)
-    np.testing.assert_array_equal(opforge.grad(loss)(x),
-                                  max_pool_grad_reference(2 * y, x, storage_order=0, **full(attrs)))
-
-
 def test_first_tap_nan_wins_and_later_nan_never_does():
     x = np.array([[[[np.nan, 1, 2, 3], [4, 5, 6, np.nan]]]], np.float32)  # 1 x 1 x 2 x 4
     y, indices = ops.max_pool_with_indices(x, kernel_shape=[2, 2], strides=[1, 1])

@@ -1,6 +1,5 @@
 """Graph passes: inference, dead-code elimination, constant folding, folding
-batch_norm (and a per-channel mul / add) into convolutions, max_pool's indices shared with its gradient,
-layout selection and memory planning.  Each
+batch_norm (and a per-channel mul / add) into convolutions, layout selection and memory planning.  Each
 takes a Graph and changes it in place (or, for inference and planning,
 returns what it found)."""
 from __future__ import annotations
@@ -200,43 +199,6 @@ def fold_relu_into_conv(graph: Graph) -> int:
     if folded:
         _drop_folded(graph, graph.nodes, merged)
     return folded
-
-
-def share_max_pool_indices(graph: Graph) -> int:
-    """Where a ``max_pool_grad`` reads the x of a ``max_pool`` before it with the same attributes (a traced
-    forward and its backward: ``opforge.grad``, ``backward``), the max_pool becomes ``max_pool_with_indices``
-    and the gradient ``max_pool_with_indices_grad`` of its indices: the backward adds dy where the forward
-    found each maximum instead of finding them all again.  Returns the number of gradients changed."""
-    from ..registry import lookup
-
-    def key(node: Node, x: Value | None) -> tuple[int, str] | None:
-        return None if x is None else (x.id, repr(sorted(node.attrs.items())))
-
-    with_indices, with_indices_grad = (cast("Op", lookup(name)) for name in  # built-in ops: registered
-                                       ("max_pool_with_indices", "max_pool_with_indices_grad"))
-    pools: dict[tuple[int, str], Node] = {}
-    changed = 0
-    for node in graph.nodes:
-        if node.is_constant or node.op.name not in ("max_pool", "max_pool_grad"):
-            continue
-        if node.op.name == "max_pool":
-            found = key(node, node.inputs[0])
-            if found is not None and node.outputs[0].spec.layout == "ndarray":
-                pools.setdefault(found, node)
-            continue
-        wanted = key(node, node.inputs[1])
-        pool = pools.get(wanted) if wanted is not None else None
-        if pool is None:
-            continue
-        if pool.op.name == "max_pool":
-            pool.op, pool.kernel = with_indices, None
-            pool.outputs.append(Value(TensorSpec(pool.outputs[0].spec.shape, "int64"), pool, 1))
-        node.op, node.kernel = with_indices_grad, None
-        node.inputs = [node.inputs[0], pool.outputs[1], node.inputs[1]]
-        changed += 1
-    if changed:
-        graph.invalidate()
-    return changed
 
 
 def _per_channel(value: Value, like: Value) -> npt.NDArray[np.float64] | None:

@@ -184,8 +184,8 @@ def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = N
     -1 / None for unknown dims) or an example array (its spec is used).  With
     ``optimize`` (the default) the graph passes run: dead code goes, an inference
     batch_norm after a conv folds into its weights, a mul by or an add of a
-    per-channel constant into the conv or batch_norm before it, a relu after a conv into the
-    conv, and a max_pool_grad takes its max_pool's indices (``graph.passes``)."""
+    per-channel constant into the conv or batch_norm before it, and a relu after a conv into the
+    conv (``graph.passes``)."""
     if not callable(fn):
         raise TracingError(f"opforge.trace takes the function to trace first, got {type(fn).__name__}")
     inputs = [Value(_input_spec(k, arg), name=f"x{k}") for k, arg in enumerate(specs_or_arrays)]
@@ -200,12 +200,10 @@ def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = N
                   name=name or getattr(fn, "__name__", "graph"))  # type: ignore[arg-type]
     graph.tuple_output = several
     if optimize:
-        from .passes import (eliminate_dead_code, fold_batch_norm_into_conv, fold_relu_into_conv,
-                             fold_scale_and_shift, share_max_pool_indices)
+        from .passes import eliminate_dead_code, fold_batch_norm_into_conv, fold_relu_into_conv, fold_scale_and_shift
 
         eliminate_dead_code(graph)
         fold_batch_norm_into_conv(graph)
         fold_scale_and_shift(graph)
         fold_relu_into_conv(graph)
-        share_max_pool_indices(graph)
     return graph
