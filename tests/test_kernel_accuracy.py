@@ -147,6 +147,30 @@ def test_ulp_bound_on_a_dense_sweep(case, dtype, isa, references):
     assert np.signbit(run(case, np.array([-0.0], dtype)))[0] == (case != "exp" and case != "sigmoid")
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_log_blocks_with_and_without_special_values_agree(dtype, isa):
+    """VecLog skips the special cases in blocks of 256 elements that hold none: a block with one (a zero, a
+    subnormal, a negative, inf or NaN) gives its other elements the same bits."""
+    x = np.exp(np.random.default_rng(3).uniform(-80, 80, 2000)).astype(dtype)
+    tiny = np.finfo(dtype).smallest_subnormal
+    opforge.set_isa_cap(isa)
+    try:
+        plain = ops.log(x)
+        for special in (0.0, tiny, -1.0, np.inf, np.nan):
+            mixed = x.copy()
+            mixed[::251] = special  # one or two in every block, at a different place in each
+            got = ops.log(mixed)
+            kept = np.ones(x.size, bool)
+            kept[::251] = False
+            np.testing.assert_array_equal(got[kept], plain[kept])
+            with np.errstate(all="ignore"):
+                want = np.log(np.array(special, dtype)) if special != tiny else np.log(np.longdouble(tiny))
+            np.testing.assert_allclose(got[~kept].astype(np.float64), np.float64(want), rtol=1e-6)
+    finally:
+        opforge.set_isa_cap(None)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_softmax_ulp_bound(dtype):
     rng = np.random.default_rng(3)

@@ -3,7 +3,10 @@
 The CPU kernel is vecmath.h's log: x = 2^k m with m in [sqrt(1/2),
 sqrt(2)), log x = k ln2 + log1p(m - 1), log1p from a fitted polynomial
 (float) or from s = f / (2 + f) (double); compiled per float dtype and
-instruction set and split across opforge's thread pool, as exp's.
+instruction set and split across opforge's thread pool, as exp's.  Each
+block of 256 elements is looked over first: one without zeros, subnormals,
+negatives, inf or NaN (nearly every block) skips their cases, a third of
+the work (2048^2 float32, one thread: 2.30 -> 1.37-1.47 ms).
 
 Accuracy (max error over a dense sweep of the whole range, against a float64
 reference for float32 and a long double one for float64; every ISA variant):
