@@ -88,14 +88,18 @@ def test_max_pool_grad_past_the_grain(threads):
                                   max_pool_grad_reference(dy, x, storage_order=0, **full(attrs)))
 
 
-@pytest.mark.parametrize("shape", [(2, 64, 95, 97), (1, 3, 40, 40)], ids=["streamed", "cached"])
+@pytest.mark.parametrize("shape", [(2, 64, 95, 97), (1, 3, 40, 40), (1, 2, 300, 301)],
+                         ids=["streamed", "cached", "large-planes"])
 def test_max_pool_gradients_large_and_small(shape, threads):
-    """A dx over 4 MiB is written past the cache (planes of an odd size: rows start off a 16-byte boundary);
-    a small one is copied.  Both gradients, both ways, against the reference."""
+    """Planes are summed in a buffer and written out, past the cache for a dx over 4 MiB (planes of an odd size:
+    they start off a 16-byte boundary), copied for a small one; planes over 256 KiB are summed in dx itself.
+    Both gradients, every way, against the reference."""
     x = tied(shape, "float32", seed=7, specials=False)
     attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     y, indices = ops.max_pool_with_indices(x, **attrs)
     dy = np.random.default_rng(8).integers(-4, 5, y.shape).astype("float32")
+    assert_native("max_pool_with_indices_grad", dy, indices, x)
+    assert_native("max_pool_grad", dy, x)
     want = max_pool_grad_reference(dy, x, storage_order=0, **full(attrs))
     np.testing.assert_array_equal(ops.max_pool_with_indices_grad(dy, indices, x, **attrs), want)
     np.testing.assert_array_equal(ops.max_pool_grad(dy, x, **attrs), want)
@@ -106,17 +110,29 @@ def test_max_pool_with_indices_grad_refuses_an_index_outside_its_plane():
     attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
     y, indices = ops.max_pool_with_indices(x, **attrs)
     dy = np.ones_like(y)
-    for stray in (64 * 6, -2, 64):  # past x; below -1; the next plane's first element (from plane 0)
+    info = np.iinfo(np.int64)  # past x; below -1; the next plane's first element (from plane 0); the extremes
+    for stray in (64 * 6, -2, 64, info.min, info.max):
         bad = indices.copy()
         bad[0, 0, 1, 1] = stray
         with pytest.raises(opforge.KernelError, match="max_pool_with_indices_grad"):
             ops.max_pool_with_indices_grad(dy, bad, x, **attrs)
         with pytest.raises(opforge.ShapeError, match="outside its own"):
             max_pool_with_indices_grad_reference(dy, bad, x, storage_order=0, **full(attrs))
+    with pytest.raises(opforge.DTypeError, match="op 'max_pool_with_indices_grad': inputs 'dy'"):
+        ops.max_pool_with_indices_grad(dy.astype(np.float64), indices, x, **attrs)
     with pytest.raises(opforge.DTypeError, match="'indices' has dtype int32"):
         ops.max_pool_with_indices_grad(dy, indices.astype(np.int32), x, **attrs)
     with pytest.raises(opforge.CheckError, match="'indices' has shape"):
         ops.max_pool_with_indices_grad(dy, indices[:, :, :2], x, **attrs)
+
+
+def test_max_pool_gradients_of_an_empty_batch():
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    for dtype in ("float16", "float32"):  # the reference, the kernel
+        x = np.zeros((0, 3, 8, 8), dtype)
+        y, indices = ops.max_pool_with_indices(x, **attrs)
+        assert ops.max_pool_with_indices_grad(y, indices, x, **attrs).shape == x.shape
+        assert ops.max_pool_grad(y, x, **attrs).shape == x.shape
 
 
 def test_first_tap_nan_wins_and_later_nan_never_does():

@@ -268,6 +268,8 @@ def max_pool_grad_reference(dy: npt.NDArray[Any], x: npt.NDArray[Any], *, kernel
                             storage_order: int) -> npt.NDArray[Any]:
     _, at = max_pool_argmax(x, kernel_shape, strides, pads, dilations, ceil_mode)
     planes = x.shape[0] * x.shape[1]
+    if planes == 0:
+        return np.zeros(x.shape, dy.dtype)
     dx = np.zeros((planes, int(np.prod(x.shape[2:]))), dy.dtype)
     at, dy = at.reshape(planes, -1), dy.reshape(planes, -1)
     for plane in range(planes):
@@ -286,7 +288,7 @@ max_pool_with_indices_grad = opforge.op(
     traits=["no_side_effect", "always_compute"],
     doc="Gradient of max_pool_with_indices: zeros like x, with each dy added at the offset indices gives "
         "(max_pool_with_indices's; -1 adds nothing).  x lends its shape; no maximum is looked for again.")
-check_dy_and_x = gradient_check("max_pool", max_pool_check, max_pool_infer)
+check_dy_and_x = gradient_check("max_pool_with_indices", max_pool_check, max_pool_infer)
 
 
 @max_pool_with_indices_grad.check
@@ -308,6 +310,8 @@ def max_pool_with_indices_grad_infer(dy: TensorSpec, indices: TensorSpec, x: Ten
 def max_pool_with_indices_grad_reference(dy: npt.NDArray[Any], indices: npt.NDArray[np.int64], x: npt.NDArray[Any],
                                          *, storage_order: int, **attrs: Any) -> npt.NDArray[Any]:
     planes, size = x.shape[0] * x.shape[1], int(np.prod(x.shape[2:]))
+    if planes == 0:
+        return np.zeros(x.shape, dy.dtype)
     at = indices.reshape(planes, -1) - np.arange(planes, dtype=np.int64)[:, None] * size
     taken = indices.reshape(planes, -1) != -1
     if np.any(taken & ((at < 0) | (at >= size))):
