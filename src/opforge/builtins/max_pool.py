@@ -15,8 +15,9 @@ int8, uint8, int32 and int64; other dtypes run the NumPy reference.  The
 gradient is ``max_pool_grad``: dy added at each window's (first) maximum,
 found again from x.  ``max_pool_with_indices``'s gradient,
 ``max_pool_with_indices_grad``, adds dy where its indices say and finds
-nothing again (the backward that PyTorch and onnxruntime train with): use it
-in a model that is trained, at the cost of writing the indices forward.
+nothing again (the backward PyTorch and onnxruntime train with), for models
+that carry the indices.  Computing them only for the backward gains nothing:
+writing them forward costs what max_pool_grad's own search does.
 """
 from __future__ import annotations
 
