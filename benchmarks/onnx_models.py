@@ -21,7 +21,15 @@ The machine's load shows in the figures; compare ratios taken in one run.
 one at a time, and onnxruntime's own profile (which shows its fusions: a
 Relu folded into Conv is gone from its list).
 
-The last line is ``onnx_models_geomean: <ratio 1 thread> <ratio all threads>``.
+The last lines are ``onnx_models_geomean: <ratio 1 thread> <ratio all threads>``
+and ``worst_model_vs_ort: <ratio> (<model>, <thread count>)``.
+
+Each engine's runs follow each other (a serving loop), opforge's first.  Taking
+turns run by run was tried; on this 2-core VM it measures the host instead:
+a core left idle for 50 ms comes back slowly, and onnxruntime's idle threads
+spin for more than 2 ms after a run, where opforge's sleep after 100 us.
+squeezenet at all threads took opforge 5.7 ms in its own loop, 11.8 ms
+2 ms after an onnxruntime run or 50 ms after its own.
 """
 import argparse
 import math
@@ -180,6 +188,7 @@ def main(argv=None):
     print(f"{'model':<16}{'load+1st ms':>12}{'agree':>7}{'opforge 1t':>12}{'ort 1t':>10}{'ratio':>7}"
           f"{'opforge all':>13}{'ort all':>10}{'ratio':>7}")
     ratios_1, ratios_all = [], []
+    worst = (0.0, "", "")
     for name in names:
         try:
             r = bench_model(name, args.warmup, args.repeat)
@@ -188,6 +197,7 @@ def main(argv=None):
             continue
         ratios_1.append(r["ours_1"] / r["ort_1"])
         ratios_all.append(r["ours_all"] / r["ort_all"])
+        worst = max(worst, (ratios_1[-1], name, "1 thread"), (ratios_all[-1], name, "all threads"))
         print(f"{name:<16}{r['load_ms'] + r['first_ms']:>12.0f}{'yes' if r['agree'] else 'NO':>7}"
               f"{r['ours_1']:>12.2f}{r['ort_1']:>10.2f}{ratios_1[-1]:>7.2f}"
               f"{r['ours_all']:>13.2f}{r['ort_all']:>10.2f}{ratios_all[-1]:>7.2f}"
@@ -198,6 +208,7 @@ def main(argv=None):
         return 1
     geomean = [math.exp(statistics.fmean(math.log(r) for r in rs)) for rs in (ratios_1, ratios_all)]
     print(f"onnx_models_geomean: {geomean[0]:.2f} {geomean[1]:.2f}")
+    print(f"worst_model_vs_ort: {worst[0]:.2f} ({worst[1]}, {worst[2]})")
     return 0
 
 
