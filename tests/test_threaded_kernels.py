@@ -187,7 +187,7 @@ GATHERS = [((4096, 301), 0, 5000), ((3, 700, 257), 1, 900), ((60001, 3), 0, 7000
 
 
 @pytest.mark.parametrize("shape,axis,count", GATHERS)
-def test_gather_and_its_gradient_agree_with_numpy_on_any_number_of_threads(shape, axis, count):
+def test_gather_and_its_gradient_agree_with_numpy_on_any_number_of_threads(shape, axis, count, set_threads):
     x = data(shape, "float32", seed=12)
     rng = np.random.default_rng(13)
     indices = rng.integers(-shape[axis], shape[axis], count)  # repeated and negative ones
@@ -198,15 +198,11 @@ def test_gather_and_its_gradient_agree_with_numpy_on_any_number_of_threads(shape
     assert_native("gather_grad", dy, indices.astype(np.int32), x)
     dx_want = np.zeros_like(x)
     np.add.at(np.moveaxis(dx_want, axis, 0), indices, np.moveaxis(dy, axis, 0))
-    before = opforge.get_num_threads()
-    try:
-        grads = []
-        for count_threads in (1, 2, 3, 4):
-            opforge.set_num_threads(count_threads)
-            np.testing.assert_array_equal(ops.gather(x, indices, axis=axis), want)
-            grads.append(ops.gather_grad(dy, indices.astype(np.int32), x, axis=axis))
-    finally:
-        opforge.set_num_threads(before)
+    grads = []
+    for count_threads in (1, 2, 3, 4):
+        set_threads(count_threads)
+        np.testing.assert_array_equal(ops.gather(x, indices, axis=axis), want)
+        grads.append(ops.gather_grad(dy, indices.astype(np.int32), x, axis=axis))
     np.testing.assert_allclose(grads[0], dx_want, rtol=1e-6, atol=1e-6)
     for dx in grads[1:]:  # each element summed in index order on any thread count
         assert dx.tobytes() == grads[0].tobytes()
@@ -234,24 +230,20 @@ RESIZES = [((2, 9, 40, 56), dict(scales=[1, 1, 2, 2], mode="linear")),
 
 
 @pytest.mark.parametrize("shape,attrs", RESIZES)
-def test_resize_and_its_gradient_give_the_same_bits_on_any_number_of_threads(shape, attrs):
+def test_resize_and_its_gradient_give_the_same_bits_on_any_number_of_threads(shape, attrs, set_threads):
     from opforge.testing import check_op
 
     x = data(shape, "float32", seed=17)
     dy = data(ops.resize(x, **attrs).shape, "float32", seed=18)
     assert_native("resize", x)
     assert_native("resize_grad", dy, x)
-    before = opforge.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2, 3):
-            opforge.set_num_threads(count)
-            results.append((ops.resize(x, **attrs), ops.resize_grad(dy, x, **attrs)))
-            if count == 2:  # the kernels against their float64 references
-                check_op(ops.resize, x, **attrs)
-                check_op(ops.resize_grad, dy, x, **attrs)
-    finally:
-        opforge.set_num_threads(before)
+    results = []
+    for count in (1, 2, 3):
+        set_threads(count)
+        results.append((ops.resize(x, **attrs), ops.resize_grad(dy, x, **attrs)))
+        if count == 2:  # the kernels against their float64 references
+            check_op(ops.resize, x, **attrs)
+            check_op(ops.resize_grad, dy, x, **attrs)
     for y, dx in results[1:]:
         assert y.tobytes() == results[0][0].tobytes() and dx.tobytes() == results[0][1].tobytes()
 

@@ -107,17 +107,6 @@ inline T Clean(T v) {
   return v;
 }
 
-// line = row read as Clean reads taps; whether row holds a NaN.
-template <typename T>
-bool CleanCopy(const T *__restrict row, T *__restrict line, int64_t n) {
-  int nan = 0;
-  for (int64_t w = 0; w < n; w++) {
-    nan |= row[w] != row[w];  // (false for integers: the compiler drops it)
-    line[w] = Clean(row[w]);
-  }
-  return nan != 0;
-}
-
 // For every output row (i, j) of one plane: fold(row, first) for each row of x its windows cover (along
 // the last axis), then finish(i, j, empty), which reduces the folded line along the last axis.
 template <typename T, typename Line, typename Finish>
@@ -217,7 +206,7 @@ void SamePlane(int64_t h, int64_t w, const T *__restrict x, T *__restrict down, 
 
 // line[w] = the largest of line[w] and rows[r][w] (r < count <= 3) in one pass, a NaN tap never taking.
 // Start: line's own values are not read: rows[0] stands first, read as Clean reads taps, and the result is
-// whether rows[0] holds a NaN.
+// whether rows[0] holds a NaN (false for integers: the compiler drops the test).
 template <bool Start, typename T>
 bool FoldRows(const T *const *rows, int count, T *__restrict line, int64_t n) {
   const T *__restrict r0 = rows[0], *__restrict r1 = rows[count > 1 ? 1 : 0], *__restrict r2 = rows[count - 1];
@@ -253,7 +242,8 @@ int MaxOnly(const Geometry &g, const T *x, T *y) {
     for (int64_t plane = first_plane; plane < end_plane; plane++) {
       T *yp = y + plane * out;
       // (a plane holding a NaN takes the rows' path, which gives a window's NaN first tap its due)
-      if (same && !CleanCopy(x + plane * in, down.data(), in)) {
+      const T *whole[1] = {x + plane * in};  // the plane as one row, copied as Clean reads it
+      if (same && !FoldRows<true>(whole, 1, down.data(), in)) {
         SamePlane(g.axis[1].in, C.in, x + plane * in, down.data(), yp, static_cast<const T *>(nullptr),
                   [](T best, T v) { return v > best ? v : best; });
         continue;
@@ -606,13 +596,13 @@ void WriteOut(const T *src, T *dst, int64_t n, bool stream) {
 // straight in dx (a buffer would be one more pass over memory: a 4096^2 plane took 124 ms, not 81).
 const int64_t kPlaneInCache = int64_t(1) << 18;
 
-// One plane (`in` elements) of a max_pool gradient: dy[o] added at offset at[o] - base of the plane (below 0:
-// nowhere).  A plane that fits in cache is summed in `sums` (one slot more, where the nowheres go: the
-// loop has no branch) and written out to dx, streamed where `stream`.
+// One plane of a max_pool gradient: dy[o] (o < the plane's outputs) added at offset at[o] - base of the
+// plane (below 0: nowhere).  A plane that fits in cache is summed in `sums` (one slot more, where the
+// nowheres go: the loop has no branch) and written out to dx, streamed where the whole dx is large.
 template <typename T, typename I>
-void ScatterPlane(const T *dy, const I *at, int64_t base, int64_t in, int64_t out, std::vector<T> &sums, T *dx,
-                  bool stream) {
-  if (in * static_cast<int64_t>(sizeof(T)) > kPlaneInCache) {
+void ScatterPlane(const Geometry &g, const T *dy, const I *at, int64_t base, std::vector<T> &sums, T *dx) {
+  const int64_t in = g.in_size(), out = g.out_size(), bytes = in * static_cast<int64_t>(sizeof(T));
+  if (bytes > kPlaneInCache) {
     std::memset(dx, 0, sizeof(T) * in);
     for (int64_t o = 0; o < out; o++)
       if (at[o] >= 0) dx[at[o] - base] += dy[o];
@@ -623,16 +613,15 @@ void ScatterPlane(const T *dy, const I *at, int64_t base, int64_t in, int64_t ou
     const int64_t k = at[o] - base;
     sums[k < 0 ? in : k] += dy[o];
   }
-  WriteOut(sums.data(), dx, in, stream);
+  WriteOut(sums.data(), dx, in, g.planes * bytes > kStreamBytes);
 }
 
 // dy added at each window's first maximum.
 template <typename T>
 int MaxPoolGradT(const Geometry &g, const T *dy, const T *x, T *dx) {
   const int64_t in = g.in_size(), out = g.out_size();
-  const bool stream = g.planes * in * static_cast<int64_t>(sizeof(T)) > kStreamBytes;
   ForArgMax(g, x, [&](int64_t plane, const T *, const auto *at, std::vector<T> &sums) {
-    ScatterPlane(dy + plane * out, at, 0, in, out, sums, dx + plane * in, stream);
+    ScatterPlane(g, dy + plane * out, at, 0, sums, dx + plane * in);
   });
   return 0;
 }
@@ -644,7 +633,6 @@ template <typename T>
 int MaxPoolIndicesGradT(const Geometry &g, const T *dy, const int64_t *indices, T *dx, bool column_major) {
   const int64_t in = g.in_size(), out = g.out_size();
   const int64_t D = g.axis[0].in, H = g.axis[1].in, W = g.axis[2].in;
-  const bool stream = g.planes * in * static_cast<int64_t>(sizeof(T)) > kStreamBytes;
   std::atomic<bool> outside{false};
   ForPlanes(g, false, [&](int64_t lo, int64_t hi) {
     std::vector<T> sums;
@@ -666,7 +654,7 @@ int MaxPoolIndicesGradT(const Geometry &g, const T *dy, const int64_t *indices, 
         }
         ip = row_major.data();
       }
-      ScatterPlane(dy + plane * out, ip, base, in, out, sums, dx + base, stream);
+      ScatterPlane(g, dy + plane * out, ip, base, sums, dx + base);
     }
   });
   return outside ? 4 : 0;

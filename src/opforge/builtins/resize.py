@@ -454,26 +454,6 @@ void ByAxes(int rank, const int64_t *from, const int64_t *to, const std::vector<
   }
 }
 
-// AllTaps of a signature, made once by its Init (ResizeInit, ResizeGradInit) for every call.
-struct Plan : AotKernelData {
-  bool ok = false;  // AllTaps accepted the attributes (a call with outputs to compute returns 1 otherwise)
-  std::vector<std::vector<std::vector<Tap>>> rows;
-  std::vector<std::vector<char>> outside;
-  std::string transform;
-};
-
-int InitPlan(AotExtra *extra, int rank, const int64_t *in_shape, const int64_t *out_shape) {
-  Plan *plan = new Plan;
-  plan->ok = AllTaps(extra, rank, in_shape, out_shape, &plan->rows, &plan->outside, &plan->transform);
-  extra->SetKernelData(plan);
-  return 0;
-}
-
-const Plan *PlanOf(AotExtra *extra) {
-  const Plan *plan = static_cast<const Plan *>(extra->KernelData());
-  return plan != nullptr && plan->ok ? plan : nullptr;
-}
-
 // Elements a task handles at least; below that, waking the pool costs more than it saves.
 constexpr int64_t kParallelWork = int64_t(1) << 15;
 
@@ -532,6 +512,34 @@ void Blend(const TapTable &table, const double *line, T *out, int64_t length) {
   }
 }
 
+// AllTaps of a signature, made once by its Init (ResizeInit, ResizeGradInit) for every call; where only the
+// last two axes resample (planar), their taps as tables, every position listed.
+struct Plan : AotKernelData {
+  bool ok = false;  // AllTaps accepted the attributes (a call with outputs to compute returns 1 otherwise)
+  std::vector<std::vector<std::vector<Tap>>> rows;
+  std::vector<std::vector<char>> outside;
+  std::string transform;
+  bool planar = false;
+  TapTable height_table, width_table;
+};
+
+int InitPlan(AotExtra *extra, int rank, const int64_t *in_shape, const int64_t *out_shape) {
+  Plan *plan = new Plan;
+  plan->ok = AllTaps(extra, rank, in_shape, out_shape, &plan->rows, &plan->outside, &plan->transform);
+  plan->planar = plan->ok && Planar(rank, plan->rows);
+  if (plan->planar) {
+    plan->height_table = Table(AxisTaps(plan->rows[rank - 2], out_shape[rank - 2]));
+    plan->width_table = Table(AxisTaps(plan->rows[rank - 1], out_shape[rank - 1]));
+  }
+  extra->SetKernelData(plan);
+  return 0;
+}
+
+const Plan *PlanOf(AotExtra *extra) {
+  const Plan *plan = static_cast<const Plan *>(extra->KernelData());
+  return plan != nullptr && plan->ok ? plan : nullptr;
+}
+
 template <typename T>
 int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   const int rank = ndims[0];
@@ -543,9 +551,9 @@ int Run(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   if (plan == nullptr) return 1;
   const auto &rows = plan->rows;
   T *y = static_cast<T *>(params[1]);
-  if (Planar(rank, rows)) {
+  if (plan->planar) {
     const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
-    const TapTable rh = Table(AxisTaps(rows[rank - 2], oh)), rw = Table(AxisTaps(rows[rank - 1], ow));
+    const TapTable &rh = plan->height_table, &rw = plan->width_table;
     const T *x = static_cast<const T *>(params[0]);
     // the output rows of every plane, in ranges on opforge's threads
     const int64_t grain = std::max<int64_t>(1, kParallelWork / (w + ow));
@@ -600,11 +608,11 @@ int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
   }
   const Plan *plan = PlanOf(extra);
   if (plan == nullptr) return 1;
-  if (Planar(rank, plan->rows) && plan->transform != "tf_crop_and_resize") {
+  if (plan->planar && plan->transform != "tf_crop_and_resize") {
     // each plane of dx summed in a buffer of double from its plane of dy, the planes on opforge's threads:
     // a row of dy sent back along the width's taps, then that line along the height's taps of the row
     const int64_t h = in_shape[rank - 2], w = in_shape[rank - 1], oh = out_shape[rank - 2], ow = out_shape[rank - 1];
-    const auto rh = AxisTaps(plan->rows[rank - 2], oh), rw = AxisTaps(plan->rows[rank - 1], ow);
+    const TapTable &rh = plan->height_table, &rw = plan->width_table;
     const T *dy = static_cast<const T *>(params[0]);
     opforge::parallel_for(0, in_total / (h * w), std::max<int64_t>(1, kParallelWork / (h * w + oh * ow)),
                           [&](int64_t p0, int64_t p1) {
@@ -615,10 +623,12 @@ int RunGrad(void **params, int *ndims, int64_t **shapes, AotExtra *extra) {
         for (int64_t i = 0; i < oh; i++) {
           std::fill(line.begin(), line.end(), 0.0);
           for (int64_t j = 0; j < ow; j++)
-            for (const Tap &tw : rw[j]) line[tw.index] += tw.weight * dyp[i * ow + j];
-          for (const Tap &th : rh[i]) {
-            double *to = plane.data() + th.index * w;
-            for (int64_t j = 0; j < w; j++) to[j] += th.weight * line[j];
+            for (int64_t t = 0; t < rw.sizes[j]; t++)
+              line[rw.index[j * rw.count + t]] += rw.weight[j * rw.count + t] * dyp[i * ow + j];
+          for (int64_t t = 0; t < rh.sizes[i]; t++) {
+            double *to = plane.data() + rh.index[i * rh.count + t] * w;
+            const double weight = rh.weight[i * rh.count + t];
+            for (int64_t j = 0; j < w; j++) to[j] += weight * line[j];
           }
         }
         for (int64_t k = 0; k < h * w; k++) dx[p * h * w + k] = static_cast<T>(plane[k]);
