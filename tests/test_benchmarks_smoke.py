@@ -44,6 +44,16 @@ def test_kernels_quick_prints_rows_and_summary_lines():
     assert worst.group(2) in ("add", "exp", "matmul")
 
 
+def test_onnx_models_prints_a_row_and_its_ratio_lines():
+    pytest.importorskip("onnxruntime")
+    out = run_benchmark("onnx_models.py", "--models", "squeezenet", "--repeat", "1", "--warmup", "0")
+    lines = out.strip().splitlines()
+    assert re.match(r"squeezenet\s+\d+\s+yes(\s+[0-9.]+){6}$", lines[-3]), out
+    assert re.fullmatch(r"onnx_models_geomean: [0-9.]+ [0-9.]+", lines[-2]), out
+    worst = re.fullmatch(r"worst_model_vs_ort: ([0-9.]+) \(squeezenet, (1 thread|all threads)\)", lines[-1])
+    assert worst and float(worst.group(1)) > 0, out
+
+
 def test_kernels_rejects_an_op_without_a_case():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "kernels.py"), "--quick", "--ops", "no_such_op"],
                           env=dict(os.environ), capture_output=True, text=True, timeout=120)
