@@ -54,6 +54,17 @@ def test_onnx_models_prints_a_row_and_its_ratio_lines():
     assert worst and float(worst.group(1)) > 0, out
 
 
+def test_graph_prints_its_ratio_lines():
+    pytest.importorskip("torch")
+    out = run_benchmark("graph.py")
+    for name in ("mlp_forward_vs_torch", "mlp_grad_vs_torch_autograd"):
+        line = re.search(rf"^{name}: ([0-9.]+) \(\d+ thread\(s\); 1t ([0-9.]+)(, \d+t [0-9.]+)*\)$", out, re.M)
+        assert line and float(line.group(1)) > 0 and float(line.group(2)) > 0, out
+    for name in ("fused_vs_unfused", "fused_vs_best_peer", "memory_planned_vs_unplanned"):
+        assert re.search(rf"^{name}: [0-9.]+$", out, re.M), out
+    assert re.fullmatch(r"graph_vs_eager: [0-9.]+", out.strip().splitlines()[-1]), out
+
+
 def test_kernels_rejects_an_op_without_a_case():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "kernels.py"), "--quick", "--ops", "no_such_op"],
                           env=dict(os.environ), capture_output=True, text=True, timeout=120)
