@@ -226,6 +226,16 @@ def test_no_kernel_lists_every_candidate(fresh):
         op(np.ones(2, np.float32))
 
 
+def test_a_variadic_kernel_checks_the_dtype_of_every_tensor(fresh):
+    op = declare(fresh, "t10v::total(Tensor[] xs) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda *xs: sum(xs), dtypes={"xs": ["float32"]})
+    one = np.ones(2, np.float32)
+    np.testing.assert_array_equal(op(one, one, one), 3 * one)
+    with pytest.raises(DTypeError, match=r"t10v::total.*'xs\[2\]' has dtype float64, but the kernel takes float32"):
+        op(one, one, one.astype(np.float64))
+
+
 def test_cpu_only_trait_rejects_gpu_kernels(fresh):
     op = declare(fresh, "t11::host(Tensor x) -> Tensor y", traits=["cpu_only"])
     with pytest.raises(SchemaError, match="cpu_only"):

@@ -101,16 +101,18 @@ class Kernel:
         if self.dtypes is None:
             return None
         given = tuple(s.dtype if s is not None else None for s in specs)
+        # a signature has one dtype per declared input; a variadic input's holds for each of its tensors
+        inputs_of = ((lambda sig: (sig[0],) * len(given)) if op.variadic
+                     else (lambda sig: sig[: len(given)]))
         for signature in self.dtypes:
-            wanted = signature[: len(given)]
-            if all(w is None or g is None or w == g for w, g in zip(wanted, given)):
+            if all(w is None or g is None or w == g for w, g in zip(inputs_of(signature), given)):
                 return None
         if len(self.dtypes) == 1:  # name the first input that is off
-            for index, (w, g) in enumerate(zip(self.dtypes[0], given)):
+            for index, (w, g) in enumerate(zip(inputs_of(self.dtypes[0]), given)):
                 if w is not None and w != g:
                     return f"input '{op.input_name(index)}' has dtype {g}, but the kernel takes {w}"
         named = ", ".join(f"{op.input_name(k)}={g}" for k, g in enumerate(given))
-        accepted = "; ".join(", ".join(d or "any" for d in sig[: len(given)]) for sig in self.dtypes)
+        accepted = "; ".join(", ".join(d or "any" for d in inputs_of(sig)) for sig in self.dtypes)
         return f"input dtypes ({named}) match none of the kernel's signatures ({accepted})"
 
     def infer(self, op: Op, specs: Sequence[TensorSpec | None],
