@@ -242,21 +242,56 @@ def test_cpu_only_trait_rejects_gpu_kernels(fresh):
         op.kernel(lambda x: x, device="gpu")
 
 
-def test_empty_input_skips_the_kernel_unless_always_compute(fresh):
+def test_the_kernel_is_skipped_only_when_every_output_is_empty(fresh):
     calls = []
 
-    def kernel(x):
-        calls.append(x.shape)
-        return x + 1
+    def kernel(*xs):
+        calls.append([x.shape for x in xs])
+        return np.concatenate(xs)
 
-    lazy = declare(fresh, "t12::lazy(Tensor x) -> Tensor y")
-    lazy.def_infer(opforge.infer.same_as(0))
-    lazy.kernel(kernel)
-    assert lazy(np.ones((0, 3))).shape == (0, 3) and calls == []
+    same = declare(fresh, "t12::same(Tensor x) -> Tensor y")
+    same.def_infer(opforge.infer.same_as(0))
+    same.kernel(kernel)
+    assert same(np.ones((0, 3))).shape == (0, 3) and calls == []  # nothing to write
+    # An empty input with outputs to write runs the kernel: skipping it would hand back made-up values.
+    joined = declare(fresh, "t12::joined(Tensor[] xs) -> Tensor y")
+    joined.def_infer(lambda *xs: TensorSpec([sum(x.shape[0] for x in xs)], xs[0].dtype))
+    joined.kernel(kernel)
+    np.testing.assert_array_equal(joined(np.ones(0), np.array([1.0, 2.0])), [1.0, 2.0])
+    assert calls == [[(0,), (2,)]]
+    graph = opforge.trace(lambda a, b: joined(a, b), TensorSpec([None], "float64"), TensorSpec([2], "float64"))
+    np.testing.assert_array_equal(graph(np.ones(0), np.array([3.0, 4.0])), [3.0, 4.0])
     eager = declare(fresh, "t12::eager(Tensor x) -> Tensor y", traits=["always_compute"])
     eager.def_infer(opforge.infer.same_as(0))
     eager.kernel(kernel)
-    assert eager(np.ones((0, 3))).shape == (0, 3) and calls == [(0, 3)]
+    calls.clear()
+    assert eager(np.ones((0, 3))).shape == (0, 3) and calls == [[(0, 3)]]
+
+
+CAT2 = r"""
+#include <cstdint>
+extern "C" int Cat2(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                    void *extra) {
+  const float *a = static_cast<const float *>(params[0]), *b = static_cast<const float *>(params[1]);
+  float *y = static_cast<float *>(params[2]);
+  for (int64_t i = 0; i < shapes[0][0]; ++i) *y++ = a[i];
+  for (int64_t i = 0; i < shapes[1][0]; ++i) *y++ = b[i];
+  return 0;
+}
+"""
+
+
+def test_an_empty_input_reaches_a_native_kernel_whose_output_is_not_empty(fresh):
+    cat = declare(fresh, "t12n::cat2(Tensor a, Tensor b) -> Tensor y")
+    cat.def_infer(lambda a, b: TensorSpec([a.shape[0] + b.shape[0]], a.dtype))
+    cat.kernel(code=CAT2, function="Cat2", dtypes={"a": ["float32"], "b": ["float32"]})
+    empty, two = np.ones(0, np.float32), np.array([1, 2], np.float32)
+    for _ in range(2):  # the first call plans, the second takes the native path
+        np.testing.assert_array_equal(cat(empty, two), two)
+        np.testing.assert_array_equal(cat(two, empty), two)
+    assert cat(empty, empty).shape == (0,)
+    graph = opforge.trace(lambda a, b: cat(a, b), TensorSpec([None], "float32"), TensorSpec([2], "float32"))
+    np.testing.assert_array_equal(graph(empty, two), two)
 
 
 def test_support_non_contiguous_passes_views_to_python_kernels(fresh):

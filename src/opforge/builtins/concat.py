@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 concat = opforge.op("concat(Tensor[] inputs, *, int axis=0) -> Tensor y",
-                    # always_compute: an empty input among others still leaves the rest to copy
-                    traits=["no_side_effect", "always_compute"],
+                    traits=["no_side_effect"],
                     doc="Join tensors of one dtype and rank along axis (their other dims equal).")
 
 

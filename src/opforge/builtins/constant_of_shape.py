@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 constant_of_shape = opforge.op("constant_of_shape(Tensor value, *, Shape shape) -> Tensor y",
-                               # always_compute: value is never empty, but y may be (shape with a 0)
-                               traits=["no_side_effect", "always_compute"],
+                               traits=["no_side_effect"],
                                doc="A tensor of the given shape (dims >= 0) filled with the one element of "
                                    "value, in value's dtype.")
 

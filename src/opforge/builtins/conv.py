@@ -68,8 +68,7 @@ GEOMETRY_ATTRS = "int[] strides=[], int[] pads=[], int[] dilations=[], int group
 ACTIVATIONS = ("none", "relu")
 
 conv = opforge.op(f'conv(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}, str activation="none") -> Tensor y',
-                  # always_compute: with no input channels (x and w empty) y is still the bias
-                  traits=["no_side_effect", "always_compute"],
+                  traits=["no_side_effect"],
                   doc="ONNX Conv on N x C x spatial (any number of spatial dims): weights M x C/group x kernel, "
                       "optional bias of M; pads are begin pads then end pads; activation \"relu\" applies relu to "
                       "y (the graph passes fold a relu after a conv into it).")

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 conv_transpose = opforge.op(f"conv_transpose(Tensor x, Tensor w, Tensor? b, *, {GEOMETRY_ATTRS}, "
                             "int[] output_padding=[]) -> Tensor y",
-                            traits=["no_side_effect", "always_compute"],  # (as conv's)
+                            traits=["no_side_effect"],
                             doc="ONNX ConvTranspose on N x C x spatial: weights C x M/group x kernel, optional bias "
                                 "of M; pads are begin pads then end pads, output_padding adds to the end.")
 

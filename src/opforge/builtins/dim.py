@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 dim = opforge.op('dim(Tensor x, *, int axis, DType dtype="int64") -> Tensor y',
-                 traits=["no_side_effect", "always_compute"],
+                 traits=["no_side_effect"],
                  doc="The size of x along axis at run time, as a 0-d tensor of dtype "
                      "(int32, int64, float32 or float64).")
 DTYPES = ["int32", "int64", "float32", "float64"]

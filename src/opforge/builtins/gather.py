@@ -137,7 +137,7 @@ gather.kernel(function="Gather", code=GATHER_CC, include_dirs=HEADER_DIRS)
 
 # The gradient is an op too: dx = zeros of data's shape, each dy row added at its index.
 gather_grad_op = opforge.op("gather_grad(Tensor dy, Tensor indices, Tensor data, *, int axis=0) -> Tensor dx",
-                            traits=["no_side_effect", "always_compute"],  # an empty dy still gives data's zeros
+                            traits=["no_side_effect"],
                             doc="Gradient of gather: zeros of data's shape with dy's rows added at indices "
                                 "along axis (repeated indices add up; data only lends its shape).")
 

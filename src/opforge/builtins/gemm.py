@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 gemm = opforge.op("gemm(Tensor a, Tensor b, Tensor? c, *, float alpha=1.0, float beta=1.0, bool trans_a=False, "
                   "bool trans_b=False) -> Tensor y",
-                  # always_compute: with k == 0 (a and b empty) y is still beta * c
-                  traits=["no_side_effect", "always_compute"],
+                  traits=["no_side_effect"],
                   doc="alpha * op(a) @ op(b) + beta * c for matrices a, b (op: transposed when trans_a / trans_b) "
                       "and c broadcast to the product's shape (ONNX Gemm).")
 

@@ -57,6 +57,7 @@ def global_average_pool_grad(saved: Any, dy: Any) -> Any:
 GLOBAL_AVERAGE_POOL_CC = r"""
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "custom_aot_extra.h"
 #include "opforge/parallel.h"
@@ -80,8 +81,8 @@ extern "C" int GlobalAveragePool(int nparam, void **params, int *ndims, int64_t 
   const int64_t planes = shapes[0][0] * shapes[0][1];
   int64_t size = 1;
   for (int d = 2; d < ndims[0]; d++) size *= shapes[0][d];
-  if (size == 0) {
-    std::fill(y, y + planes, T(0));
+  if (size == 0) {  // no spatial elements: the mean of nothing, as np.mean and the reference give
+    std::fill(y, y + planes, std::numeric_limits<T>::quiet_NaN());
     return 0;
   }
   try {

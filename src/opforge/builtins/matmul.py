@@ -111,8 +111,8 @@ def matmul_grad(saved: Any, dy: Any) -> tuple[Any, Any]:
     return unbroadcast(da, a_dims, b_dims), unbroadcast(db, b_dims, a_dims)
 
 
-# k == 0 gives an empty input and a non-empty y: opforge then skips the
-# kernel and returns zeros, which is the right (empty-sum) product.
+# k == 0 gives empty inputs and a non-empty y, which the kernel fills with
+# zeros: the empty-sum product.
 MATMUL = r"""
 #include "custom_aot_extra.h"
 #include "opforge_blas.h"

@@ -249,10 +249,9 @@ GRADIENT_DTYPES = [(d, d) for d in FLOATS]  # (dy, x) of the gradient kernels
 
 
 def gradient_op(name: str, attrs: str, check: Callable[..., str | None], infer: Callable[..., TensorSpec], doc: str,
-                traits: Iterable[str] = ("no_side_effect", "always_compute")) -> Op:
+                traits: Iterable[str] = ("no_side_effect",)) -> Op:
     """``{name}_grad(dy, x, *, attrs) -> dx``, the gradient op of ``name`` whose dx has x's shape: its check
-    (``gradient_check`` of ``check`` and ``infer``) and inference (``shaped_like_x``).  always_compute: an
-    empty dy still gives x's zeros."""
+    (``gradient_check`` of ``check`` and ``infer``) and inference (``shaped_like_x``)."""
     op = opforge.op(f"{name}_grad(Tensor dy, Tensor x, *, {attrs}) -> Tensor dx", traits=list(traits), doc=doc)
     op.check(gradient_check(name, check, infer))
     op.def_infer(shaped_like_x)
@@ -286,7 +285,7 @@ pool_kernels(max_pool_grad, "MaxPoolGrad", GRADIENT_DTYPES)
 
 max_pool_with_indices_grad = opforge.op(
     f"max_pool_with_indices_grad(Tensor dy, Tensor indices, Tensor x, *, {MAX_ATTRS}) -> Tensor dx",
-    traits=["no_side_effect", "always_compute"],
+    traits=["no_side_effect"],
     doc="Gradient of max_pool_with_indices: zeros like x, with each dy added at the offset indices gives "
         "(max_pool_with_indices's; -1 adds nothing).  x lends its shape; no maximum is looked for again.")
 check_dy_and_x = gradient_check("max_pool_with_indices", max_pool_check, max_pool_infer)

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from opforge.sbp import SBPValue
 
 mean = opforge.op("mean(Tensor x, *, int[] axes=[], bool keep_dims=False) -> Tensor y",
-                  # always_compute: an empty x gives NaN means, which the kernel computes
-                  traits=["no_side_effect", "always_compute"],
+                  traits=["no_side_effect"],
                   doc="Mean over axes (empty = all; negative axes count from the end), floating-point. "
                       "The mean of no elements is NaN.")
 mean.def_infer(infer.reduce("axes", "keep_dims"))

@@ -30,7 +30,7 @@ MODES = ("constant", "reflect", "edge", "wrap")
 PAD_ATTRS = 'int[] pads, str mode="constant", float value=0.0'
 PAD_DTYPES = ["float32", "float64", "int32", "int64", "int8", "uint8"]
 
-pad = opforge.op(f"pad(Tensor x, *, {PAD_ATTRS}) -> Tensor y", traits=["no_side_effect", "always_compute"],
+pad = opforge.op(f"pad(Tensor x, *, {PAD_ATTRS}) -> Tensor y", traits=["no_side_effect"],
                  doc="ONNX Pad: begin pads then end pads per axis (negative ones crop); mode constant (value), "
                      "reflect, edge or wrap.")
 

@@ -183,9 +183,8 @@ extern "C" int ReduceSumInit(int *ndims, int64_t **shapes, const char **dtypes, 
 }
 """
 
-# An empty x never reaches the kernel: opforge returns zeros of the output
-# shape, which is exactly the sum of an empty reduction (and of nothing when
-# the output is empty too), so the op needs no always_compute trait.
+# An empty x with a non-empty y (a reduction over an empty axis) gives zeros,
+# the sum of nothing (mean: NaN).
 # mean.py compiles this source with OPFORGE_MEAN defined: the sums divided by their counts.
 #
 # Floats are summed in their own type, pairwise (NumPy's method: the error
@@ -338,7 +337,7 @@ extern "C" int ReduceSum(int nparam, void **params, int *ndims, int64_t **shapes
   if (plan == nullptr) return 3;  // ReduceSumInit makes it for each signature
   const int64_t ny = plan->ny, count = plan->count;
   if (ny == 0) return 0;
-  if (plan->nx == 0) {  // (mean only: always_compute) the sum of nothing is 0, its mean NaN
+  if (plan->nx == 0) {  // (an empty axis) the sum of nothing is 0, its mean NaN
     for (int64_t i = 0; i < ny; i++) y[i] = Finish(Acc(0), 0);
     return 0;
   }

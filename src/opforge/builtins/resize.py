@@ -55,7 +55,7 @@ RESIZE_ATTRS = ('float[] scales=[], int[] sizes=[], int[] axes=[], str mode="nea
                 'str coordinate_transformation_mode="half_pixel", str nearest_mode="round_prefer_floor", '
                 'float cubic_coeff_a=-0.75, bool exclude_outside=False, float extrapolation_value=0.0, '
                 'bool antialias=False, float[] roi=[], str keep_aspect_ratio_policy="stretch"')
-resize = opforge.op(f"resize(Tensor x, *, {RESIZE_ATTRS}) -> Tensor y", traits=["no_side_effect", "always_compute"],
+resize = opforge.op(f"resize(Tensor x, *, {RESIZE_ATTRS}) -> Tensor y", traits=["no_side_effect"],
                     doc="ONNX Resize: nearest / linear / cubic resampling of the given axes (default all) to sizes "
                         "or by scales.")
 is_float = floating_point("resize", "x")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 INT64_MAX = 2**63 - 1
 shape = opforge.op(f"shape(Tensor x, *, int start=0, int end={INT64_MAX}) -> Tensor y",
-                   traits=["no_side_effect", "always_compute"],
+                   traits=["no_side_effect"],
                    doc="x's dims start:end (negative: from the end; clamped to 0..rank; end defaults to the "
                        "rank) as a 1-D int64 tensor.")
 

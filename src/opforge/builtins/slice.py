@@ -109,7 +109,7 @@ slice.kernel(source=SLICE_CC, function="Slice")
 
 # The gradient is an op too: dx = zeros like x, with dy where slice took its elements.
 slice_grad_op = opforge.op(f"slice_grad(Tensor dy, Tensor x, *, {SCHEMA_ATTRS}) -> Tensor dx",
-                           traits=["no_side_effect", "always_compute"],  # an empty dy still gives x's zeros
+                           traits=["no_side_effect"],
                            doc="Gradient of slice: zeros of x's shape, with dy scattered where slice took "
                                "its elements (x only lends its shape).")
 

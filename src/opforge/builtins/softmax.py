@@ -193,7 +193,7 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
     else if (d == axis) len = shapes[0][d];
     else inner *= shapes[0][d];
   }
-  if (outer * len * inner == 0) return 0;  // (opforge skips empty inputs; this keeps the kernel safe alone)
+  if (outer * len * inner == 0) return 0;  // (opforge skips it: y is empty too; this keeps the kernel safe alone)
   try {
     if (inner == 1 && len >= 4 * kBlock && outer < 2 * opforge::num_threads()) {
       for (int64_t o = 0; o < outer; o++) WideRow(x + o * len, y + o * len, len);

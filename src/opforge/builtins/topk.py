@@ -198,7 +198,7 @@ topk.kernel(function="TopK", code=every_dtype(TOPK_CC, "TopK", NUMERIC), dtypes=
 
 # The gradient is an op too: dx = zeros of x's shape with dy at the indices topk took.
 topk_grad_op = opforge.op("topk_grad(Tensor dvalues, Tensor indices, Tensor x, *, int axis=-1) -> Tensor dx",
-                          traits=["no_side_effect", "always_compute"],  # k = 0 still gives x's zeros
+                          traits=["no_side_effect"],
                           doc="Gradient of topk: zeros of x's shape with dvalues put back at indices along axis "
                               "(x only lends its shape).")
 

@@ -37,7 +37,7 @@ from ..errors import AllocationError, ArityError, CudaError, DeviceError, Opforg
 from ..runtime.aot import AotKernel, workspace_sizes
 from ..runtime import cpu
 from ..runtime.arrays import CUDA, device_name, host_view, placement
-from ..runtime.cuda_graph import copy_async, zero_async
+from ..runtime.cuda_graph import copy_async
 from ..runtime.checks import checks_enabled
 from ..runtime.dispatch import kernel_error, select_kernel, skips_kernel
 from ..spec import TensorSpec
@@ -62,9 +62,9 @@ if TYPE_CHECKING:  # (annotations only: nothing here runs)
     #: (buffer, offset): where a value lives; buffer 0 is the arena.
     Ref: TypeAlias = tuple[int, int]
     #: One node of a DevicePlan: (node, kernel, pointer refs, shapes, dtype names, Init's state,
-    #: output bytes to zero for empty work or None).
+    #: whether the kernel is skipped, every output being empty).
     DeviceStep: TypeAlias = tuple[Node, AotKernel, tuple[Ref, ...], tuple[tuple[int, ...], ...], tuple[str, ...],
-                                  Any, tuple[int, ...] | None]
+                                  Any, bool]
 
 MAX_PLANS = 16
 
@@ -201,8 +201,7 @@ class Plan:
         node, kernel, in_specs, out_specs = step
         if not (isinstance(kernel, AotKernel) and kernel.device == "cpu"):
             return False
-        skips = "always_compute" not in node.op.traits and any(s is not None and 0 in s.shape for s in in_specs)
-        return not skips and all(s is not None for s in in_specs)
+        return not skips_kernel(node.op, out_specs) and all(s is not None for s in in_specs)
 
     # -- the native program ---------------------------------------------------
     def _views(self) -> dict[int, int]:
@@ -404,8 +403,8 @@ class Plan:
                 env[node.outputs[0].id] = node.value
         for node, kernel, in_specs, out_specs in self.steps:
             inputs = [None if v is None else env[v.id] for v in node.inputs]
-            if skips_kernel(node.op, inputs):
-                results = [np.zeros(s.shape, s.dtype) for s in out_specs]
+            if skips_kernel(node.op, out_specs):
+                results = [np.empty(s.shape, s.dtype) for s in out_specs]
             else:
                 results = kernel.run(node.op, inputs, node.attrs, out_specs, in_specs)
             for value, array in zip(node.outputs, results):
@@ -534,10 +533,8 @@ class DevicePlan:
             for size in sizes:  # multiples of 64
                 pointers.append((0, cursor))
                 cursor += size
-            empty = "always_compute" not in node.op.traits and any(0 in s.shape for s in in_specs)
             prepared.append((node, kernel, tuple(pointers), tuple(s.shape for s in in_specs + out_specs),
-                             tuple(s.dtype for s in in_specs + out_specs), extra,
-                             tuple(s.nbytes for s in out_specs) if empty else None))
+                             tuple(s.dtype for s in in_specs + out_specs), extra, skips_kernel(node.op, out_specs)))
         return prepared, workspace_at + workspace_bytes
 
     @staticmethod
@@ -616,12 +613,10 @@ class DevicePlan:
         """One node's kernel on ``stream`` (during a capture: recorded, not run)."""
         from ..runtime import cuda
 
-        node, kernel, refs, shapes, names, extra, empty = step
-        pointers = [bases[b] + offset for b, offset in refs]
-        if empty is not None:  # empty work: the outputs are zeros of their inferred shapes
-            for pointer, nbytes in zip(pointers[len(node.inputs):], empty):
-                zero_async(pointer, nbytes, stream, f"graph '{self.graph.name}': node '{node.name}'")
+        node, kernel, refs, shapes, names, extra, skip = step
+        if skip:
             return
+        pointers = [bases[b] + offset for b, offset in refs]
         rc, error = _native.call_kernel(kernel._function, pointers, shapes, names, stream, extra)
         if rc != 0 or error is not None:
             raise kernel_error(node.op, kernel, rc, error)

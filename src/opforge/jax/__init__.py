@@ -67,7 +67,7 @@ def library() -> ctypes.CDLL:
             handle.opforge_jax_add_plan.restype = ctypes.c_int64
             handle.opforge_jax_add_plan.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
                                                     ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
-                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handle.OpforgeCallCpu), platform="cpu")
             if _gpu_backend():
                 jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handle.OpforgeCallGpu), platform="CUDA")
@@ -147,16 +147,12 @@ def _add(plan: BufferPlan) -> int:
 
     lib = library()
     sizes = (ctypes.c_int64 * max(len(plan.workspace), 1))(*plan.workspace)
-    last_error = 0
-    memset: int | None = 0  # cudaMemsetAsync's address on a GPU
-    if plan.device == "gpu":
-        last_error = cuda.last_error_address()
-        memset = ctypes.cast(cuda.runtime().cudaMemsetAsync, ctypes.c_void_p).value
+    last_error = cuda.last_error_address() if plan.device == "gpu" else 0
     extra = plan.extra.address if plan.extra is not None else 0
     _plans_kept.append(plan)
     index: int = lib.opforge_jax_add_plan(plan.op.name.encode(), plan.kernel.name.encode(), plan.function, extra,
                                     len(plan.workspace), sizes, int(plan.skip), last_error,
-                                    _take_attr_error_address(), memset)
+                                    _take_attr_error_address())
     if not 0 <= index < _NO_PLAN:
         raise OpforgeError(f"op '{plan.op.name}': opforge's table of JAX call sites is full")
     return index

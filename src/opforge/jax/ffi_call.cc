@@ -17,7 +17,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,7 +44,7 @@ struct Plan {
   void *extra = nullptr;
   std::vector<int64_t> workspace;  // byte sizes, multiples of 64
   int64_t workspace_bytes = 0;
-  bool skip = false;  // an empty input: outputs zeroed, no kernel
+  bool skip = false;  // every output is empty: no kernel
   LastErrorFn last_error = nullptr;
   TakeAttrErrorFn take_attr_error = nullptr;
 };
@@ -88,15 +87,6 @@ ffi::Error Failure(const Plan &plan, const std::string &what) {
 
 constexpr size_t kMaxParams = 128;  // inputs, outputs and workspaces of one call
 
-using MemsetAsyncFn = int (*)(void *, int, size_t, void *);
-MemsetAsyncFn memset_async = nullptr;  // cudaMemsetAsync, set with the first GPU plan
-
-// Zeros `bytes` at `data`: host memory, or device memory on `stream`.
-void Zero(void *data, size_t bytes, bool gpu, void *stream) {
-  if (!gpu) std::memset(data, 0, bytes);
-  else if (memset_async != nullptr) memset_async(data, 0, bytes, stream);
-}
-
 // One call: `workspace` points at plan.workspace_bytes bytes (or is null when none are needed).
 ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets rets, void *stream, char *workspace,
                bool gpu) {
@@ -120,7 +110,6 @@ ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets ret
     ndims[k] = static_cast<int>(dims.size());
     shapes[k] = const_cast<int64_t *>(dims.begin());
     names[k] = name;
-    if (plan.skip && k >= n_in) Zero(params[k], buffer.size_bytes(), gpu, stream);
     return true;
   };
   for (size_t k = 0; k < n_in; ++k) {
@@ -229,8 +218,7 @@ extern "C" {
 
 // Adds a plan; returns its index (for the `plans` attribute), -1 when the table is full.
 int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel, void *extra, int n_workspace,
-                             const int64_t *workspace, int skip, void *last_error, void *take_attr_error,
-                             void *cuda_memset_async) {
+                             const int64_t *workspace, int skip, void *last_error, void *take_attr_error) {
   auto plan = std::make_unique<Plan>();
   plan->op = op;
   plan->function = function;
@@ -241,7 +229,6 @@ int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel,
   plan->skip = skip != 0;
   plan->last_error = reinterpret_cast<LastErrorFn>(last_error);
   plan->take_attr_error = reinterpret_cast<TakeAttrErrorFn>(take_attr_error);
-  if (cuda_memset_async != nullptr) memset_async = reinterpret_cast<MemsetAsyncFn>(cuda_memset_async);
   std::lock_guard<std::mutex> hold(plans_lock);
   const int64_t index = plan_count;
   if (index >= kChunk * kChunks) return -1;

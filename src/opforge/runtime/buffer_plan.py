@@ -19,7 +19,7 @@ from .. import _native
 from ..operator import PyKernel
 from . import cuda
 from .aot import workspace_sizes
-from .dispatch import kernel_error, select_kernel
+from .dispatch import kernel_error, select_kernel, skips_kernel
 
 if TYPE_CHECKING:
     from ..attrs import AttrValue
@@ -31,9 +31,8 @@ class BufferPlan:
     """One signature of one op on one device (``"cpu"`` or ``"gpu"``).
 
     ``native`` is False for a Python kernel, which the caller runs on its own
-    arrays (``kernel.fn``); ``skip`` is True when an input is empty and the op
-    does not ask to run anyway: the outputs are zeros of their specs and no
-    kernel runs.  ``workspace`` holds the byte size of each workspace buffer
+    arrays (``kernel.fn``); ``skip`` is True when no kernel runs because every
+    output is empty (``dispatch.skips_kernel``).  ``workspace`` holds the byte size of each workspace buffer
     (multiples of 64, so one allocation of ``workspace_bytes`` serves them all).
     """
 
@@ -66,7 +65,7 @@ class BufferPlan:
             op.check_output_shape(spec)
         self.out_nbytes = tuple(s.nbytes for s in self.out_specs)
         present = [s for s in specs if s is not None]
-        self.skip = "always_compute" not in op.traits and any(s.nbytes == 0 for s in present)
+        self.skip = skips_kernel(op, self.out_specs)
         self.native = not isinstance(kernel, PyKernel)
         self.shapes = tuple(s.shape for s in present + list(self.out_specs))
         self.dtypes = tuple(s.dtype for s in present + list(self.out_specs))

@@ -180,7 +180,3 @@ def copy_async(destination: int, source: int, nbytes: int, stream: int, what: st
                f"{what}: cudaMemcpyAsync")
 
 
-def zero_async(pointer: int, nbytes: int, stream: int, what: str) -> None:
-    if nbytes:
-        lib = cuda.runtime()
-        _check(lib, lib.cudaMemsetAsync(pointer, 0, nbytes, stream), f"{what}: cudaMemsetAsync")

@@ -183,10 +183,7 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
             return plan.kernel.fn(*args, **attrs)
         held = _upload_scalars(views, scalars, stream, device_id) if scalars else ()
         outputs = [cuda.allocate(n, stream, device_id) for n in plan.out_nbytes]
-        if plan.skip:
-            for buffer in outputs:  # empty work: outputs are zeros of their inferred shapes
-                cuda.memset(buffer, 0, stream)
-        else:
+        if not plan.skip:  # (skipped: every output is empty)
             workspace = cuda.allocate(plan.workspace_bytes, stream, device_id) if plan.workspace_bytes else None
             plan.run([v.data for v in views], [b.pointer for b in outputs],
                      workspace.pointer if workspace is not None else 0, stream)

@@ -89,10 +89,12 @@ def as_array(op: Op, index: int, value: Any) -> npt.NDArray[Any]:
     return array if array.flags.c_contiguous and array.flags.aligned else array.copy(order="C")
 
 
-def skips_kernel(op: Op, arrays: Sequence[Any]) -> bool:
-    """PPLNN's CanDoExecute: an empty input means empty work (the outputs are
-    zeros of their inferred shapes), unless the op has trait always_compute."""
-    return "always_compute" not in op.traits and any(a is not None and np.size(a) == 0 for a in arrays)
+def skips_kernel(op: Op, out_specs: Sequence[TensorSpec]) -> bool:
+    """A kernel with nothing to write is not run: every output is empty (then
+    so are the arrays returned), unless the op has trait always_compute (say,
+    to check its inputs).  An empty input alone never skips the kernel: its
+    outputs may still need writing (a concat, a sum over an empty axis)."""
+    return "always_compute" not in op.traits and all(0 in s.shape for s in out_specs)
 
 
 def weak_scalars(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -250,7 +252,7 @@ class CallPlanner:
 
     def plan(self, arrays: Sequence[Any]) -> Any:
         specs, kernel, out_specs = self._resolve(arrays)
-        if skips_kernel(self.op, arrays):
+        if skips_kernel(self.op, out_specs):
             return None
         plan = kernel.plan(self.op, arrays, specs, out_specs, self.attrs) if hasattr(kernel, "plan") else None
         if plan is not None:
@@ -259,8 +261,8 @@ class CallPlanner:
 
     def run(self, arrays: Sequence[Any]) -> Any:
         specs, kernel, out_specs = self._resolve(arrays)
-        if skips_kernel(self.op, arrays):
-            outputs: Sequence[Any] = [np.zeros(s.shape, s.dtype) for s in out_specs]
+        if skips_kernel(self.op, out_specs):
+            outputs: Sequence[Any] = [np.empty(s.shape, s.dtype) for s in out_specs]
         else:
             outputs = kernel.run(self.op, arrays, self.attrs, out_specs)
         return tuple(outputs) if self.op.tuple_output else outputs[0]

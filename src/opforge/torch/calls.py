@@ -104,10 +104,7 @@ class Binding:
         if not plan.native:
             return self.run_python(plan, tensors, attrs, device)
         outputs = [torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=device) for s in plan.out_specs]
-        if plan.skip:  # an empty input: nothing to compute, outputs are zeros of their inferred shapes
-            for output in outputs:
-                output.zero_()
-        else:
+        if not plan.skip:  # (skipped: every output is empty)
             workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) \
                 if plan.workspace_bytes else None
             inputs = [t.data_ptr() for t in tensors if t is not None]

@@ -81,7 +81,7 @@ struct Plan {
   std::vector<const char *> out_names;
   std::vector<int64_t> workspace;  // byte sizes, multiples of 64
   int64_t workspace_bytes = 0;
-  bool skip = false;               // an empty input: zeros out, no kernel
+  bool skip = false;               // every output is empty: no kernel
   LastErrorFn last_error = nullptr;
   CurrentStreamFn current_stream = nullptr;  // torch's, for CUDA plans
   TakeAttrErrorFn take_attr_error = nullptr;
@@ -389,9 +389,7 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
   for (size_t k = 0; k < n_out; ++k)
     outputs.push_back(cuda ? at::empty(plan->out_shapes[k], at::TensorOptions().device(*device).dtype(plan->out_types[k]))
                            : at::Tensor(at::detail::empty_cpu(plan->out_shapes[k], plan->out_types[k])));
-  if (plan->skip) {
-    for (auto &out : outputs) out.zero_();
-  } else {
+  if (!plan->skip) {  // (skipped: every output is empty)
     at::Tensor workspace;
     if (plan->workspace_bytes) {
       workspace = cuda ? at::empty({plan->workspace_bytes}, at::TensorOptions().device(*device).dtype(at::kByte))
