@@ -145,12 +145,15 @@ def test_unsupported_op_is_one_line(tmp_path, capsys):
     ("x", "expected NAME=FILE.npy"),
     ("w={npy}", "the model has no input 'w'; its inputs: x"),
     ("x={missing}", "cannot read"),
+    ("x={blank}", "cannot read"),
     ("x={wrong_dtype}", "input 'x' is float32 [?, 4] in the model; the file given holds float64 [2, 4]"),
     ("x={wrong_shape}", "input 'x' is float32 [?, 4] in the model; the file given holds float32 [2, 3]"),
 ])
 def test_bad_input_option_is_a_usage_error(model, tmp_path, capsys, given, message):
     files = {"npy": tmp_path / "ok.npy", "missing": tmp_path / "missing.npy",
-             "wrong_dtype": tmp_path / "f64.npy", "wrong_shape": tmp_path / "shape.npy"}
+             "wrong_dtype": tmp_path / "f64.npy", "wrong_shape": tmp_path / "shape.npy",
+             "blank": tmp_path / "blank.npy"}
+    files["blank"].write_bytes(b"")
     np.save(files["npy"], np.zeros((2, 4), np.float32))
     np.save(files["wrong_dtype"], np.zeros((2, 4), np.float64))
     np.save(files["wrong_shape"], np.zeros((2, 3), np.float32))

@@ -11,7 +11,7 @@ import pytest
 import opforge
 from helpers import WHICH_ISA, declare
 from opforge import TensorSpec
-from opforge.errors import (AttrError, CheckError, DTypeError, InferenceError, NoKernelError, SchemaError,
+from opforge.errors import (ArityError, AttrError, CheckError, DTypeError, InferenceError, NoKernelError, SchemaError,
                             ShapeError)
 from opforge.runtime.dispatch import select_kernel
 from opforge.schema import parse_schema
@@ -155,12 +155,55 @@ def test_missing_inference_is_a_clear_error(fresh):
         op(np.ones(2))
 
 
+def test_a_bug_in_an_ops_inference_or_check_names_the_op(fresh):
+    op = declare(fresh, "t6b::pick(Tensor x) -> Tensor y")
+
+    @op.infer
+    def pick_shape(x):
+        return TensorSpec([x.shape[5]], x.dtype)
+
+    op.kernel(lambda x: x)
+    with pytest.raises(InferenceError, match=r"t6b::pick.*'pick_shape' raised IndexError") as info:
+        op(np.ones(2))
+    assert isinstance(info.value.__cause__, IndexError)
+    op.def_infer(lambda x: (4,))
+    with pytest.raises(InferenceError, match=r"must return a TensorSpec, or one per output, got \(4,\)"):
+        op(np.ones(2))
+    op.def_infer(opforge.infer.same_as(0))
+    op.check(lambda x: x.nonexistent)
+    with pytest.raises(CheckError, match="t6b::pick.*check function.*raised AttributeError"):
+        op(np.ones(2))
+
+
+def test_an_attribute_given_by_position_is_told_to_go_by_keyword(fresh):
+    op = declare(fresh, "t6c::scale(Tensor x, *, float k=1.0) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(lambda x, k: x * k)
+    with pytest.raises(ArityError, match=r"t6c::scale.*got 2 positional arguments; pass attributes by keyword \(k="):
+        op(np.ones(2), 2.0)
+
+
+def test_a_compile_error_of_inline_code_names_the_op_and_kernel(fresh):
+    op = declare(fresh, "t6d::broken(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    with pytest.raises(opforge.CompileError, match=r"^op 't6d::broken', kernel Broken: failed to compile") as info:
+        op.kernel(code='extern "C" int Broken() { return 0 +; }', function="Broken")
+        op(np.ones(2))
+    assert "error" in info.value.output and info.value.command
+
+
 def test_python_kernel_output_is_checked_against_inference(fresh):
     op = declare(fresh, "t7::liar(Tensor x) -> Tensor")
     op.def_infer(opforge.infer.same_as(0))
     op.kernel(lambda x: np.ones(5))
     with pytest.raises(ShapeError, match="t7::liar"):
         op(np.ones(2))
+    halves = declare(fresh, "t7::halves(Tensor x) -> Tensor y")
+    halves.def_infer(opforge.infer.same_as(0))
+    halves.kernel(lambda x: x / 2)  # float64 values for an int32 output: truncating them would be silent
+    with pytest.raises(DTypeError, match="t7::halves.*output 'y' of dtype float64, inference says int32"):
+        halves(np.array([1, 3], np.int32))
+    np.testing.assert_array_equal(halves(np.array([1.0, 3.0], np.float32)), [0.5, 1.5])  # within a kind: cast
 
 
 # -- kernels and dispatch ---------------------------------------------------------
@@ -223,6 +266,9 @@ def test_no_kernel_lists_every_candidate(fresh):
     assert "numpy64" in message and "float64" in message and "numpy_sse" in message and "cap" in message
     with pytest.raises(DTypeError, match="takes float64"):  # the only candidate rejects the dtype
         op.kernels.pop()
+        op(np.ones(2, np.float32))
+    op.reference(lambda x: x)  # a reference is no candidate: the dtype is still what is wrong
+    with pytest.raises(DTypeError, match="(?s)numpy64.*takes float64"):
         op(np.ones(2, np.float32))
 
 

@@ -549,7 +549,7 @@ def _given_inputs(pairs: list[str], names: list[str]) -> dict[str, np.ndarray[An
             raise UsageError(f"--input {pair}: the model has no input {name!r}; its inputs: {', '.join(names)}")
         try:
             given[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:  # EOFError: an empty file
             raise UsageError(f"--input {pair}: cannot read {path!r} as a .npy array: "
                              f"{getattr(exc, 'strerror', None) or exc}") from None
     return given

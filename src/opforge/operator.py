@@ -24,7 +24,8 @@ from .attrs import REQUIRED, AttrDef, AttrValue, check_attr
 from .bounded_cache import BoundedCache
 from .dtypes import DTypeLike
 from .dtypes import normalize as normalize_dtype
-from .errors import ArityError, AttrError, CheckError, InferenceError, SchemaError, ShapeError
+from .errors import (ArityError, AttrError, CheckError, DTypeError, InferenceError, OpforgeError, SchemaError,
+                     ShapeError)
 from .sbp import SBPDeclaration, Signature, checked_declaration, signatures
 from .spec import TensorSpec
 
@@ -154,6 +155,11 @@ class PyKernel(Kernel):
             if not spec.matches(value.shape):
                 raise ShapeError(f"op '{op.name}': Python kernel '{self.name}' returned output '{name}' of shape "
                                  f"{list(value.shape)}, inference says {list(spec.shape)}")
+            # a cast within a kind (float64 -> float32) is the kernel's NumPy promotion; one across kinds
+            # (float -> int) would truncate values the kernel meant
+            if not np.can_cast(value.dtype, spec.dtype, casting="same_kind"):
+                raise DTypeError(f"op '{op.name}': Python kernel '{self.name}' returned output '{name}' of dtype "
+                                 f"{value.dtype}, inference says {spec.dtype}")
             checked.append(np.array(value, dtype=spec.dtype, order="C"))
         return checked
 
@@ -314,7 +320,8 @@ class Op(OpBase):
         It is not a kernel unless the op says so: ``fallback=True`` lets
         dispatch run it for inputs no other kernel takes, ``dtypes={...}``
         (as for ``op.kernel``) for those dtypes only.  Otherwise such calls
-        raise ``NoKernelError``.
+        raise what they would without it (``DTypeError`` for a dtype no
+        kernel takes, else ``NoKernelError``).
         """
         if fn is None:
             return lambda f: self.reference(f, fallback=fallback, dtypes=dtypes)
@@ -481,10 +488,12 @@ class Op(OpBase):
         self.check_present(tensors)
         positional = [a for a in self.attrs.values() if a.positional]
         if len(extra) > len(positional):
+            keyword = [a.name for a in self.attrs.values() if not a.positional]
             raise ArityError(
                 f"op '{self.name}' takes {n_in} tensor input(s) ({', '.join(i.name for i in self.inputs)})"
                 + (f" and {len(positional)} positional attribute(s)" if positional else "")
-                + f", got {len(args)} positional arguments")
+                + f", got {len(args)} positional arguments"
+                + (f"; pass attributes by keyword ({', '.join(f'{n}=...' for n in keyword)})" if keyword else ""))
         values = {a.name: v for a, v in zip(positional, extra)}
         for name, value in kwargs.items():
             if name not in self.attrs:
@@ -512,12 +521,12 @@ class Op(OpBase):
                     kernel: Kernel | None = None) -> list[TensorSpec]:
         """Output specs for input specs; the op's inference, else the kernel's (a C++ InferShape)."""
         if self.check_fn is not None:
-            problem = self.check_fn(*specs, **attrs)
+            problem = self._user_function(self.check_fn, CheckError, specs, attrs)
             if problem:
                 raise CheckError(f"op '{self.name}': {problem}")
         if self.infer_fn is not None:
             try:
-                result = self.infer_fn(*specs, **attrs)
+                result = self._user_function(self.infer_fn, InferenceError, specs, attrs)
             except (ShapeError, InferenceError) as error:  # a shared helper's message: say whose call it was
                 if f"op '{self.name}'" in str(error) or len(error.args) != 1:
                     raise
@@ -532,14 +541,28 @@ class Op(OpBase):
             if result is None:
                 raise InferenceError(f"op '{self.name}' has no shape inference: give it an infer function "
                                      "(or out_shape), or a kernel library that exports an InferShape function")
+        returned = result
         result = [result] if isinstance(result, TensorSpec) else list(result)
+        if not all(isinstance(spec, TensorSpec) for spec in result):
+            raise InferenceError(f"op '{self.name}': inference must return a TensorSpec, or one per output, "
+                                 f"got {returned!r}")
         if len(result) != len(self.outputs):
             raise InferenceError(f"op '{self.name}': inference returned {len(result)} output spec(s), "
                                  f"the op declares {len(self.outputs)} ({', '.join(self.outputs)})")
-        for spec in result:
-            if not isinstance(spec, TensorSpec):
-                raise InferenceError(f"op '{self.name}': inference must return TensorSpec objects, got {spec!r}")
         return result
+
+    def _user_function(self, fn: Callable[..., Any], error_type: type[OpforgeError],
+                       specs: Sequence[TensorSpec | None], attrs: Mapping[str, AttrValue]) -> Any:
+        """fn(*specs, **attrs), a check or inference the op's author wrote: a bug in it (an IndexError, a
+        TypeError) is an error of this op's, named so, with the original as its cause."""
+        try:
+            return fn(*specs, **attrs)
+        except OpforgeError:
+            raise
+        except Exception as error:
+            what = "check" if error_type is CheckError else "inference"
+            raise error_type(f"op '{self.name}': its {what} function {getattr(fn, '__name__', fn)!r} raised "
+                             f"{type(error).__name__}: {error}") from error
 
     @overload
     def infer(self, fn: _F, /) -> _F: ...

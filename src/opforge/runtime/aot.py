@@ -21,7 +21,7 @@ import numpy as np
 from .. import _native
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
-from ..errors import AllocationError, InferenceError, KernelSourceError, SchemaError
+from ..errors import AllocationError, CompileError, InferenceError, KernelSourceError, SchemaError
 from ..operator import RUNTIME, Kernel
 from ..spec import TensorSpec
 from . import build as _build
@@ -129,13 +129,17 @@ class AotKernel(Kernel):
                                         "(relative paths resolve from the working directory)")
             if _build.is_source(self.path):
                 start = time.perf_counter()
-                built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
-                                     # (mypy checks a ** dict against every keyword; this one holds cxx11_abi alone)
-                                     **({} if self.cxx11_abi is None  # type: ignore[arg-type]
-                                        else {"cxx11_abi": self.cxx11_abi}))
+                owner = f"op '{self.op_name}', " if self.op_name else ""
+                try:
+                    built = _build.build(self.path, extra_cflags=self.cflags, include_dirs=self.include_dirs,
+                                         # (mypy checks a ** dict against every keyword; this one holds cxx11_abi)
+                                         **({} if self.cxx11_abi is None  # type: ignore[arg-type]
+                                            else {"cxx11_abi": self.cxx11_abi}))
+                except CompileError as error:  # say whose source it is: an inline one's path is a cache file
+                    raise CompileError(f"{owner}kernel {self.name}: {error}", command=error.command,
+                                       output=error.output) from None
                 self.compiled = not built.from_cache
                 if not built.from_cache:
-                    owner = f"op '{self.op_name}', " if self.op_name else ""
                     _build.report_build(f"{owner}kernel {self.name}", time.perf_counter() - start)
         if built is not None:
             library = load_library(built.path, cxx11_abi=built.cxx11_abi)

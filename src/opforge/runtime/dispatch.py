@@ -164,7 +164,10 @@ def select_kernel(op: Op, specs: Sequence[TensorSpec | None], device: str = "cpu
     if len(reasons) == 1 and "dtype" in reasons[0][1]:
         raise DTypeError(f"op '{op.name}': {reasons[0][1]}")
     lines = "\n".join(f"  {k.name} ({k.device}{', ' + k.isa if k.isa else ''}): {r}" for k, r in reasons)
-    error = DTypeError if all("dtype" in r for _, r in reasons) else NoKernelError
+    # a DTypeError when dtypes are all that kept the inputs from a kernel: references (never dispatched)
+    # and kernels for another layout do not count
+    deciding = [r for k, r in reasons if k.dispatchable and " is in layout " not in r]
+    error = DTypeError if deciding and all("dtype" in r for r in deciding) else NoKernelError
     raise error(f"op '{op.name}': no kernel accepts inputs {specs}; candidates:\n{lines}")
 
 
