@@ -667,3 +667,22 @@ def test_stray_temporaries_are_removed_when_the_entry_is_loaded(cache, tmp_path)
     with file_lock(built.path.parent.with_name(built.path.parent.name + ".lock")):  # a build in progress
         stray.write_bytes(b"maybe that build's own file")
         assert build(src, optimization="-O0").from_cache and stray.exists()
+
+
+_FORKS_SEEN: list[int] = []
+_WATCHING_FORKS: list[bool] = []
+os.register_at_fork(before=lambda: _FORKS_SEEN.append(1) if _WATCHING_FORKS else None)
+
+
+def test_the_compiler_starts_without_running_python_in_a_forked_child():
+    # Python code between fork and exec may deadlock in a threaded process (and makes JAX warn):
+    # the compiler is spawned without a preexec function, so no at-fork hook runs.
+    from opforge.runtime.compilers import run_compiler
+
+    _WATCHING_FORKS.append(True)
+    try:
+        done = run_compiler([sys.executable, "-c", "print('ran')"])
+    finally:
+        _WATCHING_FORKS.clear()
+    assert done.returncode == 0 and done.stdout.strip() == "ran"
+    assert _FORKS_SEEN == []

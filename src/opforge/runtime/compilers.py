@@ -11,17 +11,14 @@ build or load of the entry removes what it wrote).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from ..errors import BuildError, CompilerNotFoundError
 from .cuda_arch import detect_cuda_arch, normalize_arch
@@ -267,47 +264,22 @@ def plan(source: Path, *, extra_cflags: Iterable[str] | str,
     return Plan(source, language, argv, flags, search, abi)
 
 
-
-
 # --------------------------------------------------------------------------
 # running
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _death_signal_setter() -> Callable[[], None] | None:
-    """A preexec function asking Linux to SIGKILL the child when its parent dies, or None.
-
-    Without it, a builder killed with SIGKILL leaves its compiler running, and
-    the compiler later drops a stray library into the cache entry.  libc is
-    looked up here, in the parent: the child must not load anything before exec.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request was made
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return die_with_parent
 
 
 def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a compiler command, its output and errors together in ``stdout``.
 
-    The compiler dies with this process (SIGKILL included) on Linux; on any
-    exception here (KeyboardInterrupt too) ``subprocess.run`` kills it.
+    On any exception here (KeyboardInterrupt too) ``subprocess.run`` kills the
+    compiler.  Nothing runs in the child before exec (no ``preexec_fn``): the
+    callers' processes have threads (OpenBLAS's, torch's, JAX's), where Python
+    code in a forked child may deadlock, and JAX warns of each such fork.  A
+    compiler whose builder was SIGKILLed finishes alone; the temporary it
+    leaves is removed when its cache entry is next built or loaded.
     """
     try:
         return subprocess.run(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, text=True, errors="replace",
-                              preexec_fn=_death_signal_setter())
+                              stdin=subprocess.DEVNULL, text=True, errors="replace")
     except OSError as exc:
         raise CompilerNotFoundError(f"could not run the compiler {command[0]!r}: {exc}") from exc
