@@ -126,6 +126,16 @@ class Poly(Cell):
         return self.add(self.mul(x, y), x)
 
 
+def test_a_custom_op_called_directly_gives_tensors_for_tensors():
+    double = ops.Custom(lambda x: x * 2, lambda x: x, mstype.float32, "pyfunc")
+    out = double(Tensor(np.array([1.0, 2.0], np.float32)))  # PyNative: no Cell around it
+    assert isinstance(out, Tensor)
+    np.testing.assert_array_equal(out.asnumpy(), [2.0, 4.0])
+    assert isinstance(double(np.ones(2, np.float32)), np.ndarray)  # arrays in, arrays out
+    pair = ops.Custom(lambda x: (x, x + 1), lambda x: (x, x), (mstype.float32, mstype.float32), "pyfunc")
+    assert all(isinstance(t, Tensor) for t in pair(Tensor(np.zeros(3, np.float32))))
+
+
 def test_grad_operation_first_input_all_inputs_and_sens():
     x, y = Tensor(f32(1, 2)), Tensor(f32(3, 4))
     first = ops.GradOperation()(Poly())(x, y)

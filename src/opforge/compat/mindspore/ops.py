@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import GradientError, NoKernelError, TracingError
-from ...frontends.mindspore import Custom, CustomRegOp, DataType
+from ...frontends import mindspore as _frontend
+from ...frontends.mindspore import CustomRegOp, DataType
 from ...graph.autodiff import vjp
 from ...registry import lookup
 from .tensor import Tensor, unwrap, wrap
@@ -31,6 +32,15 @@ class _BuiltinPrimitive:
                                 "which is not registered")
         result = op(unwrap(x), unwrap(y))
         return wrap(result) if isinstance(x, Tensor) or isinstance(y, Tensor) else result
+
+
+class Custom(_frontend.Custom):
+    """``opforge.Custom``, called as MindSpore's PyNative mode calls it: Tensors in give Tensors out
+    (arrays in, arrays out; traced values trace, as inside a Cell)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().__call__(*unwrap(args), **kwargs)
+        return wrap(result) if any(isinstance(a, Tensor) for a in args) else result
 
 
 class Add(_BuiltinPrimitive):
