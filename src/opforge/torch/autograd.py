@@ -12,6 +12,16 @@ dispatch key): a call that needs no gradient goes below autograd at once;
 one that does runs the op's plain overload inside an ``autograd.Function``,
 so graphs traced by ``torch.compile`` record the overload whose calls take
 the C++ path.
+
+An op that cannot give a gradient (trait ``no_grad``, no rule, or a rule that
+fails for the call's signature) still records its call, and its backward
+gives each input that needs a gradient the output of
+``opforge::_opforge_refused_gradient``, an op whose kernel raises the
+``GradientError`` (the rule's own error, for a rule that fails).  torch.compile traces the backward with the forward
+(AOTAutograd's joint graph) before any gradient is asked for, so raising in
+``backward`` itself would fail the compilation of the forward; the op puts
+the error into the compiled backward instead, where it is raised when (and
+only when) that gradient is computed.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
+from .. import errors
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
 from ..errors import GradientError, OpforgeError
@@ -40,6 +51,26 @@ if TYPE_CHECKING:
 
 GRAPHS_PER_OP = 64
 
+REFUSED = "_opforge_refused_gradient"  # opforge::<this>: "_opforge_" names are the bridge's own, as PYTHON_PREFIX
+_library = torch.library.Library("opforge", "FRAGMENT")
+_library.define(f"{REFUSED}(Tensor grad, SymInt[] size, ScalarType dtype, str error, str message) -> Tensor")
+
+
+def _raise_refused(grad: Any, size: Sequence[int], dtype: Any, error: str, message: str) -> Any:
+    """The kernel: raises opforge's ``error`` (a class of opforge.errors, by name) with ``message``."""
+    kind = getattr(errors, error, None)
+    raise (kind if isinstance(kind, type) and issubclass(kind, OpforgeError) else GradientError)(message)
+
+
+def _refused_fake(grad: Any, size: Sequence[Any], dtype: Any, error: str, message: str) -> Any:
+    # The gradient of the input: its size and dtype, on grad's device.  Taking grad keeps the op in
+    # the backward graph (it depends on a tangent), so the partitioner never moves it into the forward.
+    return grad.new_empty(size, dtype=dtype)
+
+
+_library.impl(REFUSED, _raise_refused, "CompositeExplicitAutograd")
+torch.library.register_fake(f"opforge::{REFUSED}", _refused_fake, lib=_library)
+
 
 class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to mypy (follow_imports=skip)
     """One differentiable call: ``flat`` holds its tensors (a Tensor[] argument's
@@ -52,11 +83,18 @@ class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to 
         outputs = output if gradient.binding.op.tuple_output else (output,)
         gradient.setup_context(ctx, args, kwargs, output)
         ctx.slots = slots
+        ctx.flat_like = [(t.shape, t.dtype) for t in flat] if ctx.problem is not None else None
+        # Floating outputs stay differentiable even when the op has no gradient: so do torch's own ops
+        # without a derivative (torch.special.zeta's first input), whose backward raises.  Marking them
+        # non-differentiable would let a gradient that needs this op skip it without an error (a layer
+        # before the op would get no gradient at all).
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
         return output
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        if ctx.problem is not None:
+            return (None, None, None, *ctx.gradient.refused(ctx, grads))
         per_input = ctx.gradient.backward(ctx, *grads)
         return (None, None, None, *[per_input[slot] for slot in ctx.slots])
 
@@ -174,12 +212,19 @@ class Gradient:
         n_saved = len(in_specs) + len(out_specs)
         return graph, present, [v.id in read for v in graph.inputs[:n_saved]]
 
+    def refused(self, ctx: Any, grads: Sequence[Any]) -> list[Any]:
+        """For a call whose gradient cannot be had (``ctx.problem``): for each of its tensors that
+        needs a gradient, a call of ``opforge::_opforge_refused_gradient``, which raises the error
+        when it runs (eagerly: at once; compiled: in the backward graph); None for the others."""
+        problem = ctx.problem
+        error = problem if isinstance(problem, OpforgeError) else GradientError(problem)
+        grad = next(g for g in grads if g is not None)  # autograd calls backward with some gradient
+        refuse = getattr(torch.ops.opforge, REFUSED).default
+        return [refuse(grad, list(shape), dtype, type(error).__name__, str(error)) if needed else None
+                for needed, (shape, dtype) in zip(ctx.needs_input_grad[3:], ctx.flat_like)]
+
     def backward(self, ctx: Any, *grads: Any) -> list[Any]:
         """The gradient of each tensor input of the op (of each element of a Tensor[] one)."""
-        if isinstance(ctx.problem, Exception):
-            raise ctx.problem
-        if ctx.problem is not None:
-            raise GradientError(ctx.problem)
         saved = list(ctx.saved_tensors)
         # (grads, the *args tuple, becomes a list)
         grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g  # type: ignore[assignment]
