@@ -376,6 +376,72 @@ def test_no_grad_ops_and_ops_without_rules_raise_at_backward(fresh):
         assert ops.ttorch.frozen(x).tolist() == [2.0, 2.0]
 
 
+@pytest.fixture
+def unruled(fresh):
+    """The scale kernel (C++) as an op with no gradient rule, and one with the no_grad trait."""
+    ops_ = []
+    for name, traits in (("unruled", []), ("frozen", ["no_grad"])):
+        op = declare(fresh, f"ttorch::{name}(Tensor x, *, float scale=2.0) -> Tensor y", traits=traits)
+        op.def_infer(opforge.infer.same_as(0))
+        op.kernel(code=SCALE, function="Scale", dtypes={"x": ["float32", "float64"]})
+        ot.register(op)
+        ops_.append(op)
+    return ops_
+
+
+def _linear_then(name):
+    """(loss of a Linear layer followed by torch.ops.ttorch.<name>, the layer, an input)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 3)
+    packet = getattr(torch.ops.ttorch, name)
+    return (lambda x: packet(layer(x), scale=2.0).sum()), layer, torch.randn(2, 3)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("name, problem", [("unruled", "has no gradient rule"),
+                                           ("frozen", "has trait no_grad")])
+def test_a_gradient_an_op_cannot_give_is_refused_at_backward_not_in_the_forward(unruled, backend, name, problem):
+    """torch.compile traces the backward with the forward (AOTAutograd's joint graph): an op with no
+    gradient (no rule, or no_grad) compiles and runs forward with inputs that require grad, and the
+    GradientError, naming the op, comes when its backward runs, as in eager."""
+    loss, layer, x = _linear_then(name)
+    with torch.no_grad():
+        expected = 2.0 * layer(x).sum()
+    call = loss if backend == "eager" else torch.compile(loss, backend=backend)
+    y = call(x)
+    torch.testing.assert_close(y, expected)
+    assert y.requires_grad  # as torch's own ops with no derivative (torch.special.zeta's first input)
+    torch.testing.assert_close(call(x + 1), 2.0 * layer(x + 1).sum())  # the compiled graph runs again
+    with pytest.raises(GradientError, match=f"'ttorch::{name}' {problem}"):
+        y.backward()
+    assert layer.weight.grad is None
+
+
+def test_a_gradient_needed_only_elsewhere_is_no_error(unruled):
+    x = torch.randn(4, requires_grad=True)
+    y = torch.ops.ttorch.unruled(x, scale=3.0)
+    (x * x).sum().backward()  # the gradient does not pass through the op
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+    torch.testing.assert_close(y, 3.0 * x.detach())
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_op_with_a_rule_differentiates_under_compile(scale, backend):
+    ot.register(scale)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+
+    def loss(x):
+        return (torch.ops.ttorch.scale(layer(x), scale=3.0) ** 2).sum()
+
+    loss(x).backward()
+    expected = layer.weight.grad.clone()
+    layer.zero_grad()
+    torch.compile(loss, backend=backend)(x).backward()
+    torch.testing.assert_close(layer.weight.grad, expected)
+
+
 # -- opforge ops called on torch tensors ------------------------------------------------------
 
 def test_opforge_ops_on_torch_tensors_record_autograd():
