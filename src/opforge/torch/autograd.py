@@ -17,11 +17,12 @@ An op that cannot give a gradient (trait ``no_grad``, no rule, or a rule that
 fails for the call's signature) still records its call, and its backward
 gives each input that needs a gradient the output of
 ``opforge::_opforge_refused_gradient``, an op whose kernel raises the
-``GradientError`` (the rule's own error, for a rule that fails).  torch.compile traces the backward with the forward
-(AOTAutograd's joint graph) before any gradient is asked for, so raising in
-``backward`` itself would fail the compilation of the forward; the op puts
-the error into the compiled backward instead, where it is raised when (and
-only when) that gradient is computed.
+``GradientError`` (the rule's own error, for a rule that fails).
+torch.compile traces the backward with the forward (AOTAutograd's joint
+graph) before any gradient is asked for, so raising in ``backward`` itself
+would fail the compilation of the forward; the op puts the error into the
+compiled backward instead, where it is raised when (and only when) that
+gradient is computed.
 """
 from __future__ import annotations
 
