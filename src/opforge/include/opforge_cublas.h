@@ -12,7 +12,8 @@
  *
  * OpforgeCublasHandle() gives the calling thread's handle for the current
  * device, created once and kept (handles are not thread-safe to share, and
- * creating one costs far more than a call).  The stream is set on every call.
+ * creating one costs far more than a call); an exiting thread's handles are
+ * taken up by later threads.  The stream is set on every call.
  * Failures throw std::runtime_error (see opforge_cuda.h): opforge reports
  * them as KernelError with the message.
  */
@@ -24,7 +25,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "opforge_cuda.h"
 
@@ -100,21 +103,53 @@ inline void OpforgeCublasCheck(int status, const char *what) {
   OpforgeFail(message);
 }
 
-// This thread's handle on the current device, bound to `stream`.  Handles are
-// kept until the process ends: destroying them at thread exit could run after
-// the CUDA driver has shut down.
+constexpr int kOpforgeCublasMaxDevices = 64;
+
+// Handles of threads that have exited, per device, for the next threads to take.  Never destroyed, nor
+// are the handles: destroying them at exit could run after the CUDA driver has shut down.
+struct OpforgeCublasSpareHandles {
+  std::mutex lock;
+  std::vector<OpforgeCublasHandle_t> spare[kOpforgeCublasMaxDevices];
+};
+
+inline OpforgeCublasSpareHandles &OpforgeCublasSpares() {
+  static auto *spares = new OpforgeCublasSpareHandles();
+  return *spares;
+}
+
+// One thread's handles, one per device; at thread exit they go to the spares, so a process that starts
+// and ends threads (a request pool) keeps as many handles as it ever ran threads at once, not one per thread.
+struct OpforgeCublasThreadHandles {
+  OpforgeCublasHandle_t handles[kOpforgeCublasMaxDevices] = {};
+  ~OpforgeCublasThreadHandles() {
+    OpforgeCublasSpareHandles &spares = OpforgeCublasSpares();
+    std::lock_guard<std::mutex> hold(spares.lock);
+    for (int d = 0; d < kOpforgeCublasMaxDevices; ++d)
+      if (handles[d] != nullptr) spares.spare[d].push_back(handles[d]);
+  }
+};
+
+// This thread's handle on the current device, bound to `stream`: a spare one if there is one, else new.
 inline OpforgeCublasHandle_t OpforgeCublasHandle(cudaStream_t stream) {
-  constexpr int kMaxDevices = 64;
-  thread_local OpforgeCublasHandle_t handles[kMaxDevices] = {};
+  thread_local OpforgeCublasThreadHandles mine;
   const OpforgeCublas &lib = OpforgeCublasLibrary();
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kOpforgeCublasMaxDevices) {
     cudaGetLastError();
     OpforgeFail("cuBLAS: cudaGetDevice failed, or the device number is out of range");
   }
-  if (handles[device] == nullptr) OpforgeCublasCheck(lib.Create(&handles[device]), "cublasCreate");
-  OpforgeCublasCheck(lib.SetStream(handles[device], stream), "cublasSetStream");
-  return handles[device];
+  OpforgeCublasHandle_t &handle = mine.handles[device];
+  if (handle == nullptr) {
+    OpforgeCublasSpareHandles &spares = OpforgeCublasSpares();
+    std::lock_guard<std::mutex> hold(spares.lock);
+    if (!spares.spare[device].empty()) {
+      handle = spares.spare[device].back();
+      spares.spare[device].pop_back();
+    }
+  }
+  if (handle == nullptr) OpforgeCublasCheck(lib.Create(&handle), "cublasCreate");
+  OpforgeCublasCheck(lib.SetStream(handle, stream), "cublasSetStream");
+  return handle;
 }
 
 #endif  // OPFORGE_CUBLAS_H_
