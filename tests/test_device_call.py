@@ -580,3 +580,39 @@ def test_a_call_worked_out_again_replaces_its_route(fake, routed):
         y, _ = planner.prepare((x,)).value
         np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
     assert routes(routed).stats == {"routes": 1, "hits": 0}
+
+
+class OrderingArray(FakeCudaArray):
+    """A producer that orders its pending work (on stream 0x9000) before the consumer's stream as torch
+    does: with the streams of the device current when __dlpack__ is called."""
+
+    refuse = False
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        if self.refuse:
+            raise BufferError("refused")
+        if stream not in (None, -1):
+            cuda.order_after(0x9000, stream)
+        return super().__dlpack__(stream=stream, **kwargs)
+
+
+def test_a_remembered_call_takes_its_inputs_with_their_device_current(fake, routed):
+    fake.fake_cuda_set_device_count(2)
+    x = OrderingArray(np.ones(4, np.float32), device_id=1)
+    with opforge.cuda.stream(0x6000):
+        routed(x)
+        start = fake.fake_cuda_log_size()
+        y, _ = routed(x)
+    assert routes(routed).stats["hits"] == 1
+    ordering = [e for e in fake_cuda_log(fake, start) if e[0] in ("cudaEventRecord", "cudaStreamWaitEvent")]
+    assert [(name, stream, device) for name, stream, _, device in ordering] == [
+        ("cudaEventRecord", 0x9000, 1), ("cudaStreamWaitEvent", 0x6000, 1)]
+    assert cuda.current_device() == 0
+    OrderingArray.refuse = True  # the route cannot take it: back to Python, with device 0 current again
+    try:
+        with pytest.raises(opforge.DeviceError, match="refused"):
+            routed(x)
+    finally:
+        OrderingArray.refuse = False
+    assert cuda.current_device() == 0
+    np.testing.assert_array_equal(y.array, [2, 2, 2, 2])

@@ -8,6 +8,7 @@
 // steps:
 //
 //   context(device) -> (stream, consumer, CudaRuntime, pool)   the caller's stream, asked each call
+//   the route's device made current                   until the outputs are handed back
 //   x.__dlpack__(stream=consumer, max_version=(1, 0))          each input, then checked against the route
 //   outputs and workspace from the pool               DeviceMemory, freed stream-ordered
 //   the kernel on the stream, then cudaPeekAtLastError
@@ -279,13 +280,15 @@ PyObject *HandBack(DeviceRoutesObject *self, Route *route, PyObject **buffers) {
   return result;
 }
 
-// Allocation, the kernel and the launch check, on the route's device.  false (no error set) hands the
-// call back to Python: nothing ran.
+// Allocation, the kernel and the launch check, on the route's device (made current by the caller, which
+// passes `previous`, the device to go back to before the outputs are handed back).  false (no error set)
+// hands the call back to Python: nothing ran.
 bool Launch(DeviceRoutesObject *self, Route *route, const Inputs &inputs, PyObject *stream_obj, PyObject *memory,
-            PyObject *pool, PyObject **buffers, PyObject **result) {
+            PyObject *pool, int previous, PyObject **buffers, PyObject **result) {
   void *stream = PyLong_AsVoidPtr(stream_obj);
   if (stream == nullptr && PyErr_Occurred()) {
     PyErr_Clear();
+    opforge_native::RestoreDevice(memory, previous);
     return false;
   }
   const int n_in = self->n_inputs, n_out = self->n_outputs, n_work = static_cast<int>(route->workspace.size());
@@ -299,7 +302,6 @@ bool Launch(DeviceRoutesObject *self, Route *route, const Inputs &inputs, PyObje
     ndims[k] = t->ndim;
     shapes[k] = t->ndim ? t->shape : scalar_shape;
   }
-  int previous = opforge_native::MakeDeviceCurrent(memory, route->device_id);
   PyObject *workspace = nullptr;
   bool allocated = true;
   for (int k = 0; k < n_out && allocated; ++k) {
@@ -382,7 +384,10 @@ bool TryDeviceRoutes(PyObject *routes_obj, PyObject *args, PyObject **result) {
     Py_XDECREF(context);
     return false;
   }
-  PyObject *stream_obj = PyTuple_GET_ITEM(context, 0);
+  PyObject *stream_obj = PyTuple_GET_ITEM(context, 0), *memory = PyTuple_GET_ITEM(context, 2);
+  // The inputs' device is current before they are taken: a producer orders its work before the consumer's
+  // stream with the current device's streams (as the Python path's enter_device does).
+  int previous = MakeDeviceCurrent(memory, device_id);
   Inputs inputs;
   bool taken = TakeInputs(args, PyTuple_GET_ITEM(context, 1), device_id, &inputs);
   Route *route = nullptr;
@@ -391,12 +396,13 @@ bool TryDeviceRoutes(PyObject *routes_obj, PyObject *args, PyObject **result) {
       route = self->routes[r];
   if (route == nullptr) {
     PyErr_Clear();
+    RestoreDevice(memory, previous);
     Py_DECREF(context);
     return false;
   }
   route->users++;
   std::vector<PyObject *> buffers(self->n_outputs, nullptr);
-  bool handled = Launch(self, route, inputs, stream_obj, PyTuple_GET_ITEM(context, 2), PyTuple_GET_ITEM(context, 3),
+  bool handled = Launch(self, route, inputs, stream_obj, memory, PyTuple_GET_ITEM(context, 3), previous,
                         buffers.data(), result);
   for (PyObject *buffer : buffers) Py_XDECREF(buffer);
   route->users--;
