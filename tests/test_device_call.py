@@ -250,6 +250,25 @@ def test_cuda_array_interface_arrays_are_taken_without_a_copy(fake, seen, scale)
     np.testing.assert_array_equal(y.array, 2 * x.array)
 
 
+def test_a_cuda_array_interface_stream_is_ordered_before_the_call(fake, scale):
+    x, outputs = InterfaceOnlyArray(np.ones(4, np.float32)), []  # (outputs kept: no frees in the logs)
+    for producer, expected in ((0x9000, 0x9000), (2, 2), (1, None), (None, None)):  # 1: the legacy stream, too
+        x.__cuda_array_interface__["stream"] = producer  # (v3) the producer's work on x is queued there
+        start = fake.fake_cuda_log_size()
+        outputs.append(scale(x))  # on the legacy default stream
+        ordered = [] if expected is None else [("cudaEventRecord", expected, "e0"), ("cudaStreamWaitEvent", 0, "e0")]
+        assert event_log(fake, start) == ordered, producer
+        np.testing.assert_array_equal(outputs[-1].array, [2, 2, 2, 2])
+    x.__cuda_array_interface__["stream"] = 0x9000
+    with opforge.cuda.stream(0x6000):
+        start = fake.fake_cuda_log_size()
+        outputs.append(scale(x))
+    assert event_log(fake, start) == [("cudaEventRecord", 0x9000, "e0"), ("cudaStreamWaitEvent", 0x6000, "e0")]
+    x.__cuda_array_interface__["stream"] = -3
+    with pytest.raises(opforge.DeviceError, match=r"op 'tdev::scale': input 'x'.*stream -3"):
+        scale(x)
+
+
 # -- DLPack stream semantics, memory lifetime, typed errors, scalars ---------------------
 def event_log(fake, start=0):
     """The fake's log of event and free calls; events are named e0, e1, ... by the record

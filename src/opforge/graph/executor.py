@@ -132,7 +132,7 @@ class Executor:
                               "runs graphs on the CPU and on CUDA devices")
         with cuda.on_device(device_id):
             stream, consumer = cuda.call_stream(where.kind, device_id)
-            views = device_views(self.graph, arrays, consumer, where.device)
+            views = device_views(self.graph, arrays, stream, consumer, where.device)
             key = ("cuda", device_id, tuple((v.shape, v.dtype) for v in views))
             plan: DevicePlan = self.plans.get_or_create(key, lambda: DevicePlan(self.graph, views, device_id, stream))
             return plan.execute(views, stream)

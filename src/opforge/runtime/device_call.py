@@ -5,11 +5,13 @@ The kernel runs on the caller's current stream (``runtime.cuda.current_stream``:
 default stream); inputs are taken through DLPack with that stream as the
 consumer's, so the producer's pending work on them is ordered before the
 kernel (-1, nothing to order, when it is their library's own current stream:
-``cuda.call_stream``).  Outputs and workspace come from opforge's stream-ordered pool
-(``cuda.allocate``), launch errors are read with ``cudaGetLastError`` after
-the call, and nothing synchronizes: the outputs are handed back (as the
-inputs' kind, through DLPack) while the kernel may still be running, exactly
-as a framework's own ops do.  Their exports order each consumer's stream
+``cuda.call_stream``); an array with only ``__cuda_array_interface__`` names
+the stream of that work, which the call's stream waits for.  Outputs and
+workspace come from opforge's stream-ordered pool (``cuda.allocate``), launch
+errors are read with ``cudaGetLastError`` after the call, and nothing
+synchronizes: the outputs are handed back (as the inputs' kind, through
+DLPack) while the kernel may still be running, exactly as a framework's own
+ops do.  Their exports order each consumer's stream
 after the call's (``DeviceBuffer.export_to``).  Python and NumPy scalars among
 the inputs become 0-d device arrays (``cuda.constant``), typed as on the CPU.
 A call that went through is remembered by its launcher (``_remember``), and
@@ -62,9 +64,10 @@ _64_BIT = frozenset({"int64", "uint64", "float64"})  # the dtypes JAX narrows wi
 
 
 class _InterfaceView:
-    """A ``__cuda_array_interface__`` array seen as DLTensorView sees a DLPack one."""
+    """A ``__cuda_array_interface__`` array seen as DLTensorView sees a DLPack one; ``stream``
+    is the interface's (v3): where the producer's pending work on it is queued, or None."""
 
-    __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "device", "owner")
+    __slots__ = ("data", "shape", "dtype", "c_contiguous", "nbytes", "device", "owner", "stream")
 
     data: int
     shape: tuple[int, ...]
@@ -73,10 +76,12 @@ class _InterfaceView:
     nbytes: int
     device: tuple[int, int]
     owner: Any
+    stream: object
 
     def __init__(self, value: Any) -> None:
         interface = value.__cuda_array_interface__
         self.owner = value
+        self.stream = interface.get("stream")
         self.device = cuda_interface_device(value)
         self.data = int(interface["data"][0])
         self.shape = tuple(int(d) for d in interface["shape"])
@@ -111,9 +116,10 @@ def _is_scalar(value: object) -> bool:
     return type(value) in (int, float, bool) or isinstance(value, np.generic)
 
 
-def device_view(op: OpLike, index: int, value: Any, consumer: int) -> DeviceView:
+def device_view(op: OpLike, index: int, value: Any, stream: int, consumer: int) -> DeviceView:
     """One input on the GPU as a view: data pointer, shape, dtype name, device (no copy).
-    ``consumer`` is the stream its ``__dlpack__`` is told (``cuda.call_stream``)."""
+    ``stream`` is the call's and ``consumer`` what its ``__dlpack__`` is told (``cuda.call_stream``);
+    an array with only ``__cuda_array_interface__`` has ``stream`` wait for the one it names."""
     if hasattr(value, "__dlpack__"):
         try:
             try:
@@ -129,17 +135,31 @@ def device_view(op: OpLike, index: int, value: Any, consumer: int) -> DeviceView
             raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}': {error}") from None
     else:
         view = _InterfaceView(value)
+        _order_after_producer(op, index, view.stream, stream)
     if not view.c_contiguous:
         raise ShapeError(f"op '{op.name}': input '{op.input_name(index)}' is a strided view in GPU memory; GPU "
                          "kernels take contiguous arrays (call .contiguous() / cupy.ascontiguousarray first)")
     return view
 
 
-def device_views(op: OpLike, args: Sequence[Any], consumer: int, device: tuple[int, int],
+def _order_after_producer(op: OpLike, index: int, producer: object, stream: int) -> None:
+    """The consumer's part of ``__cuda_array_interface__`` v3: ``stream`` waits for the work queued on
+    ``producer`` (1: the legacy default stream, 2: the per-thread one; None: nothing to wait for)."""
+    if producer is None:
+        return
+    if isinstance(producer, bool) or not isinstance(producer, (int, np.integer)) or int(producer) < 0:
+        raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}': its __cuda_array_interface__ names "
+                          f"stream {producer!r}; the interface expects None or a CUDA stream handle (1: legacy "
+                          "default, 2: per-thread default)")
+    if not cuda.same_stream(int(producer), stream):
+        cuda.order_after(int(producer), stream)
+
+
+def device_views(op: OpLike, args: Sequence[Any], stream: int, consumer: int, device: tuple[int, int],
                  skip: Sequence[int] = ()) -> list[Any]:
     """``device_view`` of each argument (None at the indices in ``skip``); a DeviceError
     naming every input's device when one is not on ``device``."""
-    views: list[Any] = [None if k in skip else device_view(op, k, a, consumer) for k, a in enumerate(args)]
+    views: list[Any] = [None if k in skip else device_view(op, k, a, stream, consumer) for k, a in enumerate(args)]
     for view in views:
         if view is not None and view.device != device:
             mixed_devices(op, args)
@@ -173,7 +193,7 @@ def run_on_device(planner: CallPlanner, where: Placement, args: Sequence[Any]) -
     try:
         stream, consumer = cuda.call_stream(kind, device_id)
         # (None at the scalars' places until _scalar_views fills them)
-        views = device_views(op, args, consumer, where.device, scalars)
+        views = device_views(op, args, stream, consumer, where.device, scalars)
         if scalars:
             _scalar_views(op, args, scalars, views)
         signature = tuple([(v.shape, v.dtype) for v in views])
