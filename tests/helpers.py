@@ -110,6 +110,7 @@ def fake_cuda_runtime(monkeypatch):
     fake.fake_cuda_log_entry.argtypes = [ctypes.c_long, ctypes.POINTER(ctypes.c_char_p),
                                          ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
                                          ctypes.POINTER(ctypes.c_int)]
+    fake.fake_cuda_fail_next.argtypes = [ctypes.c_char_p, ctypes.c_int]
     fake.fake_cuda_reset()
     monkeypatch.setenv("OPFORGE_CUDART", str(library.path))
     # Fresh state for the fake; undo() puts back whatever was loaded before (the real runtime, or nothing).

@@ -635,3 +635,23 @@ def test_a_remembered_call_takes_its_inputs_with_their_device_current(fake, rout
         OrderingArray.refuse = False
     assert cuda.current_device() == 0
     np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+
+
+def test_a_call_failing_in_a_free_is_not_blamed_on_a_kernel(fake, routed):
+    x = FakeCudaArray(np.ones(4, np.float32))
+    routed(x)
+    fake.fake_cuda_fail_next(b"cudaFreeAsync", 1)  # the remembered call's workspace free fails, after its launch
+    y, _ = routed(x)
+    assert routes(routed).stats["hits"] == 1
+    buffer = cuda.allocate(16, 0x5000)
+    _native.DLTensorView(buffer.export((4,), "float32").__dlpack__(stream=0x6000))
+    fake.fake_cuda_fail_next(b"cudaStreamWaitEvent", 1)  # freeing it after its consumer fails
+    del buffer
+    gc.collect()
+    y, _ = routed(x)  # the next launch check does not find the free's error
+    np.testing.assert_array_equal(y.array, [2, 2, 2, 2])
+    buffer = cuda.allocate(16, 0x5000)
+    fake.fake_cuda_inject_error(700, 1)  # a sticky error while freeing stays, and is reported as sticky
+    del buffer
+    with pytest.raises(opforge.CudaError, match=r"(?i)sticky"):
+        routed(x)

@@ -15,6 +15,8 @@
  *   fake_cuda_inject_error(code, sticky)
  *                                    non-sticky: the next cudaGetLastError returns code (once);
  *                                    sticky: every call from now on returns code, as after a device fault
+ *   fake_cuda_fail_next(name, code)  the next call of `name` fails with code, which also becomes the last
+ *                                    error (as a real failed call leaves it for cudaGetLastError)
  *   fake_cuda_set_device_count(n)    what cudaGetDeviceCount reports (default 1)
  *   fake_cuda_live_device_blocks()   device allocations made since the last reset and not yet freed
  *   fake_cuda_live_host_blocks()     pinned host allocations made since the last reset and not yet freed
@@ -82,6 +84,8 @@ static cudaStream_t capture_stream = 0;
 static long bad_frees = 0;
 static long dead_stream_uses = 0;
 static int events_pending = 0;
+static int fail_call = -1; /* fake_cuda_fail_next: the call that fails next, and with what */
+static cudaError_t fail_code = kSuccess;
 
 /* Memory pools: one default pool per device, and those cudaMemPoolCreate made (never freed: tests make few). */
 struct pool {
@@ -135,14 +139,19 @@ static int index_of(const char *name) {
   return -1;
 }
 
-/* Counts the call; returns the sticky error, if any, which the call then returns. */
+/* Counts the call; returns the sticky error, if any, or the failure fake_cuda_fail_next set for it, which the
+ * call then returns. */
 static cudaError_t enter(const char *name) {
   int i = index_of(name);
   pthread_mutex_lock(&lock);
   if (i >= 0) counts[i]++;
-  cudaError_t sticky = sticky_error;
+  cudaError_t e = sticky_error;
+  if (!e && i >= 0 && i == fail_call) {
+    e = pending_error = fail_code;
+    fail_call = -1;
+  }
   pthread_mutex_unlock(&lock);
-  return sticky;
+  return e;
 }
 
 static int stream_is_dead(cudaStream_t stream) {
@@ -256,6 +265,7 @@ void fake_cuda_reset(void) {
   dead_stream_uses = 0;
   events_pending = 0;
   pending_error = sticky_error = kSuccess;
+  fail_call = -1;
   last_stream = 0;
   capturing = 0;
   capture_stream = 0;
@@ -273,6 +283,13 @@ void fake_cuda_inject_error(int code, int sticky) {
     sticky_error = code;
   else
     pending_error = code;
+  pthread_mutex_unlock(&lock);
+}
+
+void fake_cuda_fail_next(const char *name, int code) {
+  pthread_mutex_lock(&lock);
+  fail_call = index_of(name);
+  fail_code = code;
   pthread_mutex_unlock(&lock);
 }
 

@@ -331,8 +331,9 @@ bool Launch(DeviceRoutesObject *self, Route *route, const Inputs &inputs, PyObje
   PyObject *error = opforge_native::CallKernelGuarded(route->function, static_cast<int>(params.size()), params.data(),
                                                       ndims.data(), shapes.data(), route->dtypes.data(), stream,
                                                       route->extra, &rc);
-  Py_XDECREF(workspace);  // freed stream-ordered: after the kernel, on its stream
+  // (checked before the workspace goes: a call failing in its free must not pass for a failed launch)
   bool launched = opforge_native::PeekLastError(memory) == 0;
+  Py_XDECREF(workspace);  // freed stream-ordered: after the kernel, on its stream
   opforge_native::RestoreDevice(memory, previous);
   *result = nullptr;
   if (error == nullptr) return true;  // (a Python error is set)

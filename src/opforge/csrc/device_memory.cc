@@ -178,7 +178,9 @@ bool IsDefaultStream(void *stream) {
   return handle <= 2;  // the default, legacy and per-thread default streams name the current device's
 }
 
-// Frees the memory (once): a failure here (a sticky error) is reported by the next checked call.
+// Frees the memory (once).  A call failing here also leaves its error as the thread's last error, where the
+// next launch check would blame a kernel for it: it is cleared.  A sticky error cannot be cleared, and the next
+// checked call reports it as sticky.
 void Release(DeviceMemoryObject *self) {
   void *pointer = self->pointer;
   if (pointer == nullptr || self->runtime == nullptr) return;
@@ -192,6 +194,7 @@ void Release(DeviceMemoryObject *self) {
   PyObject *users = self->users;
   bool has_users = users != Py_None && PyList_Check(users) && PyList_GET_SIZE(users) > 0;
   int previous = (has_users || IsDefaultStream(stream)) ? MakeCurrent(runtime, self->device_id) : -1;
+  bool failed = false;
   if (has_users) {
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(users); k++) {
       void *user = nullptr;
@@ -201,13 +204,16 @@ void Release(DeviceMemoryObject *self) {
       }
       void *event = nullptr;
       if (runtime->event_create(&event, kDisableTiming) == 0) {
-        runtime->event_record(event, user);
-        runtime->stream_wait_event(stream, event, 0);
-        runtime->event_destroy(event);
+        failed |= runtime->event_record(event, user) != 0;
+        failed |= runtime->stream_wait_event(stream, event, 0) != 0;
+        failed |= runtime->event_destroy(event) != 0;
+      } else {
+        failed = true;
       }
     }
   }
-  runtime->free_async(pointer, stream);
+  failed |= runtime->free_async(pointer, stream) != 0;
+  if (failed) runtime->get_last_error();
   if (previous >= 0) runtime->set_device(previous);
   Py_INCREF(Py_None);
   Py_SETREF(self->users, Py_None);
