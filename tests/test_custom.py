@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import encode_probe
+from helpers import declare, encode_probe
 
 import opforge
 from opforge import Custom, CustomRegOp, DataType, TensorSpec
+from opforge.runtime.aot import workspace_sizes
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 
@@ -188,6 +189,41 @@ def test_workspaces_follow_outputs_in_params():
         w = rng(2).standard_normal(shape).astype(np.float32)
         # AddMulWs returns 5 (-> KernelError) unless nparam == 2 inputs + 1 output + 2 workspaces
         np.testing.assert_allclose(op(x, w), (x + w) + (x * w), rtol=1e-6)
+
+
+def test_workspace_sizes_are_rounded_to_64_after_the_input_floor():
+    assert workspace_sizes([8, 8], 420, op="t", function="TInit") == (448, 448)
+    assert workspace_sizes([100, 0], 0, op="t", function="TInit") == (128, 0)
+    assert workspace_sizes([500], 420, op="t", function="TInit") == (512,)
+
+
+TWO_WORKSPACES = r"""
+#include <cstdint>
+#include <cstring>
+#include "custom_aot_extra.h"
+extern "C" int TwoWorkspacesInit(int *ndims, int64_t **shapes, const char **dtypes, AotExtra *extra) {
+  extra->SetWorkSpace({8, 8});
+  return 0;
+}
+// y = x; 3 when a workspace does not start on 64 bytes.
+extern "C" int TwoWorkspaces(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                             void *stream, void *extra) {
+  for (int k = 2; k < nparam; k++)
+    if (reinterpret_cast<uintptr_t>(params[k]) % 64 != 0) return 3;
+  std::memcpy(params[1], params[0], static_cast<size_t>(shapes[0][0]) * sizeof(float));
+  return nparam == 4 ? 0 : 5;
+}
+"""
+
+
+def test_every_workspace_starts_aligned_eagerly_and_in_a_graph(fresh):
+    op = declare(fresh, "tcustom::two_workspaces(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(code=TWO_WORKSPACES, function="TwoWorkspaces", dtypes={"x": ["float32"]})
+    x = np.arange(105, dtype=np.float32)  # 420 bytes: the floor of both workspaces
+    np.testing.assert_array_equal(op(x), x)
+    graph = opforge.trace(op, TensorSpec([105], "float32"))
+    np.testing.assert_array_equal(graph(x), x)
 
 
 def scale_op(scale, name="scale"):

@@ -34,7 +34,7 @@ import numpy as np
 from .. import _native
 from ..bounded_cache import BoundedCache
 from ..errors import AllocationError, ArityError, CudaError, DeviceError, OpforgeError
-from ..runtime.aot import AotKernel, workspace_sizes
+from ..runtime.aot import WORKSPACE_ALIGN, AotKernel, workspace_sizes
 from ..runtime import cpu
 from ..runtime.arrays import CUDA, device_name, host_view, placement
 from ..runtime.cuda_graph import copy_async
@@ -345,7 +345,11 @@ class Plan:
 
     def _new_arena(self) -> npt.NDArray[np.uint8]:
         try:
-            return np.empty(max(self.arena_bytes, 1), np.uint8)
+            # Every offset in the arena (intermediates, workspaces) is a multiple of 64: so must its start be.
+            size = max(self.arena_bytes, 1)
+            raw = np.empty(size + WORKSPACE_ALIGN, np.uint8)
+            start = -raw.ctypes.data % WORKSPACE_ALIGN
+            return raw[start:start + size]
         except (MemoryError, ValueError):
             message = (f"graph '{self.graph.name}': cannot allocate its arena of {self.arena_bytes} bytes "
                        f"({self.report['intermediate_bytes']} for intermediates, "

@@ -57,10 +57,11 @@ def split_func(func: object) -> tuple[Path, str]:
 
 def workspace_sizes(requested: Sequence[int], floor_bytes: int, *, op: str, function: str) -> tuple[int, ...]:
     """Byte sizes to allocate for the workspace that ``function`` (an Init) of
-    op ``op`` requested.  Rounded up to 64 and to ``floor_bytes`` (the
-    largest input's size): some kernels written for MindSpore pass element
-    counts, not bytes, and rely on such generous rounding."""
-    sizes = tuple(max(-(-int(s) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN, floor_bytes) for s in requested)
+    op ``op`` requested.  Rounded up to ``floor_bytes`` (the largest input's
+    size: some kernels written for MindSpore pass element counts, not bytes,
+    and rely on such generous rounding), then to a multiple of 64: callers lay
+    the buffers out one after another, so each keeps the next one aligned."""
+    sizes = tuple(-(-max(int(s), floor_bytes) // WORKSPACE_ALIGN) * WORKSPACE_ALIGN for s in requested)
     if sum(sizes) > MAX_ALLOCATION_BYTES:
         raise AllocationError(f"op '{op}': {function} requested workspace sizes {list(requested)} (bytes), "
                               f"{sum(sizes)} in all: more than any allocation can hold", op=op, function=function)
