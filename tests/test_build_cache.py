@@ -31,8 +31,10 @@ from opforge.runtime.build import (
     include_dir,
     is_source,
 )
+from opforge.runtime import build as build_module
+from opforge.runtime import cuda_arch, compilers
 from opforge.runtime.cache import file_lock
-from opforge.runtime.cuda_arch import normalize_arch
+from opforge.runtime.cuda_arch import detect_cuda_archs, normalize_arch
 from opforge.runtime.library import load_library
 
 
@@ -390,10 +392,47 @@ def test_cuda_arch_override_and_normalisation(monkeypatch):
     assert detect_cuda_arch() == "sm_90"
     monkeypatch.setenv("OPFORGE_CUDA_ARCH", "sm_90a")
     assert detect_cuda_arch() == "sm_90a"
+    monkeypatch.setenv("OPFORGE_CUDA_ARCH", "sm_90, 8.0,80,sm_90a")  # several: each once, in order
+    assert detect_cuda_archs() == ("sm_80", "sm_90", "sm_90a") and detect_cuda_arch() == "sm_80"
     monkeypatch.delenv("OPFORGE_CUDA_ARCH")
     assert detect_cuda_arch().startswith("sm_")
     with pytest.raises(BuildError, match="'hopper'"):
         normalize_arch("hopper")
+
+
+def test_every_visible_gpu_s_arch_is_detected_and_remembered(cache, monkeypatch, tmp_path):
+    smi = write(tmp_path / "bin" / "nvidia-smi", "#!/bin/sh\nprintf '9.0\\n8.0\\n9.0\\n'\n")  # three GPUs
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(cuda_arch, "_arch_memo", {})
+    monkeypatch.setattr(cuda_arch, "_gpu_fingerprint",  # the driver's view, as the real one keys it
+                        lambda: "fake:" + os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")  # the visible ones only
+    assert detect_cuda_archs() == ("sm_90",)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")  # not by index: every GPU's, to be safe
+    assert detect_cuda_archs() == ("sm_80", "sm_90")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert detect_cuda_archs() == ("sm_80", "sm_90")
+    monkeypatch.setattr(cuda_arch, "_arch_memo", {})  # a new process: the answer comes from the cache folder
+    forbid_processes(monkeypatch)
+    assert detect_cuda_archs() == ("sm_80", "sm_90")
+
+
+def test_a_cuda_build_targets_each_arch_with_its_ptx_and_is_keyed_by_the_set(cache, monkeypatch, tmp_path):
+    source = write(tmp_path / "k.cu", "extern \"C\" int answer() { return 42; }\n")
+
+    def nvcc_plan(cuda_arch):  # (a stand-in compiler: the plan runs nothing)
+        return compilers.plan(source, extra_cflags=(), include_dirs=(), compiler=sys.executable, cuda_arch=cuda_arch,
+                              cxx11_abi=False, optimization="-O3")
+
+    both = nvcc_plan(["sm_90", "80"])
+    targets = [both.flags[k + 1] for k, flag in enumerate(both.flags) if flag == "-gencode"]
+    assert targets == ["arch=compute_80,code=[sm_80,compute_80]", "arch=compute_90,code=[sm_90,compute_90]"]
+    monkeypatch.setenv("OPFORGE_CUDA_ARCH", "sm_90,sm_80")  # what detection answers: the same command
+    detected = nvcc_plan(None)
+    assert detected.flags == both.flags
+    key = build_module._cache_key
+    assert key(detected, b"") == key(nvcc_plan("sm_80,sm_90"), b"") != key(nvcc_plan("sm_80"), b"")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -415,13 +454,15 @@ def test_cuda_source_compiles(cache, tmp_path):
     built = build(src, cuda_arch="sm_80")
     assert built.path.is_file() and built.path.name == "scale.cu.so"
     command = json.loads((built.path.parent / "manifest.json").read_text())["command"]
-    assert "arch=compute_80,code=sm_80" in command and "--expt-relaxed-constexpr" in command
+    assert "arch=compute_80,code=[sm_80,compute_80]" in command and "--expt-relaxed-constexpr" in command
     # The shared CUDA runtime, so opforge's cudaGetLastError sees this library's launches.
     assert "-cudart shared" in " ".join(command)
     if shutil.which("ldd"):
         needed = subprocess.run(["ldd", str(built.path)], capture_output=True, text=True).stdout
         assert "libcudart.so" in needed and "not found" not in needed.split("libcudart")[1].split("\n")[0]
     assert build(src, cuda_arch="80").from_cache  # same arch, spelled differently
+    both = build(src, cuda_arch="sm_90,sm_80")  # two GPUs' archs: one library, a new entry
+    assert not both.from_cache and both.path.is_file()
 
 
 @needs_gxx

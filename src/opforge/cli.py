@@ -86,7 +86,7 @@ def add_build(subparsers: _Subparsers) -> None:
     parser.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR",
                         help="add an include folder (repeatable)")
     parser.add_argument("--cuda-arch", default=None, metavar="ARCH",
-                        help="CUDA target, e.g. sm_90 (default: the visible GPU's)")
+                        help="CUDA targets, e.g. sm_90 or sm_80,sm_90 (default: the visible GPUs')")
     parser.add_argument("--cxx11-abi", action="store_true",
                         help="build with -D_GLIBCXX_USE_CXX11_ABI=1 (default 0, as MindSpore)")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")

@@ -13,7 +13,7 @@ compiler gives a new entry, and a warm hit costs a few file reads and one
 sha256 -- it never spawns a process.
 
 The pieces live beside this module: ``compilers`` (which compiler, which
-flags, running it), ``cuda_arch`` (the GPU's ``sm_XX``) and ``cache`` (the
+flags, running it), ``cuda_arch`` (the visible GPUs' ``sm_XX``) and ``cache`` (the
 folder, its entries, manifests and locks).
 """
 
@@ -62,7 +62,7 @@ from .compilers import (
     plan,
     run_compiler,
 )
-from .cuda_arch import detect_cuda_arch
+from .cuda_arch import detect_cuda_arch, detect_cuda_archs
 
 __all__ = [
     "ABI_VERSION",
@@ -72,6 +72,7 @@ __all__ = [
     "cache_info",
     "clear_cache",
     "detect_cuda_arch",
+    "detect_cuda_archs",
     "find_compiler",
     "include_dir",
     "is_source",
@@ -270,15 +271,17 @@ def _compile(plan: Plan, entry: Path, library: Path, key: str, verbose: bool) ->
 
 def build(source: str | os.PathLike[str], *, extra_cflags: Iterable[str] | str = (),
           include_dirs: Iterable[str | os.PathLike[str]] = (),
-          compiler: str | None = None, cuda_arch: str | None = None, cxx11_abi: bool = False,
+          compiler: str | None = None, cuda_arch: str | Sequence[str] | None = None, cxx11_abi: bool = False,
           optimization: str = "-O3", verbose: bool = False, force: bool = False) -> BuiltLibrary:
     """Compile ``source`` into the cache (or find it there) and return the library.
 
     ``extra_cflags`` are appended after opforge's flags (a string is split like
     a shell would); ``$OPFORGE_CFLAGS``/``$OPFORGE_CXXFLAGS``/``$OPFORGE_NVCC_FLAGS``
     are appended after those.  A ``-D_GLIBCXX_USE_CXX11_ABI=N`` among them
-    overrides ``cxx11_abi``.  ``force=True`` rebuilds even when the entry looks
-    valid (for example after the dynamic loader rejected it).
+    overrides ``cxx11_abi``.  ``cuda_arch`` (a ``.cu`` source's targets: ``"sm_90"``,
+    ``"sm_80,sm_90"`` or a list) defaults to every visible GPU's.  ``force=True``
+    rebuilds even when the entry looks valid (for example after the dynamic
+    loader rejected it).
 
     Raises ``CompileError`` when the compiler fails,
     ``CompilerNotFoundError`` when there is none,

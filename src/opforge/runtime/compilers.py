@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import BuildError, CompilerNotFoundError
-from .cuda_arch import detect_cuda_arch, normalize_arch
+from .cuda_arch import detect_cuda_archs, normalize_archs
 
 __all__ = ["SOURCE_SUFFIXES", "Plan", "describe", "find_compiler", "include_dir", "is_source", "plan", "run_compiler"]
 
@@ -217,9 +217,20 @@ def _cuda_runtime_rpath(nvcc: str) -> list[str]:
     return []
 
 
+def gencode_flags(archs: Iterable[str]) -> list[str]:
+    """nvcc's targets for ``archs`` (``sm_XX`` each): the machine code of each, and its PTX beside
+    it, which the driver of a newer GPU than any of them compiles when the library loads."""
+    flags = []
+    for arch in archs:
+        number = arch[len("sm_"):]
+        flags += ["-gencode", f"arch=compute_{number},code=[sm_{number},compute_{number}]"]
+    return flags
+
+
 def plan(source: Path, *, extra_cflags: Iterable[str] | str,
          include_dirs: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
-         compiler: str | os.PathLike[str] | None, cuda_arch: str | None, cxx11_abi: bool, optimization: str) -> Plan:
+         compiler: str | os.PathLike[str] | None, cuda_arch: str | Iterable[str] | None, cxx11_abi: bool,
+         optimization: str) -> Plan:
     language = language_of(source)
     if compiler:
         compiler = os.fspath(compiler)
@@ -252,13 +263,13 @@ def plan(source: Path, *, extra_cflags: Iterable[str] | str,
     elif language == "c++":
         base = ["-std=c++17", "-shared", "-fPIC", optimization, *abi_flag]
     else:
-        arch = normalize_arch(cuda_arch) if cuda_arch else detect_cuda_arch()
-        number = arch[len("sm_"):]
+        # Every visible GPU's arch, in one order: the flags, and so the cache key, name the set.
+        archs = normalize_archs(cuda_arch) if cuda_arch else detect_cuda_archs()
         # The shared CUDA runtime: a library with its own static copy keeps its own last-error state, where
         # opforge's launch check (cudaGetLastError through libcudart) could not see its failed launches.
         base = ["--shared", "-Xcompiler", "-fPIC", optimization, "--use_fast_math",
                 "--expt-relaxed-constexpr", *abi_flag, "-cudart", "shared", *_cuda_runtime_rpath(argv[0]),
-                "-gencode", f"arch=compute_{number},code=sm_{number}"]
+                *gencode_flags(archs)]
     flags = [f for f in base if f] + includes + user_flags
     search = dirs + [Path(d).expanduser().resolve() for d in _include_dirs_in(user_flags)]
     return Plan(source, language, argv, flags, search, abi)
