@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -279,18 +280,44 @@ def plan(source: Path, *, extra_cflags: Iterable[str] | str,
 # running
 
 
+# A fresh interpreter that asks Linux to SIGKILL it when its parent (the builder) dies, then becomes the
+# compiler (exec keeps the request).  argv: the builder's pid, then the command.
+_LAUNCH_FAILED = "opforge: cannot start the compiler: "
+_LAUNCHER = f"""
+import ctypes, os, sys
+try:
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):  # the builder died before the request was made
+    os._exit(137)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as error:
+    print({_LAUNCH_FAILED!r} + str(error), flush=True)
+    os._exit(127)
+"""
+
+
 def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a compiler command, its output and errors together in ``stdout``.
 
-    On any exception here (KeyboardInterrupt too) ``subprocess.run`` kills the
-    compiler.  Nothing runs in the child before exec (no ``preexec_fn``): the
-    callers' processes have threads (OpenBLAS's, torch's, JAX's), where Python
-    code in a forked child may deadlock, and JAX warns of each such fork.  A
-    compiler whose builder was SIGKILLed finishes alone; the temporary it
-    leaves is removed when its cache entry is next built or loaded.
+    The compiler dies with this process (SIGKILL included) on Linux; on any
+    exception here (KeyboardInterrupt too) ``subprocess.run`` kills it.  The
+    death signal is asked for by a fresh interpreter that then execs the
+    compiler (``_LAUNCHER``, some 20 ms), not by a ``preexec_fn``: the callers'
+    processes have threads (OpenBLAS's, torch's, JAX's), where Python code in
+    a forked child may deadlock, and JAX warns of every such fork.
     """
+    argv = list(command)
+    if sys.platform.startswith("linux"):
+        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
     try:
-        return subprocess.run(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, text=True, errors="replace")
     except OSError as exc:
         raise CompilerNotFoundError(f"could not run the compiler {command[0]!r}: {exc}") from exc
+    if done.returncode == 127 and done.stdout.startswith(_LAUNCH_FAILED):
+        raise CompilerNotFoundError(f"could not run the compiler {command[0]!r}: "
+                                    f"{done.stdout[len(_LAUNCH_FAILED):].strip()}")
+    return done
