@@ -231,6 +231,15 @@ def test_empty_products_leave_the_bias(dtype):
                  f"Conv<{dtype},{dtype},{dtype}>").shape == (0, 3, 2, 2)
 
 
+@pytest.mark.parametrize("dtype", FLOATS + ["float16"])
+def test_an_empty_batch_has_a_zero_weight_gradient(dtype):
+    # x and dy empty, dw not: the kernel (or float16's reference) sums over no samples
+    x, dy = np.ones((0, 2, 4, 4), dtype), np.ones((0, 3, 2, 2), dtype)
+    dw = ops.conv_weight_grad(x, dy, kernel_shape=[3, 3])
+    assert dw.dtype == dtype
+    np.testing.assert_array_equal(dw, np.zeros((3, 2, 3, 3), dtype))
+
+
 def test_float16_runs_the_references():
     x, w, b = r(1, 2, 5, 5), r(3, 2, 3, 3, seed=1), r(3, seed=2)
     for op, inputs in ((conv, [x, w, b]), (conv_transpose, [x, r(2, 3, 3, 3), None]), (gemm, [x[0, 0, :, :3], w[0, 0], b])):

@@ -43,6 +43,18 @@ def test_layer_norm_constant_rows():
     np.testing.assert_array_equal(y, np.broadcast_to(bias, (3, 40)))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_layer_norm_over_no_elements_gives_nan_statistics(dtype):
+    """Rows of nothing to normalise (a 0 normalised dim): the kernel runs for mean and inv_std_dev, which are
+    NaN, the mean of nothing, as the reference (float16's kernel) gives them; y is empty."""
+    x, scale, bias = np.ones((3, 0), dtype), np.ones(0, dtype), np.ones(0, dtype)
+    for given in ((x, scale, bias), (x, scale)):
+        y, mean, inv = ops.layer_norm(*given)
+        assert y.shape == (3, 0) and mean.shape == inv.shape == (3, 1)
+        assert np.isnan(mean).all() and np.isnan(inv).all(), (given, mean, inv)
+    assert opforge.testing.check_op(ops.layer_norm, x, scale, bias)
+
+
 LRN_CASES = [((2, 64, 19, 23), dict(size=5, alpha=1e-4, beta=0.75, bias=1.0)),  # blocks of positions, a tail
              ((3, 7, 300), dict(size=3, alpha=0.3, beta=0.6, bias=1.5)),
              ((1, 9, 2), dict(size=4, alpha=0.5, beta=1.3, bias=0.5)),  # fewer positions than a vector

@@ -967,9 +967,10 @@ def conv_weight_grad_reference(x: npt.NDArray[Any], dy: npt.NDArray[Any], *, ker
     n, c, m = x.shape[0], x.shape[1], dy.shape[1]
     out = dy.shape[2:]
     dw = np.zeros((group, m // group, c // group, *kernel_shape), x.dtype)
-    grads = dy.reshape(n, group, m // group, -1)
+    positions = int(np.prod(out))  # (not -1: an empty batch leaves nothing to infer it from)
+    grads = dy.reshape(n, group, m // group, positions)
     for k, window in windows(x, kernel_shape, out, strides, pads, dilations):
-        grouped = window.reshape(n, group, c // group, -1)
+        grouped = window.reshape(n, group, c // group, positions)
         dw[(Ellipsis,) + tuple(k)] = np.einsum("ngcl,ngml->gmc", grouped, grads)
     return dw.reshape(m, c // group, *kernel_shape)
 

@@ -107,6 +107,7 @@ LAYER_NORM_CC = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -236,7 +237,9 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
       for (int64_t o = lo; o < hi; o++) {
         const T *xr = x + o * inner;
         T *yr = y + o * inner;
-        const double mean = inner ? WideSum(xr, inner) / inner : 0.0;
+        // (no elements to normalise: the mean and deviation of nothing are NaN, as the reference's)
+        const double none = std::numeric_limits<double>::quiet_NaN();
+        const double mean = inner ? WideSum(xr, inner) / inner : none;
         // Squares about m, the mean rounded to T: sum (x - mean)^2 = sum (x - m)^2 - n (mean - m)^2.
         const T m = static_cast<T>(mean);
         const double shift = mean - m;
@@ -244,7 +247,7 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
           const auto c = v - m;
           return c * c;
         });
-        const double var = inner ? std::max(0.0, squares / inner - shift * shift) : 0.0;
+        const double var = inner ? std::max(0.0, squares / inner - shift * shift) : none;
         const double inv = 1.0 / std::sqrt(var + eps);
         const T dm = static_cast<T>(shift), r = static_cast<T>(inv);
         for (int64_t i = 0; i < inner; i++) yr[i] = ((xr[i] - m) - dm) * r * s[i] + b[i];
