@@ -406,9 +406,15 @@ def test_every_visible_gpu_s_arch_is_detected_and_remembered(cache, monkeypatch,
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(cuda_arch, "_arch_memo", {})
     monkeypatch.setattr(cuda_arch, "_gpu_fingerprint",  # the driver's view, as the real one keys it
-                        lambda: "fake:" + os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")  # the visible ones only
+                        lambda: "fake:" + os.environ.get("CUDA_VISIBLE_DEVICES", "<all>")
+                        + os.environ.get("CUDA_DEVICE_ORDER", ""))
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    # CUDA's default order (fastest first) need not be nvidia-smi's: index 0 may be any GPU, so every arch
+    assert detect_cuda_archs() == ("sm_80", "sm_90")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # nvidia-smi's order: the visible ones only
     assert detect_cuda_archs() == ("sm_90",)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")  # not by index: every GPU's, to be safe
     assert detect_cuda_archs() == ("sm_80", "sm_90")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

@@ -117,9 +117,11 @@ def _gpu_fingerprint() -> str | None:
 
 def _visible(caps: list[str]) -> list[str]:
     """The entries of ``caps`` (one per GPU, nvidia-smi's order) that CUDA_VISIBLE_DEVICES lets CUDA see;
-    all of them when it names GPUs other than by index (UUIDs): an extra architecture costs build time only."""
+    all of them when it names GPUs other than by index (UUIDs), or when CUDA numbers them otherwise than
+    nvidia-smi (its default order is fastest first, nvidia-smi's the PCI bus's): an extra architecture
+    costs build time only, a missing one a library that cannot load."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    if visible is None or os.environ.get("CUDA_DEVICE_ORDER", "").strip() != "PCI_BUS_ID":
         return caps
     indices = []
     for word in visible.split(","):  # CUDA stops at the first entry it cannot read
