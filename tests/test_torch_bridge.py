@@ -538,3 +538,21 @@ def test_a_name_torch_cannot_take_is_a_schema_error_and_the_op_still_declares(fr
     assert op(np.zeros(2)).tolist() == [1.0, 1.0]
     with pytest.raises(SchemaError, match=r"'ttorch::elif': PyTorch cannot define it as ttorch::elif\("):
         ot.register(op)
+
+
+def test_a_kernel_runs_for_an_empty_input_with_outputs_to_write_and_not_when_all_are_empty(fresh):
+    calls = []
+
+    def joined(a, b):
+        calls.append((a.shape, b.shape))
+        return np.concatenate([a, b])
+
+    op = declare(fresh, "tempty::joined(Tensor a, Tensor b) -> Tensor y")
+    op.def_infer(lambda a, b: opforge.TensorSpec([a.shape[0] + b.shape[0]], a.dtype))
+    op.kernel(joined)
+    ot.register(op)
+    two = torch.tensor([1.0, 2.0])
+    torch.testing.assert_close(torch.ops.tempty.joined(torch.ones(0), two), two)
+    assert calls == [((0,), (2,))]
+    assert torch.ops.tempty.joined(torch.ones(0), torch.ones(0)).shape == (0,)  # nothing to write: not called
+    assert calls == [((0,), (2,))]

@@ -101,10 +101,10 @@ class Binding:
         tensors = [None if t is None else t.detach().contiguous() for t in tensors]
         key = (kind, attr_key(attrs), tuple(None if t is None else (t.shape, t.dtype) for t in tensors))
         plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, self.specs(tensors), kind))
-        if not plan.native:
+        if not plan.native and not plan.skip:
             return self.run_python(plan, tensors, attrs, device)
         outputs = [torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=device) for s in plan.out_specs]
-        if not plan.skip:  # (skipped: every output is empty)
+        if not plan.skip:  # (skipped: every output is empty, for Python kernels too)
             workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) \
                 if plan.workspace_bytes else None
             inputs = [t.data_ptr() for t in tensors if t is not None]
