@@ -115,6 +115,7 @@ def test_canary_catches_writes_past_the_end(default_mode, function, buffer):
         assert kind == "KernelError", (path, message)
         assert f"kernel function '{function}'" in message and f"op 'memtest::{function.lower()}'" in message
         assert f"wrote past the end of {buffer}; the process may be corrupt" in message, (path, message)
+        assert "OPFORGE_CHECK=1 stops the kernel" in message, (path, message)  # what to do next
 
 
 @pytest.mark.parametrize("function, buffer", [("OutputOverrun", "output 'y'"), ("WorkspaceOverrun", "workspace 0")])

@@ -64,7 +64,7 @@ int MatMul(void **params, int *ndims, int64_t **shapes, cudaStream_t stream) {
     b_single = b_single && bs[d] == 1;
   }
   if (batch * m * n == 0) return 0;
-  if (k == 0) {  // an empty sum (opforge returns zeros before calling; this keeps the kernel safe alone)
+  if (k == 0) {  // an empty sum: zeros
     if (cudaMemsetAsync(y, 0, batch * m * n * sizeof(T), stream) != cudaSuccess) return OpforgeLaunched("a memset");
     return 0;
   }

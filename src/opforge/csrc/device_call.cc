@@ -8,7 +8,7 @@
 // steps:
 //
 //   context(device) -> (stream, consumer, CudaRuntime, pool)   the caller's stream, asked each call
-//   the route's device made current                   until the outputs are handed back
+//   the route's device made current                   until the launch check
 //   x.__dlpack__(stream=consumer, max_version=(1, 0))          each input, then checked against the route
 //   outputs and workspace from the pool               DeviceMemory, freed stream-ordered
 //   the kernel on the stream, then cudaPeekAtLastError

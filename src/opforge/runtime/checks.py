@@ -62,7 +62,9 @@ def memory_error(op: Op, function: str, where: str, error: tuple[str, str]) -> K
     buffer = _buffer_name(op, index)
     if kind == "overrun":
         return KernelError(f"op '{op.name}': kernel function '{function}'{where} wrote past the end of {buffer}; "
-                           "the process may be corrupt", **about)
+                           "the process may be corrupt (compare what the kernel writes with the shape the op's "
+                           "inference gives; OPFORGE_CHECK=1 stops the kernel at its first byte past the end)",
+                           **about)
     verb = "wrote past" if fields[1:] == ["write"] else "read past"
     return KernelError(f"op '{op.name}': kernel function '{function}'{where} {verb} the end of {buffer} (stopped "
                        "at its guard page by checked mode)", **about)
