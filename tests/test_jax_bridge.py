@@ -187,6 +187,18 @@ def test_vmap(scale):
     np.testing.assert_allclose(np.asarray(jax.vmap(ops.add, in_axes=(0, None))(xs, ys[0])), np.asarray(xs + 1))
 
 
+def test_vmap_of_elementwise_ops_on_inputs_of_different_ranks():
+    # Batched once on stacked inputs: a scalar or a lower-rank input must not line its batch axis up
+    # with another input's last axis.
+    xs = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    qs = jnp.array([100.0, 200.0, 300.0], jnp.float32)
+    for run in (jax.vmap, lambda f: jax.jit(jax.vmap(f))):
+        np.testing.assert_array_equal(np.asarray(run(lambda r: ops.mul(r, 2.0))(xs)), 2 * np.asarray(xs))
+        np.testing.assert_array_equal(np.asarray(run(ops.add)(xs, qs)), np.asarray(xs + qs[:, None]))
+    per_example = jax.vmap(jax.grad(lambda r: ops.reduce_sum(ops.mul(ops.mul(r, r), 3.0))))(xs)
+    np.testing.assert_allclose(np.asarray(per_example), 6 * np.asarray(xs))
+
+
 def test_jax_train_example_prints_a_decreasing_loss():
     import re
     import subprocess

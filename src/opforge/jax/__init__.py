@@ -185,6 +185,8 @@ def _site(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> CallSi
 def call(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
     differentiable with the op's rule.  An absent optional input is None."""
+    if "elementwise" in op.traits:
+        args = _same_rank(args)
     site = _site(op, attrs, args)
     # Inside shard_map each input varies over some mesh axes (a split one does, a
     # broadcast one does not): the call runs on inputs that all vary over the union,
@@ -219,6 +221,16 @@ def call(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
 
     apply.defvjp(forward, backward)
     return apply(*args)
+
+
+def _same_rank(args: Sequence[Any]) -> list[Any]:
+    """An elementwise op's inputs with leading 1s up to one rank, as NumPy's broadcasting reads them.
+    vmap batches such an op by calling it once with the batch axis put first on every input
+    (``broadcast_all``): a lower-rank input's batch axis would otherwise line up with another
+    input's last axes."""
+    rank = max((a.ndim for a in args if a is not None), default=0)
+    return [a if a is None or a.ndim == rank else jnp.reshape(a, (1,) * (rank - a.ndim) + tuple(a.shape))
+            for a in args]
 
 
 _graphs: BoundedCache[tuple[object, ...], Any] = BoundedCache(1024)  # (op, attrs, specs) -> (backward graph, present)
