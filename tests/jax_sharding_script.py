@@ -63,4 +63,8 @@ results["row_sums_collectives"] = collectives(lambda x: ops.reduce_sum(x, axes=[
 column_sums = jax.jit(lambda x: ops.reduce_sum(x, axes=[0], keep_dims=False))(x)  # over the split axis: a psum
 results["column_sums"] = bool(np.allclose(column_sums, x_host.sum(axis=0), rtol=1e-12))
 results["column_sums_collectives"] = collectives(lambda x: ops.reduce_sum(x, axes=[0], keep_dims=False), x)
+values, indices = jax.jit(lambda x: ops.topk(x, k=2, axis=1))(x)  # two outputs, each sharded as x
+want = np.sort(x_host, axis=1)[:, ::-1][:, :2]
+results["two_outputs"] = bool(np.array_equal(np.asarray(values), want)
+                              and np.array_equal(np.take_along_axis(x_host, np.asarray(indices), 1), want))
 print(json.dumps(results))

@@ -30,7 +30,7 @@ def test_shard_map_with_check_vma(results, check):
     assert results[check] is True
 
 
-@pytest.mark.parametrize("check", ["jit_value", "jit_grad_x", "jit_grad_w", "column_sums"])
+@pytest.mark.parametrize("check", ["jit_value", "jit_grad_x", "jit_grad_w", "column_sums", "two_outputs"])
 def test_jit_on_sharded_inputs(results, check):
     assert results[check] is True
 

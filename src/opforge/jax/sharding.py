@@ -172,7 +172,7 @@ def partitioned(op: Op, attrs: Mapping[str, AttrValue], in_specs: Sequence[Tenso
 
     def infer_sharding_from_operands(mesh: Any, arg_shapes: Sequence[Any], result_shape: Any) -> Any:
         _, outputs, _ = plan(mesh, arg_shapes)
-        return tuple(outputs) if several else outputs[0]
+        return list(outputs) if several else outputs[0]  # (JAX takes a list for several)
 
     def partition(mesh: Any, arg_shapes: Sequence[Any],
                   result_shape: Any) -> tuple[Any, Callable[..., Any], Any, tuple[Any, ...]]:
@@ -184,7 +184,7 @@ def partitioned(op: Op, attrs: Mapping[str, AttrValue], in_specs: Sequence[Tenso
             results = [jax.lax.psum(r, tuple(axes)) if axes else r for r, axes in zip(results, sums)]
             return tuple(results) if several else results[0]
 
-        return mesh, per_shard, (tuple(outputs) if several else outputs[0]), tuple(inputs)
+        return mesh, per_shard, (list(outputs) if several else outputs[0]), tuple(inputs)
 
     call.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
                        sharding_rule=rule, reduction_factors=reduction, need_replication_factors=replicated)
