@@ -278,6 +278,9 @@ def test_a_variadic_kernel_checks_the_dtype_of_every_tensor(fresh):
     op.kernel(lambda *xs: sum(xs), dtypes={"xs": ["float32"]})
     one = np.ones(2, np.float32)
     np.testing.assert_array_equal(op(one, one, one), 3 * one)
+    np.testing.assert_array_equal(op([one, one, one]), 3 * one)  # a list of tensors, as torch passes one
+    data = [np.float32(1), np.float32(2)]  # numbers: one tensor's data
+    np.testing.assert_array_equal(op(data), [1, 2])
     with pytest.raises(DTypeError, match=r"t10v::total.*'xs\[2\]' has dtype float64, but the kernel takes float32"):
         op(one, one, one.astype(np.float64))
 

@@ -164,6 +164,13 @@ class PyKernel(Kernel):
         return checked
 
 
+def _holds_tensors(value: Any) -> bool:
+    """A non-empty list or tuple of array objects (not of numbers or nested lists: that is one tensor's data)."""
+    return (isinstance(value, (list, tuple)) and len(value) > 0
+            and not any(isinstance(v, (bool, int, float, complex, list, tuple, np.generic)) or v is None
+                        for v in value))
+
+
 def _check_names(name: Any, inputs: Any, outputs: Any, attrs: Any) -> None:
     """SchemaError unless the op's name is a string and its inputs, outputs and
     attributes are sequences (not strings) of names / InputDefs / AttrDefs."""
@@ -473,6 +480,8 @@ class Op(OpBase):
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, AttrValue]]:
         """Split a call's arguments into tensor inputs and checked attributes."""
         if self.variadic:  # any number of tensors, no positional attributes
+            if len(args) == 1 and _holds_tensors(args[0]):
+                args = tuple(args[0])  # a list of them, as torch passes a Tensor[] argument
             tensors, extra = list(args), []
             n_in = len(tensors)
         else:
