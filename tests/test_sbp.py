@@ -193,6 +193,14 @@ def test_a_declaration_that_is_not_a_list_is_refused(fresh):
         op.sbp_signatures([TensorSpec([2])])
 
 
+def test_signatures_refuse_missing_required_inputs_and_unknown_attributes():
+    matmul, reduce_sum = opforge.lookup("matmul"), opforge.lookup("reduce_sum")
+    with pytest.raises(SchemaError, match="op 'matmul' takes 2 input"):
+        matmul.sbp_signatures([TensorSpec([8, 4])])  # b is required: no signature may leave it out
+    with pytest.raises(opforge.AttrError, match="op 'reduce_sum' has no attribute 'axis'"):
+        reduce_sum.sbp_signatures([TensorSpec([4, 6])], {"axis": 1})  # (axes was meant)
+
+
 # -- every built-in signature holds, numerically -------------------------------------------------
 #
 # A signature is a claim: run the op on each device's pieces and the outputs are pieces of the whole

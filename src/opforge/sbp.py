@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeAlias, TypeVar, cast
 
-from .errors import SchemaError
+from .errors import AttrError, SchemaError
 from .spec import TensorSpec
 
 if TYPE_CHECKING:
@@ -263,10 +263,13 @@ def signatures(op: Op, specs: Iterable[object], attrs: Mapping[str, object] | No
     count = len(op.inputs)
     if op.variadic:
         count = len(given)
-    elif len(given) < count:  # trailing optional inputs left out
+    elif len(given) < count and all(i.optional for i in op.inputs[len(given):]):  # trailing optional ones left out
         given += [None] * (count - len(given))
     if len(given) != count:
         raise SchemaError(f"op '{op.name}' takes {count} input(s), got {len(given)} spec(s) for its SBP signatures")
+    unknown = sorted(set(attrs or {}) - set(op.attrs))
+    if unknown:
+        raise AttrError(f"op '{op.name}' has no attribute '{unknown[0]}' (attributes: {', '.join(op.attrs) or 'none'})")
     input_names = _input_names(op, count)
     found = []
     if "elementwise" in op.traits:
