@@ -293,6 +293,21 @@ def test_malformed_models():
         ox.load(m)
 
 
+def test_standard_nodes_are_checked_against_their_onnx_schema():
+    # What onnxruntime refuses: an attribute the op does not have, one of another type, an opset from the future.
+    relu = model([helper.make_node("Relu", ["x"], ["y"], foo=2.0)], [value("x")], [value("y", shape=None)])
+    with pytest.raises(ox.ModelError, match=r"node '0' \(Relu\) has attribute 'foo', which Relu of opset 14 does not"):
+        ox.load(relu)
+    pool = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3.0, 3.0])],
+                 [value("x", shape=(1, 1, 4, 4))], [value("y", shape=None)])
+    with pytest.raises(ox.ModelError, match="attribute 'kernel_shape' is ONNX FLOATS; MaxPool takes INTS"):
+        ox.load(pool)
+    future = relu_add()
+    future.opset_import[0].version = 99
+    with pytest.raises(ox.ModelError, match="imports ONNX opset 99; the onnx package here knows opsets up to"):
+        ox.load(future)
+
+
 def test_more_inputs_than_the_converter_takes():
     m = model([helper.make_node("Relu", ["x", "x"], ["y"], domain=D)], [value("x")], [value("y", shape=None)])
     with pytest.raises(ox.ModelError, match=r"node '0' \(Relu\): the node has 2 inputs; Relu takes at most 1"):

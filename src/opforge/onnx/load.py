@@ -185,9 +185,15 @@ class _Plan:
     nodes: list[tuple[str, str, onnx.NodeProto]]  # (label, normalized domain, node), in order
 
     def __init__(self, model: onnx.ModelProto, constants: Mapping[str, Any] | None) -> None:
+        import onnx
+
         graph = model.graph
         self.name = graph.name or "onnx_model"
         self.opsets = _opsets(model)
+        newest = onnx.defs.onnx_opset_version()
+        if self.opsets.get("", 0) > newest:
+            raise ModelError(f"model '{self.name}' imports ONNX opset {self.opsets['']}; the onnx package here "
+                             f"knows opsets up to {newest}")
         self.initializers = {}
         for tensor in graph.initializer:
             if not tensor.name:
@@ -240,6 +246,8 @@ class _Plan:
                 raise ModelError(f"model '{self.name}': {label} is in domain '{node.domain or 'ai.onnx'}', which "
                                  f"the model's opset_import does not list (it lists: "
                                  f"{', '.join(repr(d or 'ai.onnx') for d in sorted(self.opsets)) or 'nothing'})")
+            if domain == "":
+                self._check_attributes(label, node)
             for name in node.input:
                 if name and name not in defined:
                     raise ModelError(f"model '{self.name}': {label} reads '{name}', which no graph input, "
@@ -254,6 +262,26 @@ class _Plan:
                 raise ModelError(f"model '{self.name}': graph output '{name}' is not defined by any input, "
                                  f"initializer or node")
         return nodes
+
+    def _check_attributes(self, label: str, node: onnx.NodeProto) -> None:
+        """A standard node's attributes against its ONNX schema at the model's opset: an unknown name or a
+        value of another type is a ModelError (onnxruntime refuses such a model too)."""
+        import onnx
+
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opsets[""], "")
+        except onnx.defs.SchemaError:  # no such op: converters() names every one
+            return
+        for attribute in node.attribute:
+            declared = schema.attributes.get(attribute.name)
+            if declared is None:
+                known = ", ".join(sorted(schema.attributes)) or "none"
+                raise ModelError(f"model '{self.name}': {label} has attribute '{attribute.name}', which "
+                                 f"{node.op_type} of opset {schema.since_version} does not (its attributes: {known})")
+            if attribute.type != declared.type.value:
+                given = onnx.AttributeProto.AttributeType.Name(attribute.type)
+                raise ModelError(f"model '{self.name}': {label}: attribute '{attribute.name}' is ONNX {given}; "
+                                 f"{node.op_type} takes {declared.type.name}")
 
     def converters(self) -> list[Converter]:
         """The converter of every node, in order; UnsupportedOpError listing every node none covers."""
