@@ -191,6 +191,18 @@ def test_gradcheck_builtin_rules(case):
     assert 0.0 <= worst < 1e-6
 
 
+def test_gradcheck_takes_a_float64_graph_and_says_what_to_do_with_another():
+    def fn(x, w):
+        return opforge.ops.tanh(opforge.ops.matmul(x, w))
+
+    x, w = np.linspace(-1, 1, 6).reshape(2, 3), np.linspace(-0.5, 0.5, 12).reshape(3, 4)
+    graph64 = opforge.trace(fn, opforge.TensorSpec([None, 3], "float64"), opforge.TensorSpec([3, 4], "float64"))
+    assert gradcheck(graph64, x, w) < 1e-6
+    graph32 = opforge.trace(fn, opforge.TensorSpec([None, 3], "float32"), opforge.TensorSpec([3, 4], "float32"))
+    with pytest.raises(opforge.DTypeError, match="gradcheck computes in float64.*trace it with float64 specs"):
+        gradcheck(graph32, x, w)
+
+
 def test_every_builtin_rule_is_gradchecked():
     checked = {fn.op.name for fn, _, _ in GRADCHECKS.values()}
     # reorder is checked through vjp below.

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .attrs import REQUIRED
-from .errors import AttrError, OpforgeError
+from .errors import AttrError, DTypeError, OpforgeError
 from .operator import Op
 from . import _native
 from .runtime import cpu
@@ -236,6 +236,10 @@ def gradcheck(fn_or_op: Op | Callable[..., Any], *inputs: Any, eps: float = 1e-6
             return op(*xs, **attrs)
     else:
         fn = fn_or_op
+    declared = [v.spec.dtype for v in getattr(fn, "inputs", ()) if hasattr(v, "spec")]  # a traced Graph's
+    if any(dtype != "float64" for dtype in declared):
+        raise DTypeError(f"gradcheck computes in float64, and graph '{getattr(fn, 'name', fn)}' takes "
+                         f"{', '.join(declared)}: trace it with float64 specs, or pass the traced function itself")
     xs = [np.array(x, dtype=np.float64) for x in inputs]
 
     def flat_outputs(*arrays: Any) -> npt.NDArray[np.float64]:
