@@ -82,7 +82,7 @@ def test_optional_inputs(scale):
 
 
 def test_attribute_type_errors_name_node_attribute_and_types(scale):
-    with pytest.raises(ox.ModelError, match=r"node 'n0' \(Scale\): attribute 'alpha' is ONNX STRING; op "
+    with pytest.raises(ox.ModelError, match=r"^model '\w+': node 'n0' \(Scale\): attribute 'alpha' is ONNX STRING; op "
                                             r"'com.example::Scale' declares 'alpha' as float"):
         ox.load(one_node("Scale", alpha="big"))
     with pytest.raises(ox.ModelError, match=r"attribute 'gamma' \(ONNX FLOAT\) is not an attribute of op "

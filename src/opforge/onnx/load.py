@@ -377,7 +377,9 @@ def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> Load
             args = [env[name] if name else None for name in node.input]
             try:
                 result = entry.call(ctx, args)
-            except ModelError:
+            except ModelError as error:  # a converter's (node.error): say whose model it is, as the others do
+                if type(error) is ModelError and not str(error).startswith("model '"):
+                    raise ModelError(f"model '{plan.name}': {error}") from None
                 raise
             except OpforgeError as error:
                 raise ModelError(f"model '{plan.name}': {label}: {type(error).__name__}: {error}") from error
