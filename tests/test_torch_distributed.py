@@ -51,12 +51,26 @@ def test_torch_train_example_prints_a_decreasing_loss():
     assert len(losses) >= 5 and losses[-1] < 0.8 * losses[0], done.stdout
 
 
-def test_dtensor_sharded_over_two_processes_flows_through_opforge_ops(tmp_path):
-    spawn(torch_workers.dtensor_worker, 2, free_port(), str(tmp_path / "dtensor.pt"))
-    results = torch.load(tmp_path / "dtensor.pt")
+@pytest.fixture(scope="module")
+def dtensor_results(tmp_path_factory):
+    """torch_workers.dtensor_worker's results (name -> (placements, full tensor)), run once."""
+    out = tmp_path_factory.mktemp("dtensor") / "dtensor.pt"
+    spawn(torch_workers.dtensor_worker, 2, free_port(), str(out))
+    return torch.load(out)
+
+
+def dtensor_inputs():
+    """The worker's x, w and 3-D cube (one generator, drawn in the worker's order)."""
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(8, 6, dtype=torch.float64, generator=generator)
     w = torch.randn(6, 4, dtype=torch.float64, generator=generator)
+    cube = torch.randn(4, 6, 2, dtype=torch.float64, generator=generator)
+    return x, w, cube, generator
+
+
+def test_dtensor_sharded_over_two_processes_flows_through_opforge_ops(dtensor_results):
+    results = dtensor_results
+    x, w, _, _ = dtensor_inputs()
     softplus = torch_workers.softplus_op()
     h = x @ w
     expected = {"softplus": softplus(x), "matmul": h, "softmax": torch.softmax(h, dim=1), "reduce_sum": h.sum(0)}
@@ -68,3 +82,18 @@ def test_dtensor_sharded_over_two_processes_flows_through_opforge_ops(tmp_path):
     assert results["matmul"][0] == ("S(0)",)  # a:S(0), b:B -> y:S(0)
     assert results["softmax"][0] == ("S(0)",)  # rows split, softmax along axis 1
     assert results["reduce_sum"][0] == ("P(sum)",)  # x:S(0) -> y:P: summed when read
+
+
+def test_dtensor_calls_differing_in_an_attribute_each_get_their_own_sharding(dtensor_results):
+    # DTensor caches its sharding decision per call signature: the attributes are part of it
+    x, _, cube, _ = dtensor_inputs()
+    expected = {"reduce_sum axes=[0]": ("P(sum)", x.sum(0)),  # the split axis reduced: addends
+                "reduce_sum axes=[1]": ("S(0)", x.sum(1)),  # rows stay split
+                "transpose perm=[1, 0, 2]": ("S(1)", cube.permute(1, 0, 2)),  # the split axis moves
+                "transpose perm=[2, 1, 0]": ("S(2)", cube.permute(2, 1, 0))}
+    for name, (placement, value) in expected.items():
+        placements, full = dtensor_results[name]
+        assert placements != "error", f"{name}: {full}"
+        assert placements == (placement,), name
+        torch.testing.assert_close(full, value, rtol=1e-12, atol=1e-12)
+

@@ -103,9 +103,25 @@ def dtensor_worker(rank, world, port, out_path):
         results["softmax"] = (s.placements, s.full_tensor())
         r = torch.ops.opforge.reduce_sum(h, axes=[0], keep_dims=False)
         results["reduce_sum"] = (r.placements, r.full_tensor())
+        # one op, one input, attributes that differ: each call gets its own sharding decision
+        for axes in ([0], [1]):
+            attempt(results, f"reduce_sum axes={axes}", lambda: torch.ops.opforge.reduce_sum(rows, axes=axes))
+        cube = distribute_tensor(torch.randn(4, 6, 2, dtype=torch.float64, generator=generator), mesh, [Shard(0)])
+        for perm in ([1, 0, 2], [2, 1, 0]):
+            attempt(results, f"transpose perm={perm}", lambda: torch.ops.opforge.transpose(cube, perm=perm))
         if rank == 0:
-            torch.save({name: (tuple(str(p) for p in placements), value)
-                        for name, (placements, value) in results.items()}, out_path)
+            torch.save({name: (tuple(str(p) for p in placements), value) if isinstance(placements, tuple)
+                        else (placements, value) for name, (placements, value) in results.items()}, out_path)
         dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
+
+
+def attempt(results, name, compute):
+    """results[name]: (placements, full tensor) of the DTensor compute() gives, or
+    ("error", its message) where it raised, so the other results still come back."""
+    try:
+        y = compute()
+        results[name] = (y.placements, y.full_tensor())
+    except Exception as error:
+        results[name] = ("error", f"{type(error).__name__}: {error}")
