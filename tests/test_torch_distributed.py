@@ -97,3 +97,13 @@ def test_dtensor_calls_differing_in_an_attribute_each_get_their_own_sharding(dte
         assert placements == (placement,), name
         torch.testing.assert_close(full, value, rtol=1e-12, atol=1e-12)
 
+
+def test_dtensor_gradient_through_reduce_sum_equals_one_process(dtensor_results):
+    x, _, _, generator = dtensor_inputs()
+    for axes, n in (([0], 6), ([1], 8)):
+        weights = torch.randn(n, dtype=torch.float64, generator=generator)
+        xr = x.clone().requires_grad_()
+        (torch.ops.opforge.reduce_sum(xr, axes=axes) * weights).sum().backward()
+        placements, grad = dtensor_results[f"reduce_sum axes={axes} gradient"]
+        assert placements != "error", f"reduce_sum axes={axes}: {grad}"
+        torch.testing.assert_close(grad, xr.grad, rtol=1e-12, atol=1e-12)

@@ -109,12 +109,25 @@ def dtensor_worker(rank, world, port, out_path):
         cube = distribute_tensor(torch.randn(4, 6, 2, dtype=torch.float64, generator=generator), mesh, [Shard(0)])
         for perm in ([1, 0, 2], [2, 1, 0]):
             attempt(results, f"transpose perm={perm}", lambda: torch.ops.opforge.transpose(cube, perm=perm))
+        # the gradient through reduce_sum, weighted so that each element of x gets its own
+        for axes, n in (([0], 6), ([1], 8)):
+            weights = distribute_tensor(torch.randn(n, dtype=torch.float64, generator=generator), mesh,
+                                        [Replicate()])
+            attempt(results, f"reduce_sum axes={axes} gradient",
+                    lambda: _reduce_sum_gradient(distribute_tensor(x, mesh, [Shard(0)]), axes, weights))
         if rank == 0:
             torch.save({name: (tuple(str(p) for p in placements), value) if isinstance(placements, tuple)
                         else (placements, value) for name, (placements, value) in results.items()}, out_path)
         dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
+
+
+def _reduce_sum_gradient(x, axes, weights):
+    """The gradient of (reduce_sum(x, axes) * weights).sum() with respect to x."""
+    x = x.detach().requires_grad_()
+    (torch.ops.opforge.reduce_sum(x, axes=axes) * weights).sum().backward()
+    return x.grad
 
 
 def attempt(results, name, compute):

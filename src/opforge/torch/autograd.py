@@ -38,6 +38,7 @@ from ..errors import GradientError, OpforgeError
 from ..graph.autodiff import op_backward
 from ..graph.passes import infer_shapes
 from ..spec import TensorSpec
+from .sharding import constant_like
 from .symbolic import Signature
 
 if TYPE_CHECKING:
@@ -227,10 +228,11 @@ class Gradient:
     def backward(self, ctx: Any, *grads: Any) -> list[Any]:
         """The gradient of each tensor input of the op (of each element of a Tensor[] one)."""
         saved = list(ctx.saved_tensors)
+        like = next(g for g in grads if g is not None)  # autograd calls backward with some gradient
         # (grads, the *args tuple, becomes a list)
-        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g  # type: ignore[assignment]
-                 for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
-        found = iter(replay(ctx.graph, saved + grads, like=grads[0]))  # type: ignore[operator]  # as above
+        grads = [constant_like(torch.zeros(shape, dtype=dtype, device=device), like)  # type: ignore[assignment]
+                 if g is None else g for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
+        found = iter(replay(ctx.graph, saved + grads, like=like))  # type: ignore[operator]  # as above
         return [next(found) if keep else None for keep in ctx.present]
 
 
@@ -246,13 +248,13 @@ def _holds_at(graph: Graph, specs: Sequence[TensorSpec | None]) -> bool:
 
 def replay(graph: Graph, args: Sequence[Any], like: Any) -> list[Any]:
     """The graph's outputs for ``args``, each node run as its torch op (so the result is
-    differentiable again); constants become tensors on ``like``'s device."""
+    differentiable again); constants become tensors as ``like`` is (``constant_like``)."""
     from . import torch_op_call
 
     env = {v.id: x for v, x in zip(graph.inputs, args)}
     for node in graph.nodes:
         if node.is_constant:
-            env[node.outputs[0].id] = torch.as_tensor(node.value, device=like.device)
+            env[node.outputs[0].id] = constant_like(torch.as_tensor(node.value, device=like.device), like)
             continue
         result = torch_op_call(node.op, node.attrs, [None if v is None else env[v.id] for v in node.inputs])
         for value, out in zip(node.outputs, result if node.op.tuple_output else (result,)):

@@ -15,6 +15,7 @@ differ only in an attribute (``reduce_sum``'s ``axes``) are decided apart.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,17 @@ def _placement(sbp: object) -> Any:
     if sbp is partial_sum:
         return Partial("sum")
     return None  # an absent optional input
+
+
+def constant_like(value: Any, like: Any) -> Any:
+    """A constant tensor made for a computation on ``like`` (a gradient rule's zeros, say):
+    on a DTensor's mesh, replicated (every rank makes the same constant), when ``like`` is
+    a DTensor, which takes no plain tensor beside it; ``value`` itself otherwise."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: like is no DTensor
+    if dtensor is None or not isinstance(like, dtensor.DTensor):
+        return value
+    mesh = like.device_mesh
+    return dtensor.DTensor.from_local(value, mesh, [dtensor.Replicate()] * mesh.ndim, run_check=False)
 
 
 def register(binding: Binding) -> None:
