@@ -551,7 +551,7 @@ class Op(OpBase):
                 raise InferenceError(f"op '{self.name}' has no shape inference: give it an infer function "
                                      "(or out_shape), or a kernel library that exports an InferShape function")
         returned = result
-        result = [result] if isinstance(result, TensorSpec) else list(result)
+        result = [result] if isinstance(result, TensorSpec) or not hasattr(result, "__iter__") else list(result)
         if not all(isinstance(spec, TensorSpec) for spec in result):
             raise InferenceError(f"op '{self.name}': inference must return a TensorSpec, or one per output, "
                                  f"got {returned!r}")
