@@ -106,6 +106,8 @@ def test_non_source_and_usage_errors(env, tmp_path):
     bare = opforge(env)
     assert bare.returncode == 2 and "build" in bare.stderr and "cache" in bare.stderr
     assert opforge(env, "cache").returncode == 2
+    version = opforge(env, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"opforge {opforge_package.__version__}"
 
 
 def test_include_prints_header_folder(env):

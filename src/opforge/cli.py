@@ -667,6 +667,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opforge",
         description="Build, cache and inspect opforge kernel libraries; run and convert ONNX models.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"opforge {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
