@@ -204,6 +204,11 @@ def test_python_kernel_output_is_checked_against_inference(fresh):
     halves.kernel(lambda x: x / 2)  # float64 values for an int32 output: truncating them would be silent
     with pytest.raises(DTypeError, match="t7::halves.*output 'y' of dtype float64, inference says int32"):
         halves(np.array([1, 3], np.int32))
+    forgetful = declare(fresh, "t7::forgetful(Tensor x) -> Tensor y")
+    forgetful.def_infer(opforge.infer.same_as(0))
+    forgetful.kernel(lambda x: None)  # wrote nothing back
+    with pytest.raises(InferenceError, match="t7::forgetful.*returned None; a kernel returns its output array"):
+        forgetful(np.ones(2))
     np.testing.assert_array_equal(halves(np.array([1.0, 3.0], np.float32)), [0.5, 1.5])  # within a kind: cast
 
 

@@ -145,6 +145,9 @@ class PyKernel(Kernel):
     def run(self, op: Op, arrays: Sequence[Any], attrs: Mapping[str, AttrValue], out_specs: Sequence[TensorSpec],
             in_specs: Sequence[TensorSpec | None] | None = None) -> list[npt.NDArray[Any]]:
         result = self.fn(*arrays, **attrs)
+        if result is None:
+            raise InferenceError(f"op '{op.name}': Python kernel '{self.name}' returned None; a kernel returns its "
+                                 "output array (a tuple of them for several outputs)")
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) != len(out_specs):
             raise InferenceError(f"op '{op.name}': Python kernel '{self.name}' returned {len(outputs)} output(s), "
