@@ -489,6 +489,37 @@ def test_load_ops_from_yaml_and_json(tmp_path, fresh):
         opforge.load_ops(tmp_path / "bad.json")
 
 
+def test_a_declarations_file_holds_check_gradient_and_sbp(tmp_path, fresh):
+    (tmp_path / "t16b_rules.py").write_text(
+        "def check(x, *, factor):\n"
+        "    return 'factor must not be 0' if factor == 0 else None\n"
+        "def grad(saved, dy, *, factor):\n"
+        "    import opforge\n"
+        "    return opforge.ops.mul(dy, factor)\n"
+        "def kernel(x, *, factor):\n"
+        "    return x * factor\n")
+    (tmp_path / "ops.json").write_text(json.dumps([{
+        "schema": "t16b::scale(Tensor x, *, float factor=2.0) -> Tensor y", "infer": "same_as",
+        "traits": ["no_side_effect"],
+        "check": "t16b_rules:check", "grad": {"rule": "t16b_rules:grad"},
+        "sbp": [{"x": "S(0)", "y": "S(0)"}, {"x": "S(-1)", "y": "S(-1)"}],
+        "kernels": [{"python": "t16b_rules:kernel"}]}]))
+    (op,) = opforge.load_ops(tmp_path / "ops.json")
+    fresh.append(op.name)
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(opforge.grad(lambda v: opforge.ops.reduce_sum(op(v, factor=3.0)))(x),
+                                  np.full((2, 3), 3.0))
+    with pytest.raises(CheckError, match="factor must not be 0"):
+        op(x, factor=0.0)
+    shown = [str(s) for s in op.sbp_signatures([TensorSpec([2, 3])])]
+    assert shown[:2] == ["x:S(0) -> y:S(0)", "x:S(1) -> y:S(1)"]
+    (tmp_path / "bad.json").write_text(json.dumps([{"schema": "t16c::f(Tensor x) -> Tensor y",
+                                                    "sbp": [{"x": "S(x)", "y": "B"}]}]))
+    with pytest.raises(SchemaError, match="t16c::f.*'S\\(x\\)' is not an SBP; expected S\\(axis\\), B or P"):
+        opforge.load_ops(tmp_path / "bad.json")
+    assert opforge.lookup("t16c::f") is None  # no half-declared op
+
+
 # -- check_op ---------------------------------------------------------------------
 
 def test_check_op_passes_a_correct_op_and_runs_every_variant(fresh):

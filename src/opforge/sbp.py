@@ -96,6 +96,21 @@ class PartialSum(_Singleton):
 broadcast = Broadcast()
 partial_sum = PartialSum()
 SBP = (Split, Broadcast, PartialSum)
+
+
+def parse(text: str) -> Split | Broadcast | PartialSum:
+    """An SBP from the way it prints, OneFlow's: ``"S(1)"`` (negative axes too), ``"B"`` or ``"P"``."""
+    word = str(text).strip()
+    if word == "B":
+        return broadcast
+    if word == "P":
+        return partial_sum
+    if word.startswith("S(") and word.endswith(")"):
+        try:
+            return split(int(word[2:-1]))
+        except ValueError:
+            pass
+    raise SchemaError(f"{text!r} is not an SBP; expected S(axis), B or P")
 #: One SBP: ``split(axis)``, ``broadcast`` or ``partial_sum``.
 SBPValue: TypeAlias = "Split | Broadcast | PartialSum"
 #: What ``Op.sbp`` keeps: a function of the input specs and attributes, or the declared signatures.

@@ -5,6 +5,9 @@
         doc: Multiply by a constant.
         traits: [no_side_effect]
         infer: same_as            # same_as | broadcast | reduce | "module:function"
+        check: "scale_rules:check"          # optional, as @op.check
+        grad: {rule: "scale_rules:grad", save: [x]}   # optional, as @op.grad(save=...)
+        sbp: [{x: "S(0)", y: "S(0)"}]       # optional, as @op.sbp: signatures, or "module:function"
         kernels:
           - source: scale.cc:Scale          # relative to this file
             dtypes: {x: [float32, float64]}
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import infer as infer_helpers
+from .. import sbp
 from ..errors import OpforgeError, SchemaError
 from ..registry import op as declare
 from ..registry import unregister
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 _INFER_RULES: dict[str, Callable[[], Callable[..., TensorSpec]]] = {
     "same_as": infer_helpers.same_as, "broadcast": infer_helpers.broadcast, "reduce": infer_helpers.reduce}
-_OP_KEYS = {"schema", "doc", "traits", "infer", "kernels", "name"}
+_OP_KEYS = {"schema", "doc", "traits", "infer", "check", "grad", "sbp", "kernels", "name"}
 _SOURCE_OPTIONS = ("device", "dtypes", "isa", "layout", "cflags", "include_dirs", "name")
 _PYTHON_OPTIONS = ("device", "dtypes", "isa", "layout", "name")
 _KERNEL_KEYS = {"source", "python", "reference", "fallback", *_SOURCE_OPTIONS}
@@ -112,6 +116,25 @@ def _declare_kernel(new: Op, kernel: object, path: Path, where: str) -> None:
         raise SchemaError(f"{where}: a kernel needs 'source' or 'python'")
 
 
+def _declare_rules(new: Op, entry: dict[str, Any], folder: Path, where: str) -> None:
+    """The op's check, gradient rule and SBP signatures, each where the entry gives one."""
+    if "check" in entry:
+        new.check(_import(entry["check"], folder, where))
+    grad = entry.get("grad")
+    if grad is not None:
+        if not isinstance(grad, dict) or "rule" not in grad or set(grad) - {"rule", "save"}:
+            raise SchemaError(f"{where}: grad is {{rule: 'module:function', save: [names]}}, got {grad!r}")
+        new.grad(_import(grad["rule"], folder, where), save=grad.get("save") or ())
+    declared = entry.get("sbp")
+    if isinstance(declared, str):
+        new.sbp(_import(declared, folder, where))
+    elif declared is not None:
+        if not isinstance(declared, list) or not all(isinstance(row, dict) for row in declared):
+            raise SchemaError(f"{where}: sbp is a list of signatures ({{name: 'S(0)' | 'B' | 'P'}}) or "
+                              f"'module:function', got {declared!r}")
+        new.sbp([{name: sbp.parse(value) for name, value in row.items()} for row in declared])
+
+
 def _declare(entry: object, path: Path, index: int, replace: bool) -> Op:
     if not isinstance(entry, dict) or "schema" not in entry:
         raise SchemaError(f"{path}: op #{index + 1}: each op needs a 'schema'")
@@ -132,6 +155,7 @@ def _declare(entry: object, path: Path, index: int, replace: bool) -> Op:
             else:
                 raise SchemaError(f"{where}: infer must be one of {', '.join(_INFER_RULES)} or "
                                   f"'module:function', got {rule!r}")
+        _declare_rules(new, entry, path.resolve().parent, where)
         for kernel in entry.get("kernels") or ():
             _declare_kernel(new, kernel, path, where)
     except (OpforgeError, TypeError, ValueError) as exc:
