@@ -291,6 +291,20 @@ def test_a_variadic_kernel_checks_the_dtype_of_every_tensor(fresh):
         op(one, one, one.astype(np.float64))
 
 
+def test_a_tensor_list_keeps_its_attributes_whatever_the_calls_before():
+    # The fast paths remember launchers by argument count: one list must not pass for one tensor.
+    a, b = np.ones((2, 2), np.float32), np.zeros((2, 2), np.float32)
+    concat, total = opforge.ops.concat, opforge.ops.sum
+    assert concat(a).shape == (2, 2) and concat(a, axis=1).shape == (2, 2)  # one-tensor launchers made first
+    for _ in range(3):
+        np.testing.assert_array_equal(concat([a, b], axis=1), np.concatenate([a, b], axis=1))
+        np.testing.assert_array_equal(concat([a, b]), np.concatenate([a, b]))
+        np.testing.assert_array_equal(total([a, b]), a + b)
+    graph = opforge.trace(lambda x, y: concat([x, y], axis=1), TensorSpec([2, 2], "float32"),
+                          TensorSpec([2, 2], "float32"))
+    np.testing.assert_array_equal(graph(a, b), np.concatenate([a, b], axis=1))
+
+
 def test_cpu_only_trait_rejects_gpu_kernels(fresh):
     op = declare(fresh, "t11::host(Tensor x) -> Tensor y", traits=["cpu_only"])
     with pytest.raises(SchemaError, match="cpu_only"):

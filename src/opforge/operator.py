@@ -167,7 +167,7 @@ class PyKernel(Kernel):
         return checked
 
 
-def _holds_tensors(value: Any) -> bool:
+def holds_tensors(value: Any) -> bool:
     """A non-empty list or tuple of array objects (not of numbers or nested lists: that is one tensor's data)."""
     return (isinstance(value, (list, tuple)) and len(value) > 0
             and not any(isinstance(v, (bool, int, float, complex, list, tuple, np.generic)) or v is None
@@ -483,7 +483,7 @@ class Op(OpBase):
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, AttrValue]]:
         """Split a call's arguments into tensor inputs and checked attributes."""
         if self.variadic:  # any number of tensors, no positional attributes
-            if len(args) == 1 and _holds_tensors(args[0]):
+            if len(args) == 1 and holds_tensors(args[0]):
                 args = tuple(args[0])  # a list of them, as torch passes a Tensor[] argument
             tensors, extra = list(args), []
             n_in = len(tensors)
@@ -602,6 +602,8 @@ class Op(OpBase):
         n_tensors = len(args) if self.variadic else len(self.inputs)
         if len(args) != n_tensors or not all(name in self.attrs for name in kwargs):
             return None
+        if self.variadic and len(args) == 1 and holds_tensors(args[0]):
+            return None  # a list of the tensors: bind unpacks it, call by call (a launcher takes them one by one)
         tensors, attrs = self.bind(args, kwargs)
         return RUNTIME.launcher_for(self, attrs, len(tensors))
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _native
 from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
-from ..operator import RUNTIME
+from ..operator import RUNTIME, holds_tensors
 from ..errors import AttrError, DeviceError, DTypeError, KernelError, NoKernelError, ShapeError
 from ..spec import TensorSpec
 from .arrays import placement
@@ -207,6 +207,9 @@ class CallPlanner:
         return self.op.call(args, kwargs)
 
     def prepare(self, args: tuple[Any, ...]) -> Completed | tuple[Any, ...]:
+        if self.op.variadic and len(args) == 1 and holds_tensors(args[0]):
+            # a Tensor[] op's tensors as one list, reaching a launcher made for one tensor: call it as given
+            return Completed(self.op.call(tuple(args[0]), dict(self.attrs)))
         self.op.check_present(args)
         for intercept in INTERCEPTORS:  # e.g. tracing: symbolic values instead of arrays
             result = intercept(self.op, self.attrs, args)
