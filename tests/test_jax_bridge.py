@@ -199,6 +199,16 @@ def test_vmap_of_elementwise_ops_on_inputs_of_different_ranks():
     np.testing.assert_allclose(np.asarray(per_example), 6 * np.asarray(xs))
 
 
+def test_an_elementwise_ops_check_and_inference_see_its_inputs_as_given(fresh):
+    op = declare(fresh, "tjaxr::scaled(Tensor x, Tensor s) -> Tensor y", traits=["no_side_effect", "elementwise"])
+    op.def_infer(opforge.infer.broadcast())
+    op.check(lambda x, s: None if s.rank == 0 else f"s must be a scalar, got shape {s.shape}")
+    op.kernel(lambda x, s: x * s)
+    x = np.arange(3.0, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(op(jnp.asarray(x), jnp.float32(2.0))), 2 * x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(op)(jnp.asarray(x), jnp.float32(2.0))), 2 * x)
+
+
 def test_jax_train_example_prints_a_decreasing_loss():
     import re
     import subprocess

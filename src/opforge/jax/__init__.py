@@ -138,6 +138,8 @@ class CallSite:
             return tuple(result) if op.tuple_output else result[0]
         out_types = self.out_types if not varying else [_typed_like(args[0], t) for t in self.out_types]
         call = jax.ffi.ffi_call(TARGET, out_types if op.tuple_output else out_types[0], vmap_method=self.vmap_method)
+        if self.vmap_method == "broadcast_all":
+            args = _same_rank(args)  # (planned, checked and inferred on the inputs as given)
         return call(*args, plans=np.int64(self.plans))
 
 
@@ -185,8 +187,6 @@ def _site(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> CallSi
 def call(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
     """``op`` on JAX values (arrays or tracers) with resolved ``attrs``: its outputs,
     differentiable with the op's rule.  An absent optional input is None."""
-    if "elementwise" in op.traits:
-        args = _same_rank(args)
     site = _site(op, attrs, args)
     # Inside shard_map each input varies over some mesh axes (a split one does, a
     # broadcast one does not): the call runs on inputs that all vary over the union,
@@ -224,8 +224,8 @@ def call(op: Op, attrs: Mapping[str, AttrValue], args: Sequence[Any]) -> Any:
 
 
 def _same_rank(args: Sequence[Any]) -> list[Any]:
-    """An elementwise op's inputs with leading 1s up to one rank, as NumPy's broadcasting reads them.
-    vmap batches such an op by calling it once with the batch axis put first on every input
+    """An elementwise kernel's inputs with leading 1s up to one rank, as NumPy's broadcasting reads
+    them.  vmap batches such a call by running it once with the batch axis put first on every input
     (``broadcast_all``): a lower-rank input's batch axis would otherwise line up with another
     input's last axes."""
     rank = max((a.ndim for a in args if a is not None), default=0)
