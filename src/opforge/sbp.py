@@ -284,7 +284,8 @@ def signatures(op: Op, specs: Iterable[object], attrs: Mapping[str, object] | No
         raise SchemaError(f"op '{op.name}' takes {count} input(s), got {len(given)} spec(s) for its SBP signatures")
     unknown = sorted(set(attrs or {}) - set(op.attrs))
     if unknown:
-        raise AttrError(f"op '{op.name}' has no attribute '{unknown[0]}' (attributes: {', '.join(op.attrs) or 'none'})")
+        known = ", ".join(op.attrs) or "none"
+        raise AttrError(f"op '{op.name}' has no attribute '{unknown[0]}' (attributes: {known})")
     input_names = _input_names(op, count)
     found = []
     if "elementwise" in op.traits:

@@ -32,8 +32,9 @@ class BufferPlan:
 
     ``native`` is False for a Python kernel, which the caller runs on its own
     arrays (``kernel.fn``); ``skip`` is True when no kernel runs because every
-    output is empty (``dispatch.skips_kernel``).  ``workspace`` holds the byte size of each workspace buffer
-    (multiples of 64, so one allocation of ``workspace_bytes`` serves them all).
+    output is empty (``dispatch.skips_kernel``).  ``workspace`` holds the byte
+    size of each workspace buffer (multiples of 64, so one allocation of
+    ``workspace_bytes`` serves them all).
     """
 
     __slots__ = ("op", "kernel", "device", "in_specs", "out_specs", "out_nbytes", "native", "skip", "extra",

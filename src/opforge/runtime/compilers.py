@@ -305,7 +305,7 @@ def run_compiler(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     The compiler dies with this process (SIGKILL included) on Linux; on any
     exception here (KeyboardInterrupt too) ``subprocess.run`` kills it.  The
     death signal is asked for by a fresh interpreter that then execs the
-    compiler (``_LAUNCHER``, some 20 ms), not by a ``preexec_fn``: the callers'
+    compiler (``_LAUNCHER``, some 12 ms), not by a ``preexec_fn``: the callers'
     processes have threads (OpenBLAS's, torch's, JAX's), where Python code in
     a forked child may deadlock, and JAX warns of every such fork.
     """
