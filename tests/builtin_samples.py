@@ -298,6 +298,19 @@ put("scatter_elements",
     sample(np.arange(6, dtype=np.int64).reshape(2, 3), np.array([[1, 1, 0]], np.int64),
            np.array([[5, 6, 7]], np.int64), reduction="mul", note="integers"))
 
+# gather_nd / scatter_nd: index tuples along indices' last axis.
+ND_INDICES = np.array([[[1, -1], [0, 2]], [[1, 0], [1, -1]]], np.int64)  # 2 x 2 tuples into [2, 3, ...] data
+put("gather_nd",
+    sample(normal(2, 3, 4, seed=409), ND_INDICES, differentiable=[0], note="a repeated tuple adds up in the gradient"),
+    sample(normal(2, 3, 2, seed=410), np.array([[[2], [0]], [[-1], [1]]], np.int32), differentiable=[0],
+           batch_dims=1, note="int32 indices, one batch dim"))
+put("scatter_nd",
+    sample(normal(2, 3, 4, seed=411), np.array([[1, 2], [0, 0], [1, -3]], np.int64), normal(3, 4, seed=412),
+           differentiable=[0, 2], note="tuples all distinct: each slice lands once"),
+    sample(normal(2, 3, seed=413), ND_INDICES[0], normal(2, seed=414), differentiable=[0, 2], reduction="add"),
+    sample(normal(2, 3, 2, seed=415), np.array([[[2], [2]], [[-1], [0]]], np.int32), normal(2, 2, 2, seed=416),
+           reduction="min", batch_dims=1, note="no gradient rule for min"))
+
 # topk: no equal values along the axis (a tie would let the picked index jump under a small change).
 put("topk",
     sample(distinct(3, 5, 2, seed=112), differentiable=[0], k=2, axis=1, note="values all distinct: no ties"),

@@ -196,3 +196,131 @@ def test_scatter_elements_gradients():
     gradcheck(lambda d, u: ops.scatter_elements(d, np.ones((2, 4), np.int64), u, reduction="add"), data, updates)
     with pytest.raises(GradientError, match="reduction 'max'"):
         opforge.grad(lambda d: ops.reduce_sum(ops.scatter_elements(d, distinct, updates, reduction="max")))(data)
+
+
+# -- gather_nd / scatter_nd ------------------------------------------------------------------
+
+def nd_tuples(data_shape, outer, k, batch_dims, dtype="int64"):
+    """Random index tuples (negative ones too) of shape outer + (k,), outer starting with the batch dims."""
+    columns = [rng.integers(-data_shape[batch_dims + j], data_shape[batch_dims + j], outer) for j in range(k)]
+    return np.stack(columns, -1).astype(dtype) if k else np.zeros(outer + (0,), dtype)
+
+
+def take_nd(data, indices, batch_dims):
+    """gather_nd written out: one tuple at a time."""
+    outer, k = indices.shape[:-1], indices.shape[-1]
+    y = np.empty(outer + data.shape[batch_dims + k:], data.dtype)
+    for at in np.ndindex(*outer):
+        source = at[:batch_dims] + tuple(int(i) % n for i, n in zip(indices[at], data.shape[batch_dims:]))
+        y[at] = data[source]
+    return y
+
+
+def put_nd(data, indices, updates, batch_dims, reduction="none"):
+    y = data.copy()
+    combine = {"none": lambda a, b: b, "add": np.add, "mul": np.multiply, "max": np.maximum,
+               "min": np.minimum}[reduction]
+    for at in np.ndindex(*indices.shape[:-1]):
+        target = at[:batch_dims] + tuple(int(i) % n for i, n in zip(indices[at], data.shape[batch_dims:]))
+        y[target] = combine(y[target], updates[at])
+    return y
+
+
+ND_CASES = [((5,), (3,), 1, 0), ((3, 4), (2, 3), 1, 0), ((3, 4), (5,), 2, 0), ((2, 3, 4), (2, 2), 2, 0),
+            ((2, 3, 4), (2, 5), 1, 1), ((2, 3, 4), (2, 3), 1, 2), ((2, 3, 4, 2), (2, 3, 2), 2, 1),
+            ((2, 3), (4,), 0, 0), ((2, 3), (2, 1), 0, 1)]
+
+
+@pytest.mark.parametrize("data_shape,outer,k,batch_dims", ND_CASES)
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_gather_nd_matches_numpy(data_shape, outer, k, batch_dims, index_dtype):
+    data = sample(data_shape)
+    indices = nd_tuples(data_shape, outer, k, batch_dims, index_dtype)
+    got = ops.gather_nd(data, indices, batch_dims=batch_dims)
+    np.testing.assert_array_equal(got, take_nd(data, indices, batch_dims))
+    passed(check_op(ops.gather_nd, data, indices, batch_dims=batch_dims))
+
+
+@pytest.mark.parametrize("data_shape,outer,k,batch_dims", ND_CASES)
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_matches_numpy(data_shape, outer, k, batch_dims, reduction):
+    data = sample(data_shape, "float64")
+    indices = nd_tuples(data_shape, outer, k, batch_dims)
+    updates = sample(outer + data_shape[batch_dims + k:], "float64")
+    got = ops.scatter_nd(data, indices, updates, reduction=reduction, batch_dims=batch_dims)
+    np.testing.assert_array_equal(got, put_nd(data, indices, updates, batch_dims, reduction))
+    passed(check_op(ops.scatter_nd, data, indices, updates, reduction=reduction, batch_dims=batch_dims))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nd_ops_every_dtype(dtype):
+    data = sample((3, 4), dtype)
+    indices = np.array([[2], [0], [2]])
+    np.testing.assert_array_equal(ops.gather_nd(data, indices), data[[2, 0, 2]])
+    updates = sample((3, 4), dtype)
+    for reduction in ("none", "add"):
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(ops.scatter_nd(data, indices, updates, reduction=reduction),
+                                          put_nd(data, indices, updates, 0, reduction))
+
+
+def test_nd_ops_errors():
+    data = sample((2, 3, 4))
+    for bad in ([2, 0], [0, -4], [0, 2**35]):
+        indices = np.array([[1, 1], bad])
+        with pytest.raises(KernelError, match="error code 4"):
+            ops.gather_nd(data, indices)
+        with pytest.raises(KernelError, match="error code 4"):
+            ops.scatter_nd(data, indices, sample((2, 4)))
+        with pytest.raises(OpforgeError, match="out of range"):
+            ops.gather_nd.op.reference_kernel.fn(data, indices, batch_dims=0)
+    with pytest.raises(KernelError):  # an empty dim holds no index
+        ops.gather_nd(np.zeros((0, 3), np.float32), np.zeros((1, 1), np.int64))
+    with pytest.raises(DTypeError, match="'indices'"):
+        ops.gather_nd(data, np.zeros((1, 2), np.float32))
+    with pytest.raises(DTypeError, match="'updates'"):
+        ops.scatter_nd(data, np.zeros((1, 2), np.int64), sample((1, 4), "float64"))
+    with pytest.raises(CheckError, match="tuples of 4 indices"):
+        ops.gather_nd(data, np.zeros((1, 4), np.int64))
+    with pytest.raises(CheckError, match="batch dim 0"):
+        ops.gather_nd(data, np.zeros((3, 1), np.int64), batch_dims=1)
+    with pytest.raises(CheckError, match="batch_dims"):
+        ops.gather_nd(data, np.zeros((2,), np.int64), batch_dims=1)
+    with pytest.raises(CheckError, match="'updates' has shape"):
+        ops.scatter_nd(data, np.zeros((1, 2), np.int64), sample((1, 3)))
+    with pytest.raises(CheckError, match="reduction"):
+        ops.scatter_nd(data, np.zeros((1, 2), np.int64), sample((1, 4)), reduction="prod")
+
+
+def test_nd_ops_empty_and_unknown_dims():
+    data = sample((3, 4))
+    assert ops.gather_nd(data, np.zeros((0, 2), np.int64)).shape == (0,)
+    np.testing.assert_array_equal(ops.scatter_nd(data, np.zeros((0, 1), np.int64), sample((0, 4))), data)
+    assert ops.gather_nd(sample((3, 0)), np.array([[1]])).shape == (1, 0)
+    assert infer(ops.gather_nd, TensorSpec([None, 4, 5]), TensorSpec([None, 2], "int64")).shape == (-1, 5)
+    assert infer(ops.gather_nd, TensorSpec([2, 4, 5]), TensorSpec([2, None], "int64")).rank is None
+    graph = opforge.trace(lambda d, i: ops.gather_nd(d, i), TensorSpec([None, None]), TensorSpec([None, 1], "int64"))
+    indices = np.array([[2], [0]])
+    np.testing.assert_array_equal(graph(data, indices), data[[2, 0]])
+    graph = opforge.trace(lambda d, i, u: ops.scatter_nd(d, i, u, reduction="add"), TensorSpec([None, None]),
+                          TensorSpec([None, 2], "int64"), TensorSpec([None]))
+    indices, updates = np.array([[2, 3], [2, 3], [0, 0]]), sample((3,))
+    np.testing.assert_allclose(graph(data, indices, updates), put_nd(data, indices, updates, 0, "add"), rtol=1e-6)
+
+
+def test_nd_ops_gradients():
+    data = rng.standard_normal((2, 3, 4))
+    repeated = np.array([[1, 2], [1, 2], [0, -1]])
+    gradcheck(lambda d: ops.gather_nd(d, repeated), data)
+    gradcheck(lambda d: ops.gather_nd(d, np.array([[[2], [2]], [[0], [1]]]), batch_dims=1), data)
+    distinct = np.array([[1, 2], [0, 0]])
+    gradcheck(lambda d, u: ops.scatter_nd(d, distinct, u), data, rng.standard_normal((2, 4)))
+    gradcheck(lambda d, u: ops.scatter_nd(d, repeated, u, reduction="add"), data, rng.standard_normal((3, 4)))
+    with pytest.raises(GradientError, match="reduction 'mul'"):
+        opforge.grad(lambda d: ops.reduce_sum(ops.scatter_nd(d, distinct, np.ones((2, 4)), reduction="mul")))(data)
+    backward = opforge.backward(opforge.trace(lambda d: ops.gather_nd(d, repeated), TensorSpec([None, 3, 4],
+                                                                                            "float64")))
+    dy = rng.standard_normal((3, 4))
+    want = np.zeros((2, 3, 4))
+    np.add.at(want, (repeated[:, 0], repeated[:, 1] % 3), dy)
+    np.testing.assert_allclose(backward(data, dy)[0], want, rtol=1e-12)

@@ -57,3 +57,5 @@ from . import resize  # noqa: F401
 from . import mod  # noqa: F401
 from . import gather_elements  # noqa: F401
 from . import scatter_elements  # noqa: F401
+from . import gather_nd  # noqa: F401
+from . import scatter_nd  # noqa: F401

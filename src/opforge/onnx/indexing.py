@@ -40,3 +40,15 @@ def scatter_elements(node: NodeContext, data: Any, indices: Any, updates: Any) -
 
 
 converter("Scatter", since=9)(scatter_elements)  # ScatterElements before opset 11 (no reduction)
+
+
+# -- GatherND, ScatterND -------------------------------------------------------------------
+
+@converter("GatherND", since=11)
+def gather_nd(node: NodeContext, data: Any, indices: Any) -> Any:
+    return ops.gather_nd(data, indices, batch_dims=node.attr("batch_dims", 0))  # batch_dims from opset 12
+
+
+@converter("ScatterND", since=11)
+def scatter_nd(node: NodeContext, data: Any, indices: Any, updates: Any) -> Any:
+    return ops.scatter_nd(data, indices, updates, reduction=text(node.attr("reduction", "none")))
