@@ -226,3 +226,51 @@ def test_one_hot_needs_depth_and_values_at_load_time():
         opforge.onnx.load(model_of("OneHot", bad, constants=("depth", "values"), opset=11))
     with pytest.raises(ModelError, match="axis"):
         opforge.onnx.load(model_of("OneHot", inputs, constants=("depth", "values"), attrs={"axis": 2}, opset=11))
+
+
+# -- export: each built-in is one ONNX node, which onnxruntime runs alike --------------------------
+
+def exported_runs_alike(fn, arrays, opset):
+    from opforge.onnx import export
+
+    graph = opforge.trace(fn, *arrays)
+    model = export(graph, opset=opset)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {i.name: a for i, a in zip(session.get_inputs(), arrays)})
+    np.testing.assert_allclose(got, graph(*arrays), rtol=1e-6)
+    return [node.op_type for node in model.graph.node]
+
+
+ELEMENT_INDICES = np.array([[2, 0, 1, -1], [0, 2, 2, 1]])
+ND_INDICES = np.array([[1, 2], [0, -1]])
+EXPORTS = [
+    (lambda x: opforge.ops.gather_elements(x, ELEMENT_INDICES), 11, "GatherElements"),
+    (lambda x: opforge.ops.scatter_elements(x, ELEMENT_INDICES, x[:2] * 2), 11, "ScatterElements"),
+    (lambda x: opforge.ops.scatter_elements(x, ELEMENT_INDICES, x[:2], reduction="add"), 16, "ScatterElements"),
+    (lambda x: opforge.ops.scatter_elements(x, ELEMENT_INDICES, x[:2], reduction="max", axis=0), 18,
+     "ScatterElements"),
+    (lambda x: opforge.ops.gather_nd(x, ND_INDICES), 11, "GatherND"),
+    (lambda x: opforge.ops.gather_nd(x, np.array([[1], [3], [0]]), batch_dims=1), 12, "GatherND"),
+    (lambda x: opforge.ops.scatter_nd(x, ND_INDICES, np.ones(2, np.float32)), 11, "ScatterND"),
+    (lambda x: opforge.ops.scatter_nd(x, ND_INDICES, np.ones(2, np.float32), reduction="mul"), 16, "ScatterND"),
+]
+
+
+@pytest.mark.parametrize("fn,opset,op_type", EXPORTS)
+def test_builtins_export_as_one_node(fn, opset, op_type):
+    assert op_type in exported_runs_alike(fn, [r(3, 4)], opset)
+
+
+@pytest.mark.parametrize("fn,opset,message", [
+    (lambda x: opforge.ops.scatter_elements(x, ELEMENT_INDICES, x[:2], reduction="add"), 13, "needs opset 16"),
+    (lambda x: opforge.ops.scatter_nd(x, ND_INDICES, np.ones(2, np.float32), reduction="min"), 17, "needs opset 18"),
+    (lambda x: opforge.ops.gather_nd(x, np.array([[1], [3], [0]]), batch_dims=1), 11, "needs opset 12"),
+    (lambda x: opforge.ops.scatter_nd(x, np.array([[1], [3], [0]]), np.ones(3, np.float32), batch_dims=1), 17,
+     "no batch dims"),
+])
+def test_exports_refused_where_onnx_cannot_say_it(fn, opset, message):
+    from opforge.onnx import export
+
+    with pytest.raises(ModelError, match=message):
+        export(opforge.trace(fn, r(3, 4)), opset=opset)
