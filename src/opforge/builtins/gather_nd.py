@@ -77,8 +77,8 @@ def nd_places(data_shape: tuple[int, ...], indices: npt.NDArray[Any], batch_dims
     (batch coordinates first); a ShapeError for an index out of range (shared with scatter_nd)."""
     k = indices.shape[-1]
     outer = indices.shape[:-1]
-    grids = np.indices(outer, sparse=True)[:batch_dims]
-    places = [np.broadcast_to(g, outer) for g in grids]
+    grids: tuple[npt.NDArray[Any], ...] = tuple(np.indices(outer, sparse=True))
+    places = [np.broadcast_to(g, outer) for g in grids[:batch_dims]]
     for j in range(k):
         size = data_shape[batch_dims + j]
         column = indices[..., j].astype(np.int64)

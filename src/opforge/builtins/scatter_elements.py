@@ -80,9 +80,9 @@ def scatter_elements_reference(data: npt.NDArray[Any], indices: npt.NDArray[Any]
                                axis: int, reduction: str) -> npt.NDArray[Any]:
     axis %= data.ndim
     at = checked_indices(indices, data.shape[axis], "scatter_elements")
-    where = tuple(at if d == axis else grid for d, grid in enumerate(np.indices(indices.shape, sparse=True)))
-    where = tuple(np.broadcast_to(w, indices.shape) for w in where)
-    y = data.copy()
+    grids: tuple[npt.NDArray[Any], ...] = tuple(np.indices(indices.shape, sparse=True))
+    where = tuple(np.broadcast_to(at if d == axis else grid, indices.shape) for d, grid in enumerate(grids))
+    y: npt.NDArray[Any] = data.copy()
     scattered(y, where, updates, reduction)
     return y
 

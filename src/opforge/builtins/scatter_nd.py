@@ -60,10 +60,11 @@ def scatter_nd_reference(data: npt.NDArray[Any], indices: npt.NDArray[Any], upda
     # Element by element, in order: the slice dims join the tuple's index arrays.
     outer, rest = indices.shape[:-1], data.shape[len(places):]
     shape = outer + rest
-    slice_grids = np.indices(shape, sparse=True)[len(outer):]
+    grids: tuple[npt.NDArray[Any], ...] = tuple(np.indices(shape, sparse=True))
+    slice_grids = grids[len(outer):]
     where = tuple(np.broadcast_to(w, shape) for w in
                   [p.reshape(outer + (1,) * len(rest)) for p in places] + list(slice_grids))
-    y = data.copy()
+    y: npt.NDArray[Any] = data.copy()
     scattered(y, where, np.broadcast_to(updates, shape), reduction)
     return y
 

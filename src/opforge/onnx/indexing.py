@@ -77,25 +77,26 @@ def einsum_labels(node: NodeContext, equation: str, ranks: Sequence[int]) -> tup
         raise node.error(f"equation {equation!r} names {len(terms)} operands; the node has {len(ranks)} inputs")
     widths, found = [], []
     for k, (term, rank) in enumerate(zip(terms, ranks)):
-        left, dots, right = term.partition("...")
-        letters = left + right
+        head, marked, tail = term.partition("...")
+        letters = head + tail
         if not all(c.isalpha() for c in letters) or "." in letters:
             raise node.error(f"equation {equation!r}: term {term!r} holds characters other than letters and one "
                              "'...'")
-        width = rank - len(letters) if dots else 0
-        if width < 0 or (not dots and len(letters) != rank):
+        width = rank - len(letters) if marked else 0
+        if width < 0 or (not marked and len(letters) != rank):
             raise node.error(f"equation {equation!r}: term {term!r} does not fit input {k} of rank {rank}")
         widths.append(width)
-        found.append((list(left), width, list(right)))
+        found.append((head, width, tail))
     ellipsis = max(widths, default=0)
-    operands = [left + [f".{ellipsis - width + j}" for j in range(width)] + right for left, width, right in found]
+    operands = [list(head) + [f".{ellipsis - width + j}" for j in range(width)] + list(tail)
+                for head, width, tail in found]
     dots = [f".{j}" for j in range(ellipsis)]
     if arrow:
-        left, has_dots, right = rhs.partition("...")
-        if not all(c.isalpha() for c in left + right):
+        before, has_dots, after = rhs.partition("...")
+        if not all(c.isalpha() for c in before + after):
             raise node.error(f"equation {equation!r}: output {rhs!r} holds characters other than letters and one "
                              "'...'")
-        output = list(left) + (dots if has_dots else []) + list(right)
+        output = list(before) + (dots if has_dots else []) + list(after)
         every = {label for labels in operands for label in labels}
         if len(set(output)) != len(output) or not set(output) <= every:
             raise node.error(f"equation {equation!r}: output {rhs!r} repeats a label or names one no input has")
@@ -115,7 +116,7 @@ def einsum_size(node: NodeContext, x: Any, axis: int, label: str) -> int:
     return size
 
 
-def regrouped(node: NodeContext, x: Any, batch: int, groups: Sequence[Sequence[int]]) -> Any:
+def regrouped(node: NodeContext, x: Any, batch: int, groups: Sequence[Sequence[str]]) -> Any:
     """x (its first ``batch`` dims kept) reshaped so each group of its following dims is one dim of their
     product (a size unknown at load time only as a group's one dim)."""
     dims = list(dims_of(x))
@@ -147,10 +148,10 @@ def einsum_pair(node: NodeContext, a: Any, la: list[str], b: Any, lb: list[str],
         b = ops.unsqueeze(b, axes=list(range(n, n + len(a_only)))) if a_only else b
         return ops.mul(a, b), batch + a_only + b_only
     y = ops.matmul(regrouped(node, a, n, [a_only, contracted]), regrouped(node, b, n, [contracted, b_only]))
-    sizes = [dims_of(a)[n + k] for k in range(len(a_only))] + [dims_of(b)[n + len(contracted) + k]
-                                                             for k in range(len(b_only))]
+    kept = [dims_of(a)[n + k] for k in range(len(a_only))] + [dims_of(b)[n + len(contracted) + k]
+                                                            for k in range(len(b_only))]
     if len(a_only) != 1 or len(b_only) != 1:
-        y = reshaped(node, y, [0] * n + [int(s) for s in sizes], allowzero=True, copies=range(n))
+        y = reshaped(node, y, [0] * n + [int(s) for s in kept], allowzero=True, copies=range(n))
     return y, batch + a_only + b_only
 
 
