@@ -107,6 +107,18 @@ def test_an_index_out_of_range_at_run_time_is_a_kernel_error(op_type, inputs):
         run(model_of(op_type, inputs, dynamic=(0,)), inputs)
 
 
+@pytest.mark.parametrize("op_type,inputs,message", [
+    ("GatherElements", [("data", r(3, 4)), ("indices", np.array([[0, 7, 0, 0]]))], "holds 7, out of range for axis 0"),
+    ("ScatterElements", [("data", r(3, 4)), ("indices", np.array([[0, 0, -4, 0]])), ("updates", r(1, 4))],
+     "holds -4"),
+    ("GatherND", [("data", r(3, 4)), ("indices", np.array([[0, 4]]))], "holds 4, out of range for dim 1"),
+    ("ScatterND", [("data", r(3, 4)), ("indices", np.array([[3]])), ("updates", r(1, 4))], "holds 3"),
+])
+def test_indices_known_at_load_time_are_checked_then(op_type, inputs, message):
+    with pytest.raises(ModelError, match=message):
+        opforge.onnx.load(model_of(op_type, inputs, constants=("indices",)))
+
+
 # -- Einsum ----------------------------------------------------------------------------------
 
 EQUATIONS = [

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import opforge
+from ..spec import UNKNOWN_RANK
 from .elementwise import NUMERIC, dims_of, dtype_of, widened
 from .registry import converter
 from .shape import rank_of, reshaped
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from .registry import NodeContext
 
@@ -31,15 +32,39 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def check_range(node: NodeContext, indices: Any, sizes: Sequence[int], what: str | Callable[[int], str]) -> None:
+    """Indices known at load time, checked against the sizes they index (each column of the last axis
+    against its own size, or all against one), so an index out of range is a ModelError now rather
+    than a KernelError at run time."""
+    if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu" or not indices.size:
+        return
+    columns = indices.reshape(-1, len(sizes)) if len(sizes) > 1 else indices.reshape(-1, 1)
+    for j, size in enumerate(sizes):
+        if size < 0:
+            continue
+        bad = columns[:, j][(columns[:, j] < -size) | (columns[:, j] >= size)]
+        if bad.size:
+            raise node.error(f"input 'indices' holds {bad[0]}, out of range for {what(j) if callable(what) else what}"
+                             f" of size {size} (valid: {-size}..{size - 1})")
+
+
+def axis_size(data: Any, axis: int) -> int:
+    dims = dims_of(data)
+    return -1 if dims == UNKNOWN_RANK or not -len(dims) <= axis < len(dims) else int(dims[axis])
+
+
 # -- GatherElements, ScatterElements, Scatter ----------------------------------------------
 
 @converter("GatherElements", since=11)
 def gather_elements(node: NodeContext, data: Any, indices: Any) -> Any:
-    return ops.gather_elements(data, indices, axis=node.attr("axis", 0))
+    axis = node.attr("axis", 0)
+    check_range(node, indices, [axis_size(data, axis)], f"axis {axis}")
+    return ops.gather_elements(data, indices, axis=axis)
 
 
 @converter("ScatterElements", since=11)
 def scatter_elements(node: NodeContext, data: Any, indices: Any, updates: Any) -> Any:
+    check_range(node, indices, [axis_size(data, node.attr("axis", 0))], f"axis {node.attr('axis', 0)}")
     # reduction: add and mul from opset 16, max and min from 18; the op's check names a wrong one
     return ops.scatter_elements(data, indices, updates, axis=node.attr("axis", 0),
                                 reduction=text(node.attr("reduction", "none")))
@@ -50,13 +75,23 @@ converter("Scatter", since=9)(scatter_elements)  # ScatterElements before opset 
 
 # -- GatherND, ScatterND -------------------------------------------------------------------
 
+def check_tuples(node: NodeContext, data: Any, indices: Any, batch_dims: int) -> None:
+    if isinstance(indices, np.ndarray) and indices.ndim > batch_dims:
+        sizes = [axis_size(data, batch_dims + j) for j in range(indices.shape[-1])]
+        if sizes:
+            check_range(node, indices, sizes, lambda j: f"dim {batch_dims + j} of input 'data'")
+
+
 @converter("GatherND", since=11)
 def gather_nd(node: NodeContext, data: Any, indices: Any) -> Any:
-    return ops.gather_nd(data, indices, batch_dims=node.attr("batch_dims", 0))  # batch_dims from opset 12
+    batch_dims = node.attr("batch_dims", 0)  # from opset 12
+    check_tuples(node, data, indices, batch_dims)
+    return ops.gather_nd(data, indices, batch_dims=batch_dims)
 
 
 @converter("ScatterND", since=11)
 def scatter_nd(node: NodeContext, data: Any, indices: Any, updates: Any) -> Any:
+    check_tuples(node, data, indices, 0)
     return ops.scatter_nd(data, indices, updates, reduction=text(node.attr("reduction", "none")))
 
 
