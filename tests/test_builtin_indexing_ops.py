@@ -100,8 +100,10 @@ def test_gather_elements_inference_and_trace_with_unknown_dims():
                           TensorSpec([None, None], "int64"))
     data, indices = sample((3, 5)), rng.integers(0, 5, (2, 7))
     np.testing.assert_array_equal(graph(data, indices), take_elements(data, indices, 1))
-    with pytest.raises(KernelError):
+    with pytest.raises(KernelError, match="error code 4"):
         graph(data, np.full((2, 2), 5))
+    with pytest.raises(CheckError, match="larger than data"):  # the sizes are checked when they are known
+        graph(data, np.zeros((4, 2), np.int64))
 
 
 def test_gather_elements_gradient_adds_repeated_indices():
@@ -306,6 +308,8 @@ def test_nd_ops_empty_and_unknown_dims():
                           TensorSpec([None, 2], "int64"), TensorSpec([None]))
     indices, updates = np.array([[2, 3], [2, 3], [0, 0]]), sample((3,))
     np.testing.assert_allclose(graph(data, indices, updates), put_nd(data, indices, updates, 0, "add"), rtol=1e-6)
+    with pytest.raises(CheckError, match="'updates' has shape"):  # the sizes are checked when they are known
+        graph(data, indices, sample((2,)))
 
 
 def test_nd_ops_gradients():
