@@ -157,6 +157,18 @@ def test_scatter_elements_every_dtype(dtype, reduction):
         np.testing.assert_array_equal(got, put_elements(data, indices, updates, 0, reduction))
 
 
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_scatter_max_and_min_keep_nans_as_numpy_does(reduction):
+    data = np.array([np.nan, 1.0, 2.0, 3.0])
+    indices, updates = np.array([0, 1, 2, 2]), np.array([5.0, np.nan, 7.0, -7.0])
+    expected = put_elements(data, indices, updates, 0, reduction)
+    expected[:2] = np.nan
+    np.testing.assert_array_equal(ops.scatter_elements(data, indices, updates, reduction=reduction), expected)
+    np.testing.assert_array_equal(ops.scatter_elements.op.reference_kernel.fn(data, indices, updates, axis=0,
+                                                                              reduction=reduction), expected)
+    np.testing.assert_array_equal(ops.scatter_nd(data, indices[:, None], updates, reduction=reduction), expected)
+
+
 def test_scatter_elements_repeated_indices_take_the_last_write():
     got = ops.scatter_elements(np.zeros(3, np.float32), np.array([1, 1, 1]), np.array([1, 2, 3], np.float32))
     np.testing.assert_array_equal(got, [0, 3, 0])

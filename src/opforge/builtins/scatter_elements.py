@@ -72,7 +72,8 @@ def scattered(y: npt.NDArray[Any], where: tuple[Any, ...], updates: npt.NDArray[
         for k in range(updates.size):  # in order, so the last of repeated indices wins as in the kernel
             y[tuple(w.reshape(-1)[k] for w in where)] = updates.reshape(-1)[k]
     else:
-        UFUNCS[reduction].at(y, where, updates)
+        with np.errstate(all="ignore"):  # NaNs propagate, overflow wraps: as in the kernel, without warnings
+            UFUNCS[reduction].at(y, where, updates)
 
 
 @scatter_elements.reference(fallback=True)
@@ -102,7 +103,6 @@ def scatter_elements_grad(saved: Any, dy: Any, *, axis: int, reduction: str) -> 
 
 # The reductions, shared with scatter_nd: Reduce<R>(into, update) for R 0..4 (none, add, mul, max, min).
 REDUCE = r"""
-#include <algorithm>
 #include <cstring>
 
 template <int R, typename E>
@@ -110,8 +110,9 @@ static inline void Reduce(E &into, E update) {
   if (R == 0) into = update;
   if (R == 1) into = E(into + update);
   if (R == 2) into = E(into * update);
-  if (R == 3) into = std::max(into, update);
-  if (R == 4) into = std::min(into, update);
+  // max / min: a NaN on either side wins, as NumPy's maximum / minimum (the reference) give.
+  if (R == 3 && (update > into || update != update)) into = update;
+  if (R == 4 && (update < into || update != update)) into = update;
 }
 
 // The reduction attribute's number (none 0, add 1, mul 2, max 3, min 4); -1 for another name.
