@@ -18,7 +18,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather import INDEX_DTYPES, INDICES_FIT, checked_indices
+from opforge.builtins.gather import INDEX_DTYPES, checked_indices
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -85,69 +85,13 @@ def gather_elements_grad(saved: Any, dy: Any, *, axis: int) -> tuple[Any, None]:
     return opforge.ops.scatter_elements(zeros, saved.indices, dy, axis=axis, reduction="add"), None
 
 
-# Shared with scatter_elements: where each element of an indices row lands in data.
-AXIS_WALK = r"""
-#include <vector>
-
-// indices (rank r) walked row by row over its last dim: element j of row `row` reads or writes
-// data at Base(row) + j * step + index * stride[axis].
-struct AxisWalk {
-  int rank = 0;
-  int64_t axis = 0, last = 0, rows = 0, step = 1, axis_stride = 1, size = 0;
-  std::vector<int64_t> stride, ishape;
-
-  // 0, or 3 when indices is larger than data on an axis other than `axis`.
-  int Init(int r, const int64_t *dshape, const int64_t *idims, int64_t a) {
-    rank = r, axis = a;
-    stride.assign(r, 1);
-    ishape.assign(idims, idims + r);
-    for (int d = r - 2; d >= 0; d--) stride[d] = stride[d + 1] * dshape[d + 1];
-    for (int d = 0; d < r; d++)
-      if (d != a && idims[d] > dshape[d]) return 3;
-    last = idims[r - 1];
-    rows = 1;
-    for (int d = 0; d < r - 1; d++) rows *= idims[d];
-    step = a == r - 1 ? 0 : 1;
-    axis_stride = stride[a];
-    size = dshape[a];
-    return 0;
-  }
-  int64_t Base(int64_t row) const {
-    int64_t base = 0;
-    for (int d = rank - 2; d >= 0; d--) {
-      const int64_t c = row % ishape[d];
-      row /= ishape[d];
-      if (d != axis) base += c * stride[d];
-    }
-    return base;
-  }
-  template <typename I>
-  int64_t At(int64_t base, int64_t j, I index) const {
-    const int64_t at = int64_t(index) < 0 ? int64_t(index) + size : int64_t(index);
-    return base + j * step + at * axis_stride;
-  }
-};
-
-// axis from the attribute, made non-negative; -1 when it is out of range.
-static inline int64_t AxisOf(void *extra, int rank) {
-  int64_t axis = static_cast<AotExtra *>(extra)->Attr<int64_t>("axis");
-  if (axis < 0) axis += rank;
-  return axis < 0 || axis >= rank ? -1 : axis;
-}
-"""
-
+# The helpers (AxisWalk: where an index lands) are in indexing.h, shared with scatter_elements.
 GATHER_ELEMENTS_CC = r"""
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
+#include "indexing.h"
 
-#include "custom_aot_extra.h"
-#include "elements.h"
-""" + INDICES_FIT + AXIS_WALK + r"""
 template <typename E, typename I>
 static int Run(const void *data_, const I *indices, void *y_, const AxisWalk &w) {
-  const int64_t n = w.rows * w.last;
-  if (!IndicesFit(indices, n, w.size)) return 4;  // an index out of range, found before any write
+  if (!w.Fits(indices)) return 4;  // an index out of range, found before any write
   const E *data = static_cast<const E *>(data_);
   E *y = static_cast<E *>(y_);
   opforge::parallel_for(0, w.rows, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(w.last, 1)),

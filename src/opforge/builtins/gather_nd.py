@@ -106,62 +106,10 @@ def gather_nd_grad(saved: Any, dy: Any, *, batch_dims: int) -> tuple[Any, None]:
     return opforge.ops.scatter_nd(zeros, saved.indices, dy, reduction="add", batch_dims=batch_dims), None
 
 
-# Shared with scatter_nd.
-ND_WALK = r"""
-// data [batch..., tuple dims (k)..., slice dims...] and indices [batch..., outer..., k]:
-// tuple t of batch b reads or writes the slice of `slice` elements at Start(b, tuple).
-struct NdWalk {
-  int64_t batches = 1, tuples = 1, k = 0, slice = 1, block = 1;
-  std::vector<int64_t> sizes, strides;  // of the k tuple dims of data
-
-  // 0, or 3 when the shapes do not fit (the op's check rejects these first).
-  int Init(int rank, const int64_t *dshape, int qrank, const int64_t *ishape, int64_t batch_dims) {
-    if (batch_dims < 0 || qrank <= batch_dims || rank <= batch_dims) return 3;
-    k = ishape[qrank - 1];
-    if (k < 0 || batch_dims + k > rank) return 3;
-    for (int d = 0; d < batch_dims; d++) {
-      if (dshape[d] != ishape[d]) return 3;
-      batches *= dshape[d];
-    }
-    for (int d = batch_dims; d < qrank - 1; d++) tuples *= ishape[d];
-    for (int d = int(batch_dims + k); d < rank; d++) slice *= dshape[d];
-    sizes.assign(dshape + batch_dims, dshape + batch_dims + k);
-    strides.assign(k, slice);
-    for (int64_t j = k - 2; j >= 0; j--) strides[j] = strides[j + 1] * sizes[j + 1];
-    block = k ? strides[0] * sizes[0] : slice;
-    return 0;
-  }
-  template <typename I>
-  bool Fits(const I *indices) const {
-    for (int64_t t = 0; t < batches * tuples; t++)
-      for (int64_t j = 0; j < k; j++) {
-        const int64_t at = int64_t(indices[t * k + j]);
-        if (at < -sizes[j] || at >= sizes[j]) return false;
-      }
-    return true;
-  }
-  // The element offset in data of tuple t (counted over all batches).
-  template <typename I>
-  int64_t Start(int64_t t, const I *indices) const {
-    int64_t start = (t / tuples) * block;
-    for (int64_t j = 0; j < k; j++) {
-      const int64_t at = int64_t(indices[t * k + j]);
-      start += (at < 0 ? at + sizes[j] : at) * strides[j];
-    }
-    return start;
-  }
-};
-"""
-
+# indexing.h: NdWalk (where a tuple's slice is), shared with scatter_nd.
 GATHER_ND_CC = r"""
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <vector>
+#include "indexing.h"
 
-#include "custom_aot_extra.h"
-#include "elements.h"
-""" + ND_WALK + r"""
 template <typename I>
 static int Run(const char *data, const I *indices, char *y, const NdWalk &w, int64_t element) {
   if (!w.Fits(indices)) return 4;  // an index out of range, found before any copy

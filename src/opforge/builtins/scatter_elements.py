@@ -21,8 +21,8 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather import INDICES_FIT, checked_indices
-from opforge.builtins.gather_elements import AXIS_WALK, elements_problem
+from opforge.builtins.gather import checked_indices
+from opforge.builtins.gather_elements import elements_problem
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -101,83 +101,22 @@ def scatter_elements_grad(saved: Any, dy: Any, *, axis: int, reduction: str) -> 
     return opforge.ops.scatter_elements(dy, saved.indices, zeros, axis=axis), None, dupdates
 
 
-# The reductions, shared with scatter_nd: Reduce<R>(into, update) for R 0..4 (none, add, mul, max, min).
-REDUCE = r"""
-#include <cstring>
-
-template <int R, typename E>
-static inline void Reduce(E &into, E update) {
-  if (R == 0) into = update;
-  if (R == 1) into = E(into + update);
-  if (R == 2) into = E(into * update);
-  // max / min: a NaN on either side wins, as NumPy's maximum / minimum (the reference) give.
-  if (R == 3 && (update > into || update != update)) into = update;
-  if (R == 4 && (update < into || update != update)) into = update;
-}
-
-// The reduction attribute's number (none 0, add 1, mul 2, max 3, min 4); -1 for another name.
-static inline int ReductionOf(void *extra) {
-  const std::string name = static_cast<AotExtra *>(extra)->Attr<std::string>("reduction");
-  const char *names[] = {"none", "add", "mul", "max", "min"};
-  for (int r = 0; r < 5; r++)
-    if (name == names[r]) return r;
-  return -1;
-}
-
-// F(R, E) for reduction r and element type E: by size for "none" (a write moves bytes), else by
-// dtype name.  Returns F's status, or 2 for a dtype without arithmetic here.
-#define OPFORGE_SCATTER_DISPATCH(r, dtype, F)                                                   \
-  do {                                                                                          \
-    if (r == 0) {                                                                               \
-      switch (ElementSize(dtype)) {                                                             \
-        case 1: return F(0, uint8_t);                                                         \
-        case 2: return F(0, uint16_t);                                                        \
-        case 4: return F(0, uint32_t);                                                        \
-        case 8: return F(0, uint64_t);                                                        \
-        default: return 2;                                                                      \
-      }                                                                                         \
-    }                                                                                           \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "float32", float)                                        \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "float64", double)                                       \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "int8", int8_t)                                          \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "int16", int16_t)                                        \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "int32", int32_t)                                        \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "int64", int64_t)                                        \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "uint8", uint8_t)                                        \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "uint16", uint16_t)                                      \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "uint32", uint32_t)                                      \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "uint64", uint64_t)                                      \
-    OPFORGE_SCATTER_TYPED(r, dtype, F, "bool", bool)                                            \
-    return 2;                                                                                   \
-  } while (0)
-#define OPFORGE_SCATTER_TYPED(r, dtype, F, name, E)                                             \
-  if (!std::strcmp(dtype, name)) {                                                              \
-    if (r == 1) return F(1, E);                                                               \
-    if (r == 2) return F(2, E);                                                               \
-    if (r == 3) return F(3, E);                                                               \
-    return F(4, E);                                                                           \
-  }
-"""
-
+# indexing.h: AxisWalk (where an index lands), Reduce<R> and the dispatch over reductions and dtypes.
 SCATTER_ELEMENTS_CC = r"""
-#include <cstdint>
-#include <cstring>
-#include <string>
+#include "indexing.h"
 
-#include "custom_aot_extra.h"
-#include "elements.h"
-""" + INDICES_FIT + AXIS_WALK + REDUCE + r"""
 template <int R, typename E, typename I>
 static int Run(const void *data, const I *indices, const void *updates_, void *y_, const AxisWalk &w,
                int64_t count) {
-  const int64_t n = w.rows * w.last;
-  if (!IndicesFit(indices, n, w.size)) return 4;  // an index out of range, found before any write
+  if (!w.Fits(indices)) return 4;  // an index out of range, found before any write
   ParallelCopy(y_, data, count * int64_t(sizeof(E)));
   E *y = static_cast<E *>(y_);
   const E *updates = static_cast<const E *>(updates_);
   for (int64_t r = 0; r < w.rows; r++) {
     const int64_t base = w.Base(r);
-    for (int64_t j = 0; j < w.last; j++) Reduce<R>(y[w.At(base, j, indices[r * w.last + j])], updates[r * w.last + j]);
+    const I *row = indices + r * w.last;
+    const E *from = updates + r * w.last;
+    for (int64_t j = 0; j < w.last; j++) Reduce<R>(y[w.At(base, j, row[j])], from[j]);
   }
   return 0;
 }

@@ -21,8 +21,8 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather_nd import ND_WALK, gathered_nd_shape, nd_places, nd_problem
-from opforge.builtins.scatter_elements import REDUCE, SCATTER_DTYPES, reduction_problem, scattered
+from opforge.builtins.gather_nd import gathered_nd_shape, nd_places, nd_problem
+from opforge.builtins.scatter_elements import SCATTER_DTYPES, reduction_problem, scattered
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -81,15 +81,10 @@ def scatter_nd_grad(saved: Any, dy: Any, *, reduction: str, batch_dims: int) -> 
     return opforge.ops.scatter_nd(dy, saved.indices, zeros, batch_dims=batch_dims), None, dupdates
 
 
+# indexing.h: NdWalk (where a tuple's slice is), Reduce<R> and the dispatch over reductions and dtypes.
 SCATTER_ND_CC = r"""
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <vector>
+#include "indexing.h"
 
-#include "custom_aot_extra.h"
-#include "elements.h"
-""" + ND_WALK + REDUCE + r"""
 template <int R, typename E, typename I>
 static int Run(const void *data, const I *indices, const void *updates_, void *y_, const NdWalk &w,
                int64_t count) {
