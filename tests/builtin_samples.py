@@ -282,6 +282,35 @@ put("gather_grad",
     sample(normal(*output_shape("gather", normal(2, 4, 3), GATHER_INDICES, axis=1), seed=110), GATHER_INDICES,
            normal(2, 4, 3, seed=111), differentiable=[0], axis=1))
 
+# gather_elements / scatter_elements: indices of data's rank, no larger than data on the other axes.
+ELEMENT_INDICES = np.array([[2, -1, 0, 1], [0, 0, -3, 2]], np.int64)  # along axis 0 of a [3, 4] data
+put("gather_elements",
+    sample(normal(3, 4, seed=401), ELEMENT_INDICES, differentiable=[0], note="repeated and negative indices"),
+    sample(normal(4, 5, seed=402), np.array([[4, 0], [-1, 3], [2, 2]], np.int32), differentiable=[0], axis=1,
+           note="int32 indices smaller than data on axis 0"))
+put("scatter_elements",
+    sample(normal(3, 4, seed=403), np.array([[2, 0, 1, -1], [0, 1, 2, 0]], np.int64), normal(2, 4, seed=404),
+           differentiable=[0, 2], note="no index repeated in a column: each update lands once"),
+    sample(normal(3, 4, seed=405), ELEMENT_INDICES, normal(2, 4, seed=406), differentiable=[0, 2],
+           reduction="add", note="a repeated index adds up"),
+    sample(normal(4, 5, seed=407), np.array([[4, 0], [-1, 3]], np.int32), normal(2, 2, seed=408), axis=1,
+           reduction="max", note="no gradient rule for max"),
+    sample(np.arange(6, dtype=np.int64).reshape(2, 3), np.array([[1, 1, 0]], np.int64),
+           np.array([[5, 6, 7]], np.int64), reduction="mul", note="integers"))
+
+# gather_nd / scatter_nd: index tuples along indices' last axis.
+ND_INDICES = np.array([[[1, -1], [0, 2]], [[1, 0], [1, -1]]], np.int64)  # 2 x 2 tuples into [2, 3, ...] data
+put("gather_nd",
+    sample(normal(2, 3, 4, seed=409), ND_INDICES, differentiable=[0], note="a repeated tuple adds up in the gradient"),
+    sample(normal(2, 3, 2, seed=410), np.array([[[2], [0]], [[-1], [1]]], np.int32), differentiable=[0],
+           batch_dims=1, note="int32 indices, one batch dim"))
+put("scatter_nd",
+    sample(normal(2, 3, 4, seed=411), np.array([[1, 2], [0, 0], [1, -3]], np.int64), normal(3, 4, seed=412),
+           differentiable=[0, 2], note="tuples all distinct: each slice lands once"),
+    sample(normal(2, 3, seed=413), ND_INDICES[0], normal(2, seed=414), differentiable=[0, 2], reduction="add"),
+    sample(normal(2, 3, 2, seed=415), np.array([[[2], [2]], [[-1], [0]]], np.int32), normal(2, 2, 2, seed=416),
+           reduction="min", batch_dims=1, note="no gradient rule for min"))
+
 # topk: no equal values along the axis (a tie would let the picked index jump under a small change).
 put("topk",
     sample(distinct(3, 5, 2, seed=112), differentiable=[0], k=2, axis=1, note="values all distinct: no ties"),

@@ -181,6 +181,19 @@ GRADCHECKS = {
                        {"strides": [2, 1], "pads": [1, 0, 0, 1], "group": 2, "output_padding": [1, 0]}),
     "conv_transpose_1d_no_bias": (closing_over(ops.conv_transpose, None, at=2), [r(2, 2, 4), r(2, 3, 3, seed=1)],
                                   {"strides": [3], "dilations": [2]}),
+    # gather_elements, scatter_elements, gather_nd, scatter_nd (repeated indices add up; "none" writes once)
+    "gather_elements": (closing_over(ops.gather_elements, np.array([[2, -1, 0], [0, 0, 1]]), at=1), [r(3, 4)],
+                        {"axis": 0}),
+    "scatter_elements": (closing_over(ops.scatter_elements, np.array([[1, 0, 3], [2, 3, 0]]), at=1),
+                         [r(3, 4), r(2, 3, seed=1)], {"axis": 1}),
+    "scatter_elements_add": (closing_over(ops.scatter_elements, np.array([[1, 1, 0]]), at=1),
+                             [r(3, 4), r(1, 3, seed=1)], {"reduction": "add"}),
+    "gather_nd": (closing_over(ops.gather_nd, np.array([[1, 2], [1, 2], [0, -1]]), at=1), [r(2, 3, 4)], {}),
+    "gather_nd_batch": (closing_over(ops.gather_nd, np.array([[[2], [0]], [[1], [1]]]), at=1), [r(2, 3)],
+                        {"batch_dims": 1}),
+    "scatter_nd": (closing_over(ops.scatter_nd, np.array([[1], [0]]), at=1), [r(2, 3), r(2, 3, seed=1)], {}),
+    "scatter_nd_add": (closing_over(ops.scatter_nd, np.array([[1, 2], [1, 2]]), at=1), [r(2, 3, 4), r(2, 4, seed=1)],
+                       {"reduction": "add"}),
 }
 
 

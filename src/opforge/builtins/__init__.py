@@ -55,3 +55,7 @@ from . import conv_transpose  # noqa: F401
 from . import layer_norm  # noqa: F401
 from . import resize  # noqa: F401
 from . import mod  # noqa: F401
+from . import gather_elements  # noqa: F401
+from . import scatter_elements  # noqa: F401
+from . import gather_nd  # noqa: F401
+from . import scatter_nd  # noqa: F401

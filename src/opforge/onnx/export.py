@@ -184,6 +184,7 @@ EXPORTERS["hard_sigmoid"] = _same("HardSigmoid", "alpha", "beta")
 EXPORTERS["gather"] = _same("Gather", "axis")
 EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
 EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
+EXPORTERS["gather_elements"] = _same("GatherElements", "axis")
 del _name, _op_type
 
 
@@ -405,6 +406,28 @@ def _(e: NodeExport) -> None:
     if mode == "constant":  # the value crosses the kernel ABI as a float32: the same rounding here
         inputs.append(e.const(np.float32(e.attrs["value"]), e.dtype(0)))
     e.result("Pad", inputs, mode=mode)
+
+
+@exporter("gather_nd")
+def _(e: NodeExport) -> None:
+    batch_dims = e.attrs["batch_dims"]
+    if batch_dims and e.opset < 12:
+        raise e.error(f"batch_dims {batch_dims} needs opset 12 or later (ONNX GatherND); the model's is {e.opset}")
+    e.result("GatherND", e.inputs, batch_dims=batch_dims or None)
+
+
+@exporter("scatter_elements", "scatter_nd")
+def _(e: NodeExport) -> None:
+    # ONNX's reduction attribute: add and mul from opset 16, max and min from 18; "none" is the default.
+    reduction = e.attrs["reduction"]
+    since = {"none": 11, "add": 16, "mul": 16, "max": 18, "min": 18}[reduction]
+    if e.opset < since:
+        raise e.error(f"reduction {reduction!r} needs opset {since} or later; the model's is {e.opset}")
+    if e.attrs.get("batch_dims", 0):
+        raise e.error(f"batch_dims {e.attrs['batch_dims']}: ONNX ScatterND has no batch dims (only 0 exports)")
+    axis = {"axis": e.attrs["axis"]} if e.op_name == "scatter_elements" else {}
+    e.result("ScatterElements" if e.op_name == "scatter_elements" else "ScatterND", e.inputs,
+             reduction=reduction if reduction != "none" else None, **axis)
 
 
 def reduce_mean(e: NodeExport, x: str, axes: list[int]) -> list[str]:

@@ -187,6 +187,8 @@ class Binding:
         device = present[0].device if present else torch.device("cpu")
         signature = symbolic.Signature(op, tensors)
         out_specs = op.infer_specs(signature.unknown, attrs)
+        if any(spec.rank is None for spec in out_specs):  # a rank the sizes decide (gather_nd's tuple length):
+            out_specs = op.infer_specs(self.specs(tensors, concrete=True), attrs)  # from them (torch guards on them)
         shapes = signature.output_dims(attrs, out_specs, lambda: self.specs(tensors, concrete=True))
         outputs = []
         for spec, shape in zip(out_specs, shapes):
