@@ -65,6 +65,14 @@ EXCLUDED = {
     "test_equal_string_cpu": "Equal of strings: opforge has no string dtype",
     "test_equal_string_broadcast_cpu": "Equal of strings: opforge has no string dtype",
 }
+# (Quantize/DequantizeLinear to or from float8, float4, int4, int2: no opforge dtype; onnxruntime 1.32 has
+# no kernel at these cases' opset 28 and fails them too.)
+QUANT_NARROW = {"quantizelinear": ("e4m3fn", "e5m2", "uint4", "int4", "uint2", "int2", "float4e2m1"),
+                "dequantizelinear": ("e4m3fn", "e4m3fn_float16", "e4m3fn_zero_point", "e5m2", "uint4", "int4",
+                                     "uint2", "int2", "float4e2m1")}
+EXCLUDED.update({f"test_{op}_{kind}_cpu": f"{op} with a {kind.split('_')[0]} tensor: opforge has no dtype for this "
+                                          "ONNX element type, so load refuses the model (onnxruntime fails it too)"
+                 for op, kinds in QUANT_NARROW.items() for kind in kinds})
 
 CASES = conformance_cases(SUPPORTED_OPS)
 INCLUDED = sorted(f"{case.name}_cpu" for cases in CASES.values() for case in cases
