@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "custom_aot_extra.h"
 #include "opforge/parallel.h"
@@ -231,6 +232,48 @@ extern "C" int DequantizeLinear(int nparam, void **params, int *ndims, int64_t *
     if (Is(q, "uint16")) return DequantizeFrom<uint16_t>(params, t, l);
     if (Is(q, "int32")) return DequantizeFrom<int32_t>(params, t, l);
     return 2;
+  } catch (...) {
+    return 4;
+  }
+}
+
+// params: x (float32), y (uint8), y_scale (float32, 0-d), y_zero_point (uint8,
+// 0-d).  The range [min(x, 0), max(x, 0)] maps onto 0..255 (ONNX
+// DynamicQuantizeLinear): the minimum and maximum in parallel chunks (NaNs
+// skipped), then the scale and zero point in float32 as the spec writes
+// them, then the quantization pass.
+extern "C" int DynamicQuantizeLinear(int nparam, void **params, int *ndims, int64_t **shapes,
+                                     const char **dtypes, void *stream, void *extra) {
+  try {
+    const float *x = static_cast<const float *>(params[0]);
+    const int64_t n = Count(ndims[0], shapes[0]);
+    const int64_t chunks = (n + kGrain - 1) / kGrain;
+    std::vector<float> lows(chunks, 0.0f), highs(chunks, 0.0f);  // 0 is in the range whatever x holds
+    opforge::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; c++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int64_t i = c * kGrain, end = std::min(n, (c + 1) * kGrain); i < end; i++) {
+          lo = x[i] < lo ? x[i] : lo;
+          hi = x[i] > hi ? x[i] : hi;
+        }
+        lows[c] = lo;
+        highs[c] = hi;
+      }
+    });
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+      lo = std::min(lo, lows[c]);
+      hi = std::max(hi, highs[c]);
+    }
+    const float scale = (hi == lo ? 1.0f : hi - lo) / 255.0f;
+    const float zero = QuantizeOne(-lo, scale, 0.0f, 0.0f, 255.0f);  // saturate(round(0 - lo / scale))
+    *static_cast<float *>(params[2]) = scale;
+    *static_cast<uint8_t *>(params[3]) = static_cast<uint8_t>(zero);
+    Layout l;
+    l.inner = n;
+    Quantize<float, uint8_t>(x, static_cast<float *>(params[2]), static_cast<uint8_t *>(params[3]),
+                             static_cast<uint8_t *>(params[1]), l);
+    return 0;
   } catch (...) {
     return 4;
   }

@@ -161,3 +161,38 @@ for _isa in (None, "avx2"):
                            dtypes=[(x, x, q) for x in SCALES for q in QUANTIZED])
 dequantize_linear.kernel(source=_SOURCE, function="DequantizeLinear", cflags=["-fno-trapping-math"],
                          dtypes=[(q, t, q) for q in DEQUANTIZABLE for t in SCALES])
+
+
+# -- dynamic_quantize_linear: the scale and zero point taken from x's range ------------------------------
+
+dynamic_quantize_linear = opforge.op(
+    "dynamic_quantize_linear(Tensor x) -> (Tensor y, Tensor y_scale, Tensor y_zero_point)",
+    traits=["no_side_effect", "no_grad", "always_compute"],  # an empty x still has a scale and zero point
+    doc="Quantize float32 x to uint8 over its range widened to hold 0: y_scale = (max - min) / 255 (1 / 255 "
+        "when max == min), y_zero_point = saturate(round(-min / y_scale)), y = quantize_linear(x, ...).")
+
+
+@dynamic_quantize_linear.check
+def dynamic_quantize_linear_check(x: TensorSpec) -> None:
+    if x.dtype != "float32":
+        raise opforge.DTypeError(f"op 'dynamic_quantize_linear': input 'x' has dtype {x.dtype}; expected float32")
+
+
+@dynamic_quantize_linear.infer
+def dynamic_quantize_linear_infer(x: TensorSpec) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
+    return TensorSpec(x.shape, "uint8"), TensorSpec((), "float32"), TensorSpec((), "uint8")
+
+
+@dynamic_quantize_linear.reference
+def dynamic_quantize_linear_reference(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
+    finite = x[~np.isnan(x)]
+    low = np.float32(min(0.0, finite.min())) if finite.size else np.float32(0)
+    high = np.float32(max(0.0, finite.max())) if finite.size else np.float32(0)
+    scale = np.float32(np.float32(1) if high == low else high - low) / np.float32(255)
+    zero_point = quantize_linear_reference(-low, scale, np.uint8(0), axis=1, block_size=0)
+    y = quantize_linear_reference(x, scale, zero_point, axis=1, block_size=0)
+    return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)
+
+
+dynamic_quantize_linear.kernel(source=_SOURCE, function="DynamicQuantizeLinear", cflags=["-fno-trapping-math"],
+                               dtypes={"x": ["float32"]})

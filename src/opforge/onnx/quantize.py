@@ -126,3 +126,10 @@ def dequantize_linear(node: NodeContext, x: Any, x_scale: Any, x_zero_point: Any
         x_scale = ops.cast(x_scale, dtype=compute)
     y = ops.dequantize_linear(x, x_scale, x_zero_point, axis=axis, block_size=block)
     return y if compute == out_dtype else ops.cast(y, dtype=out_dtype)
+
+
+@converter("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(node: NodeContext, x: Any) -> Any:
+    if dtype_of(x) != "float32":
+        raise node.error(f"input 'x' has dtype {dtype_of(x)}; DynamicQuantizeLinear takes float32")
+    return ops.dynamic_quantize_linear(x)
