@@ -133,3 +133,104 @@ def dynamic_quantize_linear(node: NodeContext, x: Any) -> Any:
     if dtype_of(x) != "float32":
         raise node.error(f"input 'x' has dtype {dtype_of(x)}; DynamicQuantizeLinear takes float32")
     return ops.dynamic_quantize_linear(x)
+
+
+# -- integer products: MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv ---------------------------
+
+EIGHT_BIT = ("int8", "uint8")
+
+
+def centered(node: NodeContext, x: Any, zero_point: Any, what: str, per_row: bool = False) -> Any:
+    """x - zero_point in float64 (exact).  A zero point is per tensor, or per row of A (a vector as long as
+    A's rows: a column here) / per column of B (a vector that broadcasts as it is) / per output channel of W
+    (``per_row`` too: one value per leading index), or shaped to broadcast against x."""
+    if dtype_of(x) not in EIGHT_BIT:
+        raise node.error(f"input '{what}' has dtype {dtype_of(x)}; {node.op_type} takes int8 or uint8")
+    wide = ops.cast(x, dtype="float64")
+    if zero_point is None:
+        return wide
+    if dtype_of(zero_point) != dtype_of(x):
+        raise node.error(f"the zero point of input '{what}' has dtype {dtype_of(zero_point)}, the input has "
+                         f"{dtype_of(x)}; they must match")
+    zero = ops.cast(zero_point, dtype="float64")
+    dims, zdims = dims_of(x), dims_of(zero_point)
+    if per_row and zdims != UNKNOWN_RANK and len(zdims) == 1 and dims != UNKNOWN_RANK and len(dims) >= 2:
+        zero = ops.reshape(zero, shape=[-1] + [1] * (len(dims) - 1 if "Conv" in node.op_type else 1))
+    return ops.sub(wide, zero)
+
+
+def integer_matmul(node: NodeContext, a: Any, a_zero_point: Any, b: Any, b_zero_point: Any) -> Any:
+    """(A - a_zp) @ (B - b_zp) in float64: exact integers (the module says why), with ONNX MatMul's ranks."""
+    from .linear import matmul
+
+    return matmul(node, centered(node, a, a_zero_point, "A", per_row=True), centered(node, b, b_zero_point, "B"))
+
+
+@converter("MatMulInteger", since=10)
+def matmul_integer(node: NodeContext, a: Any, b: Any, a_zero_point: Any = None, b_zero_point: Any = None) -> Any:
+    return ops.cast(integer_matmul(node, a, a_zero_point, b, b_zero_point), dtype="int32")
+
+
+def requantized(node: NodeContext, acc: Any, multiplier: Any, y_zero_point: Any, out_dtype: str) -> Any:
+    """saturate(round_half_even(acc * multiplier) + y_zero_point), acc and multiplier float64."""
+    if y_zero_point is None:
+        y_zero_point = np.zeros((), out_dtype)
+    if dtype_of(y_zero_point) not in EIGHT_BIT:
+        raise node.error(f"the output zero point has dtype {dtype_of(y_zero_point)}; expected int8 or uint8")
+    return ops.quantize_linear(ops.mul(acc, multiplier), np.ones((), np.float64),
+                               ops.reshape(y_zero_point, shape=[]))
+
+
+def wide(node: NodeContext, scale: Any, what: str) -> Any:
+    if dtype_of(scale) not in SCALES + NARROW_FLOATS:
+        raise node.error(f"input '{what}' has dtype {dtype_of(scale)}; expected a float scale")
+    return ops.cast(scale, dtype="float64")
+
+
+@converter("QLinearMatMul", since=10)
+def qlinear_matmul(node: NodeContext, a: Any, a_scale: Any, a_zero_point: Any, b: Any, b_scale: Any,
+                   b_zero_point: Any, y_scale: Any, y_zero_point: Any = None) -> Any:
+    """A's scale per tensor or per row, B's per tensor or per column; the multiplier a_scale * b_scale /
+    y_scale is taken in float64 (opset 21 adds float16 and bfloat16 scales)."""
+    acc = integer_matmul(node, a, a_zero_point, b, b_zero_point)
+    a_s = wide(node, a_scale, "a_scale")
+    if dims_of(a_scale) != UNKNOWN_RANK and len(dims_of(a_scale)) == 1:
+        a_s = ops.reshape(a_s, shape=[-1, 1])  # per row of A: a column
+    multiplier = ops.div(ops.mul(a_s, wide(node, b_scale, "b_scale")), wide(node, y_scale, "y_scale"))
+    return requantized(node, acc, multiplier, y_zero_point,
+                       dtype_of(a) if y_zero_point is None else dtype_of(y_zero_point))
+
+
+def integer_conv(node: NodeContext, x: Any, x_zero_point: Any, w: Any, w_zero_point: Any, bias: Any = None) -> Any:
+    """conv of (x - x_zp) by (w - w_zp) in float64 (exact), plus an int32 bias; the padding is 0 after the
+    shift, i.e. the zero point before it, as ONNX says."""
+    from .linear import conv
+
+    if x_zero_point is not None and np.prod(dims_of(x_zero_point)) not in (1,):
+        raise node.error(f"the zero point of input 'x' has shape {list(dims_of(x_zero_point))}; it is per tensor "
+                         "(one element)")
+    xs = centered(node, x, None if x_zero_point is None else ops.reshape(x_zero_point, shape=[]), "x")
+    if bias is not None:
+        if dtype_of(bias) != "int32":
+            raise node.error(f"input 'B' has dtype {dtype_of(bias)}; expected int32")
+        bias = ops.cast(bias, dtype="float64")
+    return conv(node, xs, centered(node, w, w_zero_point, "w", per_row=True), bias)
+
+
+@converter("ConvInteger", since=10)
+def conv_integer(node: NodeContext, x: Any, w: Any, x_zero_point: Any = None, w_zero_point: Any = None) -> Any:
+    return ops.cast(integer_conv(node, x, x_zero_point, w, w_zero_point), dtype="int32")
+
+
+@converter("QLinearConv", since=10)
+def qlinear_conv(node: NodeContext, x: Any, x_scale: Any, x_zero_point: Any, w: Any, w_scale: Any,
+                 w_zero_point: Any, y_scale: Any, y_zero_point: Any = None, bias: Any = None) -> Any:
+    """w's scale per tensor or per output channel; the bias is int32, in the accumulator's units."""
+    acc = integer_conv(node, x, x_zero_point, w, w_zero_point, bias)
+    w_s = wide(node, w_scale, "w_scale")
+    rank = len(node.static_shape(w, "input 'w'")) if dims_of(w) == UNKNOWN_RANK else len(dims_of(w))
+    if dims_of(w_scale) != UNKNOWN_RANK and len(dims_of(w_scale)) == 1:
+        w_s = ops.reshape(w_s, shape=[-1] + [1] * (rank - 2))  # per output channel: dim 1 of y
+    multiplier = ops.div(ops.mul(wide(node, x_scale, "x_scale"), w_s), wide(node, y_scale, "y_scale"))
+    return requantized(node, acc, multiplier, y_zero_point,
+                       dtype_of(x) if y_zero_point is None else dtype_of(y_zero_point))
