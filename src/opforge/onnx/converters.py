@@ -8,6 +8,7 @@ CONVERTER_MODULES = [
     "nn",
     "linear",
     "quantize",
+    "rms_normalization",
 ]
 
 
