@@ -135,7 +135,7 @@ def spread(v: npt.NDArray[Any], x: npt.NDArray[Any], axis: int, block_size: int)
     return np.take(np.repeat(v, block_size, axis=axis), np.arange(x.shape[axis]), axis=axis)
 
 
-@quantize_linear.reference
+@quantize_linear.reference(fallback=True)  # (every input its check accepts has a kernel)
 def quantize_linear_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], zero_point: npt.NDArray[Any], *,
                               axis: int, block_size: int) -> npt.NDArray[Any]:
     info = np.iinfo(zero_point.dtype)
@@ -145,7 +145,7 @@ def quantize_linear_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], zero
     return np.clip(q, info.min, info.max).astype(zero_point.dtype)
 
 
-@dequantize_linear.reference
+@dequantize_linear.reference(fallback=True)
 def dequantize_linear_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], zero_point: npt.NDArray[Any], *,
                                 axis: int, block_size: int) -> npt.NDArray[Any]:
     difference = x.astype(np.int64) - spread(zero_point, x, axis, block_size).astype(np.int64)
@@ -183,7 +183,7 @@ def dynamic_quantize_linear_infer(x: TensorSpec) -> tuple[TensorSpec, TensorSpec
     return TensorSpec(x.shape, "uint8"), TensorSpec((), "float32"), TensorSpec((), "uint8")
 
 
-@dynamic_quantize_linear.reference
+@dynamic_quantize_linear.reference(fallback=True)
 def dynamic_quantize_linear_reference(x: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
     finite = x[~np.isnan(x)]
     low = np.float32(min(0.0, finite.min())) if finite.size else np.float32(0)
