@@ -451,3 +451,17 @@ def test_check_op_passes_on_every_sample(name):
     for s in samples_for(name):
         checks = opforge.testing.check_op(name, *s.args, **s.attrs)
         assert any("matches" in c[0] for c in checks)
+
+
+def test_range_is_computed_at_load_time_and_needs_its_inputs_then():
+    node = helper.make_node("Range", ["start", "limit", "delta"], ["y"])
+    inits = [("limit", np.int64(2)), ("delta", np.int64(-3))]
+    graph = helper.make_graph([node], "range", [helper.make_tensor_value_info("start", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, ["n"])],
+                              [numpy_helper.from_array(a, n) for n, a in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    with pytest.raises(ModelError, match="input 'start' must be known when the model is loaded"):
+        opforge.onnx.load(model)
+    y = opforge.onnx.load(model, constants={"start": np.int64(10)})()
+    np.testing.assert_array_equal(y, [10, 7, 4])
+    assert y.dtype == np.int64

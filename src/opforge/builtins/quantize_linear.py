@@ -142,7 +142,8 @@ def quantize_linear_reference(x: npt.NDArray[Any], scale: npt.NDArray[Any], zero
     with np.errstate(all="ignore"):
         q = np.rint(x / spread(scale, x, axis, block_size))
         q = np.where(np.isnan(q), 0, q) + spread(zero_point, x, axis, block_size)
-    return np.clip(q, info.min, info.max).astype(zero_point.dtype)
+    y: npt.NDArray[Any] = np.clip(q, info.min, info.max).astype(zero_point.dtype)
+    return y
 
 
 @dequantize_linear.reference(fallback=True)

@@ -53,11 +53,13 @@ def rms_normalization(node: NodeContext, x: Any, scale: Any) -> Any:
 def range_(node: NodeContext, start: Any, limit: Any, delta: Any) -> Any:
     """Range of inputs known when the model loads (an initializer, a Constant, a folded Shape or Size): the
     values are computed then, as np.arange does, in start's dtype."""
-    values = [node.constant(v, f"input '{name}'") for v, name in ((start, "start"), (limit, "limit"),
-                                                                   (delta, "delta"))]
-    if any(v is None or v.size != 1 for v in values):
-        raise node.error("inputs 'start', 'limit' and 'delta' are scalars")
-    first, last, step = (v.reshape(()) for v in values)
+    values = []
+    for value, name in ((start, "start"), (limit, "limit"), (delta, "delta")):
+        array = node.constant(value, f"input '{name}'")
+        if array is None or array.size != 1:
+            raise node.error(f"input '{name}' must be a scalar")
+        values.append(array.reshape(-1)[0])
+    first, last, step = values
     if step == 0:
         raise node.error("input 'delta' is 0")
     return np.arange(first, last, step).astype(first.dtype)
