@@ -3,6 +3,7 @@ written from the ONNX spec, and the ONNX converters (QuantizeLinear, DequantizeL
 MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv, RMSNormalization) against onnxruntime and NumPy."""
 import numpy as np
 import onnx
+import onnx.reference
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -465,3 +466,26 @@ def test_range_is_computed_at_load_time_and_needs_its_inputs_then():
     y = opforge.onnx.load(model, constants={"start": np.int64(10)})()
     np.testing.assert_array_equal(y, [10, 7, 4])
     assert y.dtype == np.int64
+
+
+def test_float16_quantize_and_dequantize_match_onnxruntime():
+    x = (rng.standard_normal((3, 500)) * 40).astype(np.float16)
+    scale = np.array([0.3, 0.7, 1.1], np.float16)
+    zero = np.array([3, -4, 0], np.int8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=0),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)]
+    model = model_of(nodes, [("x", TensorProto.FLOAT16, [3, 500])], [("y", TensorProto.FLOAT16, [3, 500])],
+                     [("s", scale), ("z", zero)], opset=19)
+    (ours,), (theirs,) = run_both(model, x)
+    assert ours.dtype == np.float16
+
+    def qdq(quotient):
+        q = np.clip(np.rint(quotient).astype(np.float64) + zero[:, None], -128, 127)
+        return ((q - zero[:, None]) * scale[:, None].astype(np.float64)).astype(np.float16)
+
+    # The spec divides in the scale's type, float16, as onnx's reference evaluator does ...
+    np.testing.assert_array_equal(ours, qdq(x / scale[:, None]))
+    np.testing.assert_array_equal(ours, onnx.reference.ReferenceEvaluator(model).run(None, {"x": x})[0])
+    # ... onnxruntime in float32: the two differ where the quotients round to different integers (about 1%)
+    np.testing.assert_array_equal(theirs, qdq(x.astype(np.float32) / scale[:, None].astype(np.float32)))
+    assert 0 < (ours != theirs).sum() < 0.05 * ours.size
