@@ -251,13 +251,22 @@ extern "C" int DynamicQuantizeLinear(int nparam, void **params, int *ndims, int6
     std::vector<float> lows(chunks, 0.0f), highs(chunks, 0.0f);  // 0 is in the range whatever x holds
     opforge::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; c++) {
-        float lo = 0.0f, hi = 0.0f;
-        for (int64_t i = c * kGrain, end = std::min(n, (c + 1) * kGrain); i < end; i++) {
-          lo = x[i] < lo ? x[i] : lo;
-          hi = x[i] > hi ? x[i] : hi;
+        // 16 lanes of running extremes, so the compiler keeps them in vector
+        // registers (a single min is a reduction it will not reorder).
+        float lo[16] = {}, hi[16] = {};
+        int64_t i = c * kGrain;
+        const int64_t end = std::min(n, (c + 1) * kGrain);
+        for (; i + 16 <= end; i += 16)
+          for (int k = 0; k < 16; k++) {
+            lo[k] = x[i + k] < lo[k] ? x[i + k] : lo[k];
+            hi[k] = x[i + k] > hi[k] ? x[i + k] : hi[k];
+          }
+        for (; i < end; i++) {
+          lo[0] = x[i] < lo[0] ? x[i] : lo[0];
+          hi[0] = x[i] > hi[0] ? x[i] : hi[0];
         }
-        lows[c] = lo;
-        highs[c] = hi;
+        lows[c] = *std::min_element(lo, lo + 16);
+        highs[c] = *std::max_element(hi, hi + 16);
       }
     });
     float lo = 0.0f, hi = 0.0f;

@@ -195,5 +195,6 @@ def dynamic_quantize_linear_reference(x: npt.NDArray[Any]) -> tuple[npt.NDArray[
     return y, np.asarray(scale, np.float32), np.asarray(zero_point, np.uint8)
 
 
-dynamic_quantize_linear.kernel(source=_SOURCE, function="DynamicQuantizeLinear", cflags=["-fno-trapping-math"],
-                               dtypes={"x": ["float32"]})
+for _isa in (None, "avx2"):  # (the quantization pass divides, as quantize_linear does)
+    dynamic_quantize_linear.kernel(source=_SOURCE, function="DynamicQuantizeLinear", cflags=["-fno-trapping-math"],
+                                   dtypes={"x": ["float32"]}, isa=_isa)
