@@ -489,3 +489,25 @@ def test_float16_quantize_and_dequantize_match_onnxruntime():
     # ... onnxruntime in float32: the two differ where the quotients round to different integers (about 1%)
     np.testing.assert_array_equal(theirs, qdq(x.astype(np.float32) / scale[:, None].astype(np.float32)))
     assert 0 < (ours != theirs).sum() < 0.05 * ours.size
+
+
+@pytest.mark.parametrize("opset", [10, 13, 19])
+def test_per_tensor_qdq_at_each_opset_matches_onnxruntime(opset):
+    x = (rng.standard_normal((4, 50)) * 8).astype(np.float32)
+    x[0, :6] = [0.25, 0.75, -0.25, -0.75, 1e9, -1e9]  # ties at scale 0.5, and saturation
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    model = model_of(nodes, [("x", TensorProto.FLOAT, [4, 50])], [("y", TensorProto.FLOAT, [4, 50])],
+                     [("s", np.float32(0.5)), ("z", np.uint8(100))], opset=opset)
+    (ours,), (theirs,) = run_both(model, x)
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours[0, :6], [0, 1, 0, -1, 77.5, -50])  # 0.5 -> 0, 1.5 -> 2
+
+
+def test_int32_input_quantizes_as_onnx_reference_does():
+    x = rng.integers(-3000, 3000, 500).astype(np.int32)
+    model = model_of([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], [("x", TensorProto.INT32, [500])],
+                     [("y", TensorProto.INT8, [500])], [("s", np.float32(10.3)), ("z", np.int8(1))], opset=13)
+    ours = opforge.onnx.load(model)(x)
+    np.testing.assert_array_equal(ours, onnx.reference.ReferenceEvaluator(model).run(None, {"x": x})[0])
+    assert (ours == 127).any() and (ours == -128).any()
