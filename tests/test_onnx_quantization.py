@@ -238,7 +238,8 @@ def test_qdq_matmul_model_matches_onnxruntime():
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
              helper.make_node("MatMul", ["xd", "w"], ["y"])]
     model = model_of(nodes, [("x", TensorProto.FLOAT, ["n", 16])], [("y", TensorProto.FLOAT, ["n", 8])],
-                     [("s", np.float32(0.03)), ("z", np.int8(-3)), ("w", rng.standard_normal((16, 8)).astype(np.float32))])
+                     [("s", np.float32(0.03)), ("z", np.int8(-3)),
+                      ("w", rng.standard_normal((16, 8)).astype(np.float32))])
     for rows in (5, 1):
         x = rng.standard_normal((rows, 16)).astype(np.float32)
         (ours,), (theirs,) = run_both(model, x)
@@ -365,7 +366,8 @@ def test_conv_integer_and_qlinear_conv_match_onnxruntime():
     inits = [("xs", np.float32(0.01)), ("xz", np.uint8(128)), ("w", w8),
              ("ws", np.array([0.01, 0.02, 0.005, 0.03], np.float32)), ("wz", np.zeros(4, np.int8)),
              ("ys", np.float32(0.1)), ("yz", np.uint8(64)), ("b", rng.integers(-500, 500, 4).astype(np.int32))]
-    model = model_of(nodes, [("x", TensorProto.UINT8, [1, 3, 9, 9])], [("y", TensorProto.UINT8, [1, 4, 5, 9])], inits, opset=10)
+    model = model_of(nodes, [("x", TensorProto.UINT8, [1, 3, 9, 9])], [("y", TensorProto.UINT8, [1, 4, 5, 9])], inits,
+                     opset=10)
     (ours,), (theirs,) = run_both(model, x)
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape
     assert np.abs(ours.astype(int) - theirs).max() <= 1  # onnxruntime requantizes in float32

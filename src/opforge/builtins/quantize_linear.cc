@@ -129,7 +129,8 @@ void Quantize(const T *x, const T *scale, const Q *zero_point, Q *y, const Layou
     Q *ys = y + at;
     if (step == 0) {
       const T s = scale[s_at], z = static_cast<T>(zero_point[s_at]);
-      for (int64_t k = 0; k < count; k++) ys[k] = static_cast<Q>(static_cast<int32_t>(QuantizeOne(xs[k], s, z, lo, hi)));
+      for (int64_t k = 0; k < count; k++)
+        ys[k] = static_cast<Q>(static_cast<int32_t>(QuantizeOne(xs[k], s, z, lo, hi)));
     } else {
       const T *ss = scale + s_at;
       const Q *zs = zero_point + s_at;
