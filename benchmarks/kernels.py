@@ -701,6 +701,38 @@ def _(op, S, torch):
                 flops=2.0 * n * c * h * w_ * c * 9)
 
 
+@case("quantize_linear")
+def _(op, S, torch):
+    x, scale, zero = normal(S.elems, seed=83), np.float32(0.02), np.uint8(128)
+    t = torch.from_numpy(x)
+    return Case(f"x {_dims(S.elems)} float32 -> uint8, per tensor", (x, scale, zero), lambda: op(x, scale, zero),
+                lambda: np.clip(np.rint(x / scale) + np.float32(zero), 0, 255).astype(np.uint8),
+                lambda: torch.quantize_per_tensor(t, 0.02, 128, torch.quint8).int_repr())
+
+
+@case("dequantize_linear")
+def _(op, S, torch):
+    x = np.random.default_rng(84).integers(0, 256, S.elems).astype(np.uint8)
+    scale, zero = np.float32(0.02), np.uint8(128)
+    q = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), 0.02, 128)
+    return Case(f"x {_dims(S.elems)} uint8 -> float32, per tensor", (x, scale, zero), lambda: op(x, scale, zero),
+                lambda: (x.astype(np.float32) - np.float32(zero)) * scale, lambda: q.dequantize())
+
+
+@case("dynamic_quantize_linear")
+def _(op, S, torch):
+    x = normal(S.elems, seed=85)
+
+    def numpy_dynamic():
+        low, high = np.float32(min(0, x.min())), np.float32(max(0, x.max()))
+        scale = (high - low) / np.float32(255)
+        zero = np.clip(np.rint(-low / scale), 0, 255)
+        return np.clip(np.rint(x / scale) + zero, 0, 255).astype(np.uint8), scale, np.uint8(zero)
+
+    return Case(f"x {_dims(S.elems)} float32 -> uint8, scale and zero point from its range", (x,), lambda: op(x),
+                numpy_dynamic, "no single op (torch.quantize_per_tensor_dynamic returns a quantized tensor type)")
+
+
 # -- measuring (in the worker process of one thread count) --------------------------------------------
 
 def first_array(result):

@@ -462,6 +462,24 @@ put("leaky_relu_grad",
     sample(normal(3, 4, seed=213), away_from(normal(3, 4, seed=214), 0), differentiable=[0], alpha=0.25,
            note="x off 0; the rule gives x (a mask) no gradient"))
 
+# -- quantization (no gradients: rounding is flat, integers do not vary) ----------------------
+
+put("quantize_linear",
+    sample(normal(3, 4, seed=901, scale=4.0), np.asarray(0.5), np.asarray(3, np.int8),
+           note="per tensor; values past int8's range saturate"),
+    sample(normal(2, 3, 4, seed=902, scale=100.0), positive(3, seed=903), np.array([0, 128, 255], np.uint8), axis=1,
+           note="per axis: one scale and zero point per slice of axis 1"),
+    sample(normal(2, 5, seed=904, scale=50.0), positive(2, 3, seed=905), np.full((2, 3), -7, np.int16), axis=1,
+           block_size=2, note="blocked: each scale covers 2 elements along axis 1 (the last block holds 1)"))
+put("dequantize_linear",
+    sample(small_ints(3, 4, seed=906, low=0, high=256, dtype=np.uint8), np.asarray(0.25), np.asarray(128, np.uint8)),
+    sample(small_ints(2, 3, seed=907, low=-128, high=128, dtype=np.int8), positive(3, seed=908),
+           np.array([-1, 0, 5], np.int8), axis=-1, note="per axis along the last dim"),
+    sample(small_ints(4, 2, seed=909, low=-1000, high=1000, dtype=np.int32), positive(2, 2, seed=910),
+           np.zeros((2, 2), np.int32), axis=0, block_size=2, note="int32 (an accumulator), blocked along axis 0"))
+put("dynamic_quantize_linear",
+    sample(normal(3, 4, seed=911).astype(np.float32), note="float32 only (ONNX's DynamicQuantizeLinear)"))
+
 # -- layouts (graphs only: see GRAPH_ONLY) -----------------------------------------------------
 
 put("reorder",

@@ -65,6 +65,18 @@ EXCLUDED = {
     "test_equal_string_cpu": "Equal of strings: opforge has no string dtype",
     "test_equal_string_broadcast_cpu": "Equal of strings: opforge has no string dtype",
 }
+# (Quantize/DequantizeLinear to or from float8, float4, int4, int2: no opforge dtype; onnxruntime 1.32 has
+# no kernel at these cases' opset 28 and fails them too.)
+QUANT_NARROW = {"quantizelinear": ("e4m3fn", "e5m2", "uint4", "int4", "uint2", "int2", "float4e2m1"),
+                "dequantizelinear": ("e4m3fn", "e4m3fn_float16", "e4m3fn_zero_point", "e5m2", "uint4", "int4",
+                                     "uint2", "int2", "float4e2m1")}
+EXCLUDED.update({f"test_{op}_{kind}_cpu": f"{op} with a {kind.split('_')[0]} tensor: opforge has no dtype for this "
+                                          "ONNX element type, so load refuses the model (onnxruntime fails it too)"
+                 for op, kinds in QUANT_NARROW.items() for kind in kinds})
+EXCLUDED.update({f"test_range_{kind}_expanded_cpu": "Range's function body is a Loop, a subgraph: opforge refuses ops "
+                                                   "with subgraphs (the plain Range case passes)"
+                 for kind in ("float_type_positive_delta", "float16_type_positive_delta",
+                              "bfloat16_type_positive_delta", "int32_type_negative_delta")})
 
 CASES = conformance_cases(SUPPORTED_OPS)
 INCLUDED = sorted(f"{case.name}_cpu" for cases in CASES.values() for case in cases
@@ -104,6 +116,8 @@ def test_every_issue_op_is_converted_with_cases_and_every_exclusion_is_a_case_wi
 BEHIND_ONNXRUNTIME = {
     "Identity": "onnxruntime also passes Identity of a sequence and of an optional; opforge values are tensors only",
     "Equal": "onnxruntime also passes Equal of strings; opforge has no string dtype",
+    "Range": "onnxruntime also passes three of Range's expanded cases, whose body is a Loop (a subgraph, which "
+             "opforge refuses); opforge passes all four plain cases, bfloat16 included",
 }
 
 

@@ -59,3 +59,4 @@ from . import gather_elements  # noqa: F401
 from . import scatter_elements  # noqa: F401
 from . import gather_nd  # noqa: F401
 from . import scatter_nd  # noqa: F401
+from . import quantize_linear  # noqa: F401

@@ -8,6 +8,8 @@ CONVERTER_MODULES = [
     "nn",
     "linear",
     "indexing",
+    "quantize",
+    "rms_normalization",
 ]
 
 

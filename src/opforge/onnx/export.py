@@ -521,6 +521,29 @@ def _(e: NodeExport) -> None:
              **pool_attributes(e, 19))
 
 
+@exporter("quantize_linear", "dequantize_linear")
+def _(e: NodeExport) -> None:
+    # ONNX has no float64 scale; per-axis scales need opset 13, blocks and 16-bit types opset 21.
+    quantize = e.op_name == "quantize_linear"
+    scale, zero_point = e.spec(1), e.spec(2)
+    if scale.dtype != "float32":
+        raise e.error(f"the scale is {scale.dtype}; ONNX's {'Q' if quantize else 'Deq'}uantizeLinear takes float32 "
+                      "(cast the op's inputs to float32 first)")
+    block = e.attrs["block_size"]
+    per_tensor = scale.rank == 0 or (scale.rank == 1 and scale.shape[0] == 1)
+    need = 21 if block or zero_point.dtype in ("int16", "uint16") else 10 if per_tensor else 13
+    if e.opset < need:
+        raise e.error(f"this quantization (scale {list(scale.shape)}, block_size {block}, {zero_point.dtype}) "
+                      f"needs opset {need}; exporting at {e.opset}")
+    e.result("QuantizeLinear" if quantize else "DequantizeLinear", e.inputs,
+             axis=None if per_tensor else e.attrs["axis"], block_size=block or None)
+
+
+@exporter("dynamic_quantize_linear")
+def _(e: NodeExport) -> None:
+    e.result("DynamicQuantizeLinear", e.inputs)
+
+
 # --------------------------------------------------------------------------
 # User ops: a node of their own domain.
 

@@ -1,0 +1,65 @@
+"""Converter of ONNX's RMSNormalization (opset 23): x divided by the root mean square over its dims from
+``axis`` on, then scaled.
+
+    y = x / sqrt(mean(x * x over axis..rank-1) + epsilon) * scale
+
+composed of opforge ops (mul, mean, add, sqrt, div; in a graph the elementwise ones fuse).  Stage one
+runs in float32 for float16 and bfloat16 inputs (``stash_type`` 1, the only value ONNX defines) and in
+x's own dtype for float32 and float64; the scaling is taken in that dtype too and y rounded once to the
+scale's dtype (ONNX's V).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import opforge
+from .elementwise import dtype_of
+from .shape import rank_of
+from .registry import converter
+
+if TYPE_CHECKING:
+    from .registry import NodeContext
+
+ops = opforge.ops
+FLOAT_TYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@converter("RMSNormalization", since=23)
+def rms_normalization(node: NodeContext, x: Any, scale: Any) -> Any:
+    for name, value in (("X", x), ("scale", scale)):
+        if dtype_of(value) not in FLOAT_TYPES:
+            raise node.error(f"input '{name}' has dtype {dtype_of(value)}; RMSNormalization takes "
+                             f"{', '.join(FLOAT_TYPES)}")
+    if node.attr("stash_type", 1) != 1:
+        raise node.error(f"attribute 'stash_type' is {node.attr('stash_type')}; ONNX defines only 1 (float32)")
+    rank = rank_of(node, x, "input 'X'")
+    axis = int(node.attr("axis", -1))
+    if not -rank <= axis < rank:
+        raise node.error(f"attribute 'axis' {axis} is out of range for input 'X' of rank {rank} "
+                         f"(valid: {-rank}..{rank - 1})")
+    compute = dtype_of(x) if dtype_of(x) in ("float32", "float64") else "float32"
+    wide = x if dtype_of(x) == compute else ops.cast(x, dtype=compute)
+    mean_square = ops.mean(ops.mul(wide, wide), axes=list(range(axis % rank, rank)), keep_dims=True)
+    rms = ops.sqrt(ops.add(mean_square, np.asarray(node.attr("epsilon", 1e-5), compute)))
+    factor = scale if dtype_of(scale) == compute else ops.cast(scale, dtype=compute)
+    y = ops.mul(ops.div(wide, rms), factor)
+    return y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))
+
+
+# RMSNormalization's function body (onnx's ``_expanded`` cases) lists its axes with Range.
+@converter("Range", since=11)
+def range_(node: NodeContext, start: Any, limit: Any, delta: Any) -> Any:
+    """Range of inputs known when the model loads (an initializer, a Constant, a folded Shape or Size): the
+    values are computed then, as np.arange does, in start's dtype."""
+    values = []
+    for value, name in ((start, "start"), (limit, "limit"), (delta, "delta")):
+        array = node.constant(value, f"input '{name}'")
+        if array is None or array.size != 1:
+            raise node.error(f"input '{name}' must be a scalar")
+        values.append(array.reshape(-1)[0])
+    first, last, step = values
+    if step == 0:
+        raise node.error("input 'delta' is 0")
+    return np.arange(first, last, step).astype(first.dtype)
