@@ -440,6 +440,14 @@ put("reorder",
            note="graphs only; 20 channels pad to two blocks of 16. Round-trip it: reorder(.., 'ndarray')"))
 
 
+# -- math: trigonometric family (inputs inside each function's domain, off its edges) -----------------
+
+for _k, _name in enumerate(("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")):
+    _x = rng(300 + _k).uniform(-0.9, 0.9, (3, 4))
+    put(_name, sample(_x + 2.1 if _name == "acosh" else _x, differentiable=[0]))
+del _k, _name, _x
+
+
 # -- lookups -------------------------------------------------------------------------------
 
 def _defined_in_builtins(op):

@@ -55,3 +55,4 @@ from . import conv_transpose  # noqa: F401
 from . import layer_norm  # noqa: F401
 from . import resize  # noqa: F401
 from . import mod  # noqa: F401
+from . import trigonometric  # noqa: F401

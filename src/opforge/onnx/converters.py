@@ -7,6 +7,7 @@ CONVERTER_MODULES = [
     "reduce",
     "nn",
     "linear",
+    "mathops",
 ]
 
 

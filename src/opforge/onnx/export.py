@@ -184,6 +184,8 @@ EXPORTERS["hard_sigmoid"] = _same("HardSigmoid", "alpha", "beta")
 EXPORTERS["gather"] = _same("Gather", "axis")
 EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
 EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"):
+    EXPORTERS[_name] = _same(_name.title())
 del _name, _op_type
 
 

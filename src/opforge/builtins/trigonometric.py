@@ -1,0 +1,111 @@
+"""sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh:
+y = f(x), elementwise (floating-point).
+
+Eleven unary float ops, each compiling abs.py's unary source with the C++
+standard library's function (glibc's libm: correctly rounded or within an
+ulp), float32 and float64 in one library.  They are libm calls, which g++
+does not vectorize, so one variant per dtype serves every ISA; the work is
+split across opforge's thread pool in ranges of 8192 elements (a call costs
+tens of nanoseconds, so smaller ranges than the cheap ops' pay off).
+
+Accuracy (max error over a dense sweep, against a float64 reference for
+float32 and a long double one for float64; tests/test_builtin_math_ops.py
+asserts it): sin, cos, tan, asin, acos, atan <= 1 ulp and sinh, cosh, asinh, acosh, atanh
+<= 2 ulp, float32 and float64 alike.  Out of the domain (asin of
+2, acosh of 0.5, atanh of 2) the result is NaN, and atanh(+-1) is +-inf, as
+NumPy gives them.
+
+Gradients: d sin = cos, d cos = -sin, d tan = 1 + tan^2, d asin = 1 / sqrt(1
+- x^2), d acos = -1 / sqrt(1 - x^2), d atan = 1 / (1 + x^2), d sinh = cosh,
+d cosh = sinh, d asinh = 1 / sqrt(x^2 + 1), d acosh = 1 / (sqrt(x - 1)
+sqrt(x + 1)), d atanh = 1 / (1 - x^2).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import opforge
+from opforge import infer
+from opforge.builtins.abs import UNARY_ELEMENTWISE
+from opforge.builtins.common import FLOATS, every_dtype, floating_point
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from opforge import Op
+
+
+ops: Any = opforge.ops  # (ops made at run time: the gradients below call sin, cos, sinh, cosh)
+
+
+def _one(x: Any) -> Any:
+    return np.ones((), x.dtype)
+
+
+def _sqrt(x: Any) -> Any:
+    return ops.sqrt(x)
+
+
+def _div(a: Any, b: Any) -> Any:
+    return ops.div(a, b)
+
+
+# The gradient of each op: dx from the saved input x, the saved output y and dy.
+GRADIENTS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "sin": lambda x, y, dy: dy * ops.cos(x),
+    "cos": lambda x, y, dy: ops.neg(dy * ops.sin(x)),
+    "tan": lambda x, y, dy: dy * (_one(y) + y * y),
+    "asin": lambda x, y, dy: _div(dy, _sqrt(_one(x) - x * x)),
+    "acos": lambda x, y, dy: ops.neg(_div(dy, _sqrt(_one(x) - x * x))),
+    "atan": lambda x, y, dy: _div(dy, _one(x) + x * x),
+    "sinh": lambda x, y, dy: dy * ops.cosh(x),
+    "cosh": lambda x, y, dy: dy * ops.sinh(x),
+    "asinh": lambda x, y, dy: _div(dy, _sqrt(x * x + _one(x))),
+    # sqrt(x - 1) sqrt(x + 1) rather than sqrt(x^2 - 1): no cancellation near 1, no overflow of x^2
+    "acosh": lambda x, y, dy: _div(dy, _sqrt(x - _one(x)) * _sqrt(x + _one(x))),
+    "atanh": lambda x, y, dy: _div(dy, _one(x) - x * x),
+}
+# op name -> (what the op computes, for its doc string)
+NAMES = {
+    "sin": "Sine", "cos": "Cosine", "tan": "Tangent", "asin": "Arcsine", "acos": "Arccosine",
+    "atan": "Arctangent", "sinh": "Hyperbolic sine", "cosh": "Hyperbolic cosine",
+    "asinh": "Inverse hyperbolic sine", "acosh": "Inverse hyperbolic cosine", "atanh": "Inverse hyperbolic tangent",
+}
+# NumPy's names where they differ from the C++ library's
+NUMPY_NAMES = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "asinh": "arcsinh", "acosh": "arccosh",
+               "atanh": "arctanh"}
+
+
+def trigonometric(name: str) -> Op:
+    op = opforge.op(f"{name}(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
+                    doc=f"{NAMES[name]}, elementwise (floating-point inputs).")
+    op.def_infer(infer.same_as(0))
+    op.fuse_as(f"std::{name}({{x}})")
+    op.check(floating_point(name, "x"))
+    numpy_fn = getattr(np, NUMPY_NAMES.get(name, name))
+
+    def reference(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN / inf out of the domain
+            y: npt.NDArray[Any] = numpy_fn(x)
+        return y.astype(x.dtype, copy=False)
+
+    reference.__name__ = f"{name}_reference"
+    op.reference(fallback=True)(reference)  # float16 and bfloat16 run here
+    gradient = GRADIENTS[name]
+
+    def grad(saved: Any, dy: Any) -> Any:
+        return gradient(saved.x, saved.y, dy)
+
+    grad.__name__ = f"{name}_grad"
+    op.grad(save=["x", "y"])(grad)
+    # -fno-math-errno: no errno bookkeeping around the calls (NaN out of the domain is the answer)
+    op.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+              name=name.title(), cflags=[f"-DOPFORGE_UNARY(x)=std::{name}(x)", "-DOPFORGE_GRAIN=8192",
+                                         "-fno-math-errno"])
+    return op
+
+
+sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh = (trigonometric(name) for name in NAMES)
