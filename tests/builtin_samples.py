@@ -447,6 +447,12 @@ for _k, _name in enumerate(("sin", "cos", "tan", "asin", "acos", "atan", "sinh",
     put(_name, sample(_x + 2.1 if _name == "acosh" else _x, differentiable=[0]))
 del _k, _name, _x
 
+put("cumsum",
+    sample(normal(3, 4, seed=320), differentiable=[0], axis=1),
+    sample(normal(2, 3, 4, seed=321), differentiable=[0], axis=0, exclusive=True, reverse=True),
+    sample(normal(2, 5, seed=322), differentiable=[0], axis=-1, reverse=True),
+    sample(small_ints(4, 3, seed=323, dtype=np.int32), axis=0, exclusive=True))
+
 
 # -- lookups -------------------------------------------------------------------------------
 

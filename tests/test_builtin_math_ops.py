@@ -182,3 +182,149 @@ def test_export_writes_one_node_each_and_onnxruntime_agrees():
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(session.run(None, {i.name: a for i, a in zip(session.get_inputs(), (x, y))}), graph(x, y)):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+
+
+# -- cumsum ----------------------------------------------------------------------------
+
+def loop_cumsum(x, axis, exclusive, reverse):
+    """Running sums written out index by index (the kernel and the reference are checked against this)."""
+    moved = np.moveaxis(x, axis, -1)
+    out = np.zeros_like(moved)
+    n = moved.shape[-1]
+    for index in np.ndindex(moved.shape[:-1]):
+        total = moved.dtype.type(0)
+        order = range(n - 1, -1, -1) if reverse else range(n)
+        for j in order:
+            if exclusive:
+                out[index + (j,)] = total
+                total = total + moved[index + (j,)]
+            else:
+                total = total + moved[index + (j,)]
+                out[index + (j,)] = total
+    return np.moveaxis(out, -1, axis)
+
+
+CUMSUM_SHAPES = [(7,), (3, 4), (2, 3, 5), (1, 1), (3, 0, 2), (0,)]
+FLAGS = [(False, False), (True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("exclusive, reverse", FLAGS)
+def test_cumsum_agrees_with_a_written_out_scan_on_every_axis(dtype, exclusive, reverse):
+    for k, shape in enumerate(CUMSUM_SHAPES):
+        x = (np.random.default_rng(k).standard_normal(shape) * 10).astype(dtype)
+        for axis in range(-len(shape), len(shape)):
+            got = ops.cumsum(x, axis=axis, exclusive=exclusive, reverse=reverse)
+            assert got.dtype == x.dtype and got.shape == x.shape
+            # summed in the same order, in the same dtype: equal bit for bit
+            np.testing.assert_array_equal(got, loop_cumsum(x, axis, exclusive, reverse), err_msg=f"{shape} {axis}")
+            checks = check_op(ops.cumsum, x, axis=axis, exclusive=exclusive, reverse=reverse)
+            assert all(ok is not False for _, ok, _ in checks), [c for c in checks if c[1] is False]
+            if x.size:
+                assert [n for n, ok, _ in checks if ok and "agrees with" in n], "no native kernel ran"
+
+
+@pytest.mark.parametrize("exclusive, reverse", FLAGS)
+def test_cumsum_of_large_inputs_split_across_threads_matches_numpy(exclusive, reverse):
+    rng = np.random.default_rng(5)
+    for shape, axis in [((3, 40_000), 1), ((600, 70), 0), ((4, 300, 1100), 1), ((2, 5, 3000), 2)]:
+        x = rng.integers(-1000, 1000, shape).astype(np.int64)
+        want = np.cumsum(np.flip(x, axis) if reverse else x, axis=axis)
+        if exclusive:
+            want = want - (np.flip(x, axis) if reverse else x)
+        want = np.flip(want, axis) if reverse else want
+        np.testing.assert_array_equal(ops.cumsum(x, axis=axis, exclusive=exclusive, reverse=reverse), want)
+        xf = x.astype(np.float64)  # integers in float64: exact sums whatever the order
+        np.testing.assert_array_equal(ops.cumsum(xf, axis=axis, exclusive=exclusive, reverse=reverse), want)
+
+
+def test_cumsum_integers_wrap_on_overflow_as_numpy():
+    x = np.array([2**31 - 1, 1, 5], np.int32)
+    np.testing.assert_array_equal(ops.cumsum(x, axis=0), np.array([2**31 - 1, -2**31, -2**31 + 5], np.int32))
+
+
+def test_cumsum_errors_name_op_and_argument():
+    with pytest.raises(opforge.ShapeError, match=r"op 'cumsum': attribute 'axis' is 2, out of range .* rank 2"):
+        ops.cumsum(np.ones((2, 3)), axis=2)
+    with pytest.raises(opforge.ShapeError, match=r"op 'cumsum': input 'x' is 0-d"):
+        ops.cumsum(np.ones(()), axis=0)
+    with pytest.raises(opforge.DTypeError, match=r"op 'cumsum': input 'x' has dtype bool"):
+        ops.cumsum(np.ones(3, bool), axis=0)
+    with pytest.raises(opforge.OpforgeError, match="axis"):
+        ops.cumsum(np.ones(3))
+
+
+def test_cumsum_other_dtypes_run_through_the_reference():
+    for dtype in ("float16", "uint8", "int16", "uint64"):
+        x = np.arange(1, 7, dtype=dtype).reshape(2, 3)
+        got = ops.cumsum(x, axis=1, reverse=True)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, loop_cumsum(x, 1, False, True))
+
+
+@pytest.mark.parametrize("exclusive, reverse", FLAGS)
+def test_cumsum_gradient_is_the_reversed_scan_of_dy(exclusive, reverse):
+    x = np.random.default_rng(9).standard_normal((3, 5))
+    assert gradcheck(ops.cumsum, x, axis=1, exclusive=exclusive, reverse=reverse) < 1e-6
+    # d/dx_i of sum_j w_j y_j, written out
+    w = np.random.default_rng(10).standard_normal((3, 5))
+    got = opforge.grad(lambda v: ops.reduce_sum(ops.mul(ops.cumsum(v, axis=1, exclusive=exclusive,
+                                                                   reverse=reverse), w)))(x)
+    mask = np.zeros((5, 5))  # mask[i, j]: whether x_i is in y_j's sum
+    for i in range(5):
+        for j in range(5):
+            mask[i, j] = (i > j if reverse else i < j) or (i == j and not exclusive)
+    np.testing.assert_allclose(got, w @ mask.T, rtol=1e-12)
+
+
+def test_cumsum_in_a_traced_graph_with_unknown_dims():
+    op = opforge.lookup("cumsum")
+    assert op.infer(TensorSpec([None, 4], "int64"), axis=0).shape == (-1, 4)
+    assert op.infer(TensorSpec(None, "float32"), axis=3).rank is None
+    graph = opforge.trace(lambda x: ops.cumsum(x, axis=0, exclusive=True), TensorSpec([None, 4], "float64"))
+    for n in (0, 1, 6):
+        x = np.random.default_rng(n).standard_normal((n, 4))
+        np.testing.assert_array_equal(graph(x), loop_cumsum(x, 0, True, False))
+    assert gradcheck(graph, np.random.default_rng(1).standard_normal((3, 4))) < 1e-6
+
+
+def cumsum_model(elem, exclusive, reverse, opset=14):
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)], "cumsum",
+        [helper.make_tensor_value_info("x", elem, ["n", 5])], [helper.make_tensor_value_info("y", elem, None)],
+        [helper.make_tensor("axis", TensorProto.INT64, [], [-1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("exclusive, reverse", FLAGS)
+def test_onnx_cumsum_agrees_with_onnxruntime(dtype, exclusive, reverse):
+    x = (np.random.default_rng(3).standard_normal((4, 5)) * 10).astype(dtype)
+    for opset in (11, 14):
+        model = cumsum_model(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), int(exclusive), int(reverse), opset)
+        ours = opforge.onnx.load(model)(x)
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        (theirs,) = session.run(None, {"x": x})
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+def test_onnx_cumsum_axis_computed_at_run_time_is_a_model_error():
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"])], "cumsum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("axis", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(opforge.onnx.ModelError, match="input 'axis' must be known when the model is loaded"):
+        opforge.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+
+
+def test_cumsum_exports_to_onnx_cumsum():
+    graph = opforge.trace(lambda x: ops.cumsum(x, axis=1, exclusive=True, reverse=True),
+                          TensorSpec([None, 6], "float32"))
+    model = export(graph, opset=14)
+    onnx.checker.check_model(model, full_check=True)
+    assert [node.op_type for node in model.graph.node] == ["CumSum"]
+    x = np.random.default_rng(4).standard_normal((3, 6)).astype(np.float32)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], graph(x), rtol=1e-6)

@@ -56,3 +56,4 @@ from . import layer_norm  # noqa: F401
 from . import resize  # noqa: F401
 from . import mod  # noqa: F401
 from . import trigonometric  # noqa: F401
+from . import cumsum  # noqa: F401

@@ -500,6 +500,14 @@ def _(e: NodeExport) -> None:
              **pool_attributes(e, 19))
 
 
+@exporter("cumsum")
+def _(e: NodeExport) -> None:  # the axis is an input in ONNX (opset 11 on)
+    if e.opset < 11:
+        raise e.error(f"ONNX has CumSum from opset 11; the model's opset is {e.opset}")
+    e.result("CumSum", [e.inputs[0], e.const(e.attrs["axis"])], exclusive=int(e.attrs["exclusive"]),
+             reverse=int(e.attrs["reverse"]))
+
+
 # --------------------------------------------------------------------------
 # User ops: a node of their own domain.
 
