@@ -452,6 +452,10 @@ put("cumsum",
     sample(normal(2, 3, 4, seed=321), differentiable=[0], axis=0, exclusive=True, reverse=True),
     sample(normal(2, 5, seed=322), differentiable=[0], axis=-1, reverse=True),
     sample(small_ints(4, 3, seed=323, dtype=np.int32), axis=0, exclusive=True))
+put("trilu",
+    sample(normal(4, 5, seed=330), differentiable=[0]),
+    sample(normal(2, 3, 3, seed=331), differentiable=[0], upper=False, k=-1),
+    sample(small_ints(3, 4, seed=332, dtype=np.int64), upper=False, k=2))
 
 
 # -- lookups -------------------------------------------------------------------------------

@@ -328,3 +328,108 @@ def test_cumsum_exports_to_onnx_cumsum():
     x = np.random.default_rng(4).standard_normal((3, 6)).astype(np.float32)
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], graph(x), rtol=1e-6)
+
+
+# -- trilu -----------------------------------------------------------------------------
+
+TRILU_SHAPES = [(4, 5), (5, 4), (2, 3, 3), (3, 1, 5), (0, 5), (3, 0, 5), (4, 0), (2, 2, 3, 4)]
+OFFSETS = [-100, -5, -1, 0, 1, 3, 100, 2**62, -2**62]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32", "int8", "uint16", "bool", "float16"])
+def test_trilu_agrees_with_numpy_triu_and_tril_for_every_dtype(dtype):
+    chosen = select_kernel(opforge.lookup("trilu"), [TensorSpec([3, 3], dtype)]).name
+    assert chosen == "Trilu", chosen  # one C++ kernel for every element width
+    for s, shape in enumerate(TRILU_SHAPES):
+        x = (np.random.default_rng(s).standard_normal(shape) * 10).astype(dtype)
+        for k in OFFSETS:
+            for upper in (True, False):
+                got = ops.trilu(x, upper=upper, k=k)
+                want = np.triu(x, k) if upper else np.tril(x, k)
+                assert got.dtype == x.dtype and got.shape == x.shape
+                np.testing.assert_array_equal(got, want, err_msg=f"{shape} k={k} upper={upper}")
+        checks = check_op(ops.trilu, x, upper=False, k=1)
+        assert all(ok is not False for _, ok, _ in checks), [c for c in checks if c[1] is False]
+
+
+def test_trilu_of_a_large_batch_across_threads_and_keeps_nan_and_negative_zero_where_kept():
+    x = np.random.default_rng(1).standard_normal((6, 300, 400))
+    x[:, 5, 7], x[:, 9, 2] = np.nan, -0.0
+    for upper, k in [(True, 0), (False, 0), (True, -3), (False, 250)]:
+        got = ops.trilu(x, upper=upper, k=k)
+        want = np.triu(x, k) if upper else np.tril(x, k)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_trilu_refuses_rank_below_2_and_keeps_unknown_dims():
+    with pytest.raises(opforge.ShapeError, match=r"op 'trilu': input 'x' has rank 1; trilu needs rank >= 2"):
+        ops.trilu(np.ones(3))
+    op = opforge.lookup("trilu")
+    assert op.infer(TensorSpec([None, None, 4], "float32"), upper=True, k=0).shape == (-1, -1, 4)
+    assert op.infer(TensorSpec(None, "float32"), upper=False, k=1).rank is None
+    graph = opforge.trace(lambda x: ops.trilu(x, upper=False), TensorSpec([None, None], "float64"))
+    for n in (0, 1, 5):
+        x = np.random.default_rng(n).standard_normal((n, n + 2))
+        np.testing.assert_array_equal(graph(x), np.tril(x))
+
+
+@pytest.mark.parametrize("upper, k", [(True, 0), (False, 0), (True, 2), (False, -1)])
+def test_trilu_gradient_is_the_same_mask_on_dy(upper, k):
+    x = np.random.default_rng(2).standard_normal((2, 4, 5))
+    assert gradcheck(ops.trilu, x, upper=upper, k=k) < 1e-6
+    w = np.random.default_rng(3).standard_normal((2, 4, 5))
+    got = opforge.grad(lambda v: ops.reduce_sum(ops.mul(ops.trilu(v, upper=upper, k=k), w)))(x)
+    np.testing.assert_array_equal(got, np.triu(w, k) if upper else np.tril(w, k))
+    graph = opforge.trace(lambda v: ops.trilu(v, upper=upper, k=k), TensorSpec([None, 4, 5], "float64"))
+    assert gradcheck(graph, x) < 1e-6
+
+
+def trilu_model(elem, upper, k=None):
+    inputs = ["x"] if k is None else ["x", "k"]
+    initializers = [] if k is None else [helper.make_tensor("k", TensorProto.INT64, [], [k])]
+    graph = helper.make_graph([helper.make_node("Trilu", inputs, ["y"], upper=upper)], "trilu",
+                              [helper.make_tensor_value_info("x", elem, ["b", "n", 6])],
+                              [helper.make_tensor_value_info("y", elem, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool"])
+def test_onnx_trilu_agrees_with_onnxruntime(dtype):
+    x = (np.random.default_rng(6).standard_normal((2, 5, 6)) * 10).astype(dtype)
+    for upper in (0, 1):
+        for k in (None, -2, 0, 3):
+            model = trilu_model(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), upper, k)
+            ours = opforge.onnx.load(model)(x)
+            session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            (theirs,) = session.run(None, {"x": x})
+            assert ours.dtype == theirs.dtype
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"upper={upper} k={k}")
+
+
+def test_onnx_trilu_errors():
+    graph = helper.make_graph(
+        [helper.make_node("Trilu", ["x", "k"], ["y"])], "trilu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(opforge.onnx.ModelError, match="input 'k' must be known when the model is loaded"):
+        opforge.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    graph = helper.make_graph(
+        [helper.make_node("Trilu", ["x"], ["y"])], "trilu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(opforge.onnx.ModelError, match="rank 1; Trilu needs rank >= 2"):
+        opforge.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+
+
+def test_trilu_exports_to_onnx_trilu():
+    graph = opforge.trace(lambda x: ops.trilu(x, upper=False, k=-1), TensorSpec([None, 4, 4], "float32"))
+    model = export(graph, opset=14)
+    onnx.checker.check_model(model, full_check=True)
+    assert [node.op_type for node in model.graph.node] == ["Trilu"]
+    x = np.random.default_rng(4).standard_normal((2, 4, 4)).astype(np.float32)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: x})[0], graph(x))
+    with pytest.raises(opforge.onnx.ModelError, match="Trilu from opset 14"):
+        export(graph, opset=13)

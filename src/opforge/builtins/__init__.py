@@ -57,3 +57,4 @@ from . import resize  # noqa: F401
 from . import mod  # noqa: F401
 from . import trigonometric  # noqa: F401
 from . import cumsum  # noqa: F401
+from . import trilu  # noqa: F401

@@ -508,6 +508,13 @@ def _(e: NodeExport) -> None:  # the axis is an input in ONNX (opset 11 on)
              reverse=int(e.attrs["reverse"]))
 
 
+@exporter("trilu")
+def _(e: NodeExport) -> None:
+    if e.opset < 14:
+        raise e.error(f"ONNX has Trilu from opset 14; the model's opset is {e.opset}")
+    e.result("Trilu", [e.inputs[0], e.const(e.attrs["k"])], upper=int(e.attrs["upper"]))
+
+
 # --------------------------------------------------------------------------
 # User ops: a node of their own domain.
 

@@ -1,7 +1,7 @@
 """Converters of ONNX's math ops that exported transformer and CNN models
 use beyond the arithmetic of elementwise.py: the trigonometric and
 hyperbolic functions (Sin ... Atanh; rotary position embeddings take Sin and
-Cos of a frequency table) and CumSum.
+Cos of a frequency table), CumSum and Trilu (causal attention masks).
 
 float16 and bfloat16 inputs of the trigonometric functions are computed in
 float32 and cast back, as elementwise.py's unary ops are.
@@ -47,3 +47,21 @@ def cumsum(node: NodeContext, x: Any, axis: Any) -> Any:
         raise node.error(f"input 'axis' is {axis_value}, out of range for input 'x' of rank {len(rank)}")
     return ops.cumsum(x, axis=axis_value, exclusive=bool(node.attr("exclusive", 0)),
                       reverse=bool(node.attr("reverse", 0)))
+
+
+# -- Trilu -----------------------------------------------------------------------------
+
+@converter("Trilu", since=14)
+def trilu(node: NodeContext, x: Any, k: Any = None) -> Any:
+    """The diagonal offset k (a 0-d or one-element int64 tensor, default 0) must be known when the model loads."""
+    offset = 0
+    if k is not None:
+        value = np.asarray(node.constant(k, "input 'k'"))
+        if value.size != 1 or value.dtype.kind not in "iu":
+            raise node.error(f"input 'k' must be one integer; it has shape {list(value.shape)} and dtype "
+                             f"{value.dtype}")
+        offset = int(value.reshape(-1)[0])
+    rank = dims_of(x)
+    if rank != UNKNOWN_RANK and len(rank) < 2:
+        raise node.error(f"input 'input' has rank {len(rank)}; Trilu needs rank >= 2")
+    return ops.trilu(x, upper=bool(node.attr("upper", 1)), k=offset)
