@@ -433,3 +433,78 @@ def test_trilu_exports_to_onnx_trilu():
     np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: x})[0], graph(x))
     with pytest.raises(opforge.onnx.ModelError, match="Trilu from opset 14"):
         export(graph, opset=13)
+
+
+# -- Range, EyeLike (ONNX converters: constants, or composed) ---------------------------
+
+def range_model(dtype, start, limit, delta, opset=11):
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [helper.make_node("Range", ["start", "limit", "delta"], ["y"])], "range", [],
+        [helper.make_tensor_value_info("y", elem, None)],
+        [helper.make_tensor(n, elem, [], [v]) for n, v in (("start", start), ("limit", limit), ("delta", delta))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+RANGES = [("int64", 0, 10, 3), ("int32", 10, -4, -3), ("int64", 5, 5, 1), ("int64", 5, 0, 2),
+          ("int64", -2**40, 2**40, 2**39 + 7), ("float32", 0.5, 3.7, 0.3), ("float64", 1.0, -2.0, -0.25),
+          ("float32", 0.0, 1.0, 0.1), ("float64", 3.0, 1.0, 0.5)]
+
+
+@pytest.mark.parametrize("dtype, start, limit, delta", RANGES)
+def test_onnx_range_of_constants_is_a_constant_that_agrees_with_onnxruntime(dtype, start, limit, delta):
+    model = range_model(dtype, start, limit, delta)
+    loaded = opforge.onnx.load(model)
+    ours = loaded()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (theirs,) = session.run(None, {})
+    assert ours.dtype == theirs.dtype == np.dtype(dtype) and ours.shape == theirs.shape
+    # (onnxruntime adds delta step by step, rounding each time; opforge rounds start + i * delta once)
+    np.testing.assert_allclose(ours, theirs, rtol=len(ours) * np.finfo(dtype).eps if ours.dtype.kind == "f" else 0)
+    typed = np.dtype(dtype).type
+    np.testing.assert_array_equal(ours, np.arange(typed(start).item(), typed(limit).item(), typed(delta).item())
+                                  .astype(dtype))
+
+
+def test_onnx_range_with_values_known_only_at_run_time_is_a_model_error_naming_why():
+    graph = helper.make_graph(
+        [helper.make_node("Range", ["start", "limit", "delta"], ["y"])], "range",
+        [helper.make_tensor_value_info("limit", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        [helper.make_tensor("start", TensorProto.INT64, [], [0]), helper.make_tensor("delta", TensorProto.INT64, [],
+                                                                                     [1])])
+    with pytest.raises(opforge.onnx.ModelError, match=r"input 'limit' must be known when the model is loaded .* "
+                                                      r"length of Range's output depends on its value"):
+        opforge.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]))
+    with pytest.raises(opforge.onnx.ModelError, match="input 'delta' is 0"):
+        opforge.onnx.load(range_model("int64", 0, 4, 0))
+
+
+def eye_like_model(elem, dims, **attrs):
+    graph = helper.make_graph([helper.make_node("EyeLike", ["x"], ["y"], **attrs)], "eye_like",
+                              [helper.make_tensor_value_info("x", elem, dims)],
+                              [helper.make_tensor_value_info("y", attrs.get("dtype", elem), None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+
+
+@pytest.mark.parametrize("dims", [[3, 5], ["n", "m"], [4, "m"]])
+@pytest.mark.parametrize("k", [0, 2, -1, 7])
+def test_onnx_eye_like_agrees_with_onnxruntime_with_known_or_unknown_dims(dims, k):
+    for elem, attrs in [(TensorProto.FLOAT, {}), (TensorProto.INT32, {"dtype": TensorProto.DOUBLE}),
+                        (TensorProto.INT64, {"dtype": TensorProto.INT32})]:
+        model = eye_like_model(elem, dims, k=k, **attrs)
+        x = np.zeros((3, 5) if dims[0] != 4 else (4, 6), helper.tensor_dtype_to_np_dtype(elem))
+        ours = opforge.onnx.load(model)(x)
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        (theirs,) = session.run(None, {"x": x})
+        assert ours.dtype == theirs.dtype and ours.shape == x.shape
+        np.testing.assert_array_equal(ours, theirs)
+        np.testing.assert_array_equal(ours, np.eye(*x.shape, k=k))
+
+
+def test_onnx_eye_like_of_unknown_dims_runs_at_every_size_and_refuses_other_ranks():
+    loaded = opforge.onnx.load(eye_like_model(TensorProto.FLOAT, ["n", "m"], k=1))
+    for shape in [(0, 3), (1, 1), (5, 2), (2, 7)]:
+        np.testing.assert_array_equal(loaded(np.ones(shape, np.float32)), np.eye(*shape, k=1, dtype=np.float32))
+    with pytest.raises(opforge.onnx.ModelError, match="rank 3; EyeLike takes a matrix"):
+        opforge.onnx.load(eye_like_model(TensorProto.FLOAT, [2, 3, 4]))

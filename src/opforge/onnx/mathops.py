@@ -1,7 +1,8 @@
 """Converters of ONNX's math ops that exported transformer and CNN models
 use beyond the arithmetic of elementwise.py: the trigonometric and
 hyperbolic functions (Sin ... Atanh; rotary position embeddings take Sin and
-Cos of a frequency table), CumSum and Trilu (causal attention masks).
+Cos of a frequency table), CumSum, Trilu (causal attention masks), Range
+and EyeLike.
 
 float16 and bfloat16 inputs of the trigonometric functions are computed in
 float32 and cast back, as elementwise.py's unary ops are.
@@ -14,7 +15,8 @@ import numpy as np
 
 import opforge
 from ..spec import UNKNOWN_RANK
-from .elementwise import FLOATS, dims_of, unary
+from .elementwise import FLOATS, dims_of, dtype_of, ones_like, unary
+from .load import onnx_dtype
 from .registry import converter
 
 if TYPE_CHECKING:
@@ -65,3 +67,58 @@ def trilu(node: NodeContext, x: Any, k: Any = None) -> Any:
     if rank != UNKNOWN_RANK and len(rank) < 2:
         raise node.error(f"input 'input' has rank {len(rank)}; Trilu needs rank >= 2")
     return ops.trilu(x, upper=bool(node.attr("upper", 1)), k=offset)
+
+
+# -- Range, EyeLike ----------------------------------------------------------------------
+
+def range_scalar(node: NodeContext, value: Any, name: str) -> Any:
+    if not isinstance(value, np.ndarray):
+        raise node.error(f"input '{name}' must be known when the model is loaded (an initializer, a Constant or "
+                         "computed from them): the length of Range's output depends on its value, and opforge "
+                         "graphs have shapes fixed by their inputs' shapes; it is computed at run time")
+    if value.size != 1:
+        raise node.error(f"input '{name}' must be a scalar; it has shape {list(value.shape)}")
+    return value.reshape(())
+
+
+@converter("Range", since=11)
+def range_(node: NodeContext, start: Any, limit: Any, delta: Any) -> Any:
+    """A constant: start + i * delta for i below max(ceil((limit - start) / delta), 0).  Integers are
+    computed exactly; floats in float64 (float16 and bfloat16 in float32 when stash_type is FLOAT), each value
+    rounded to the inputs' dtype once, as np.arange and torch.arange do (onnxruntime adds delta step by step in
+    the dtype, so its later float values may differ from these in the last bits)."""
+    first, last, step = (range_scalar(node, v, n) for v, n in ((start, "start"), (limit, "limit"), (delta, "delta")))
+    dtype = first.dtype
+    if len({first.dtype, last.dtype, step.dtype}) > 1:
+        raise node.error(f"inputs have dtypes {[first.dtype.name, last.dtype.name, step.dtype.name]}; Range takes "
+                         "one dtype")
+    if step == 0:
+        raise node.error("input 'delta' is 0; the range would never reach its limit")
+    if dtype.kind in "iu":
+        a, b, d = int(first), int(last), int(step)
+        count = max(-((a - b) // d), 0)  # ceil((b - a) / d), exactly
+        return (a + d * np.arange(count, dtype=np.int64)).astype(dtype)
+    wide = np.float32 if node.attr("stash_type") == 1 and dtype.itemsize == 2 else np.float64
+    a, b, d = (wide(float(v)) for v in (first, last, step))
+    count = max(int(np.ceil((b - a) / d)), 0)
+    return (a + np.arange(count, dtype=wide) * d).astype(dtype)
+
+
+@converter("EyeLike", since=9)
+def eye_like(node: NodeContext, x: Any) -> Any:
+    """Ones on diagonal k of a matrix of x's shape, zeros elsewhere, in the dtype the attribute names (x's
+    by default).  A constant when x's dims are known at load time; else built from x's shape at run time (row
+    and column indices by exclusive cumsums of ones, compared)."""
+    dims = dims_of(x)
+    if dims != UNKNOWN_RANK and len(dims) != 2:
+        raise node.error(f"input 'input' has rank {len(dims)}; EyeLike takes a matrix (rank 2)")
+    to = node.attr("dtype")
+    dtype = dtype_of(x) if to is None else onnx_dtype(to, f"{node!r}: attribute 'dtype'")
+    k = int(node.attr("k", 0))
+    if dims != UNKNOWN_RANK and -1 not in dims:
+        return np.eye(dims[0], dims[-1], k, dtype=dtype)  # (rank 2: the first dim and the last)
+    ones = ones_like(x, "int64")
+    rows = ops.cumsum(ones, axis=0, exclusive=True)
+    columns = ops.cumsum(ones, axis=1, exclusive=True)
+    diagonal = ops.equal(ops.add(rows, np.asarray(k, np.int64)), columns)
+    return ops.cast(diagonal, dtype=dtype)
