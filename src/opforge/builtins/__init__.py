@@ -58,3 +58,4 @@ from . import mod  # noqa: F401
 from . import trigonometric  # noqa: F401
 from . import cumsum  # noqa: F401
 from . import trilu  # noqa: F401
+from . import bitwise  # noqa: F401

@@ -515,6 +515,19 @@ def _(e: NodeExport) -> None:
     e.result("Trilu", [e.inputs[0], e.const(e.attrs["k"])], upper=int(e.attrs["upper"]))
 
 
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
+    EXPORTERS[_name] = _same(_name.title().replace("_", ""))
+del _name
+
+
+@exporter("left_shift", "right_shift")
+def _(e: NodeExport) -> None:  # unsigned integers from opset 11; signed ones from opset 28
+    if e.opset < 11 or (e.dtype(0).kind == "i" and e.opset < 28):
+        raise e.error(f"ONNX has BitShift of {e.dtype(0).name} from opset {28 if e.dtype(0).kind == 'i' else 11}; "
+                      f"the model's opset is {e.opset}")
+    e.result("BitShift", e.inputs, direction="LEFT" if e.op_name == "left_shift" else "RIGHT")
+
+
 # --------------------------------------------------------------------------
 # User ops: a node of their own domain.
 

@@ -1,8 +1,9 @@
 """Converters of ONNX's math ops that exported transformer and CNN models
 use beyond the arithmetic of elementwise.py: the trigonometric and
 hyperbolic functions (Sin ... Atanh; rotary position embeddings take Sin and
-Cos of a frequency table), CumSum, Trilu (causal attention masks), Range
-and EyeLike.
+Cos of a frequency table), CumSum, Trilu (causal attention masks), Range,
+EyeLike and the bitwise integer ops (BitwiseAnd, BitwiseOr, BitwiseXor,
+BitwiseNot, BitShift).
 
 float16 and bfloat16 inputs of the trigonometric functions are computed in
 float32 and cast back, as elementwise.py's unary ops are.
@@ -15,7 +16,7 @@ import numpy as np
 
 import opforge
 from ..spec import UNKNOWN_RANK
-from .elementwise import FLOATS, dims_of, dtype_of, ones_like, unary
+from .elementwise import FLOATS, dims_of, dtype_of, ones_like, same_dtype, unary
 from .load import onnx_dtype
 from .registry import converter
 
@@ -122,3 +123,34 @@ def eye_like(node: NodeContext, x: Any) -> Any:
     columns = ops.cumsum(ones, axis=1, exclusive=True)
     diagonal = ops.equal(ops.add(rows, np.asarray(k, np.int64)), columns)
     return ops.cast(diagonal, dtype=dtype)
+
+
+# -- bitwise ----------------------------------------------------------------------------
+
+def bitwise(op_type: str, fn: Any, since: int) -> None:
+    @converter(op_type, since=since)
+    def convert(node: NodeContext, a: Any, b: Any) -> Any:
+        same_dtype(node, a, b)
+        return fn(a, b)
+
+    convert.__name__ = op_type.lower()
+
+
+bitwise("BitwiseAnd", ops.bitwise_and, 18)
+bitwise("BitwiseOr", ops.bitwise_or, 18)
+bitwise("BitwiseXor", ops.bitwise_xor, 18)
+
+
+@converter("BitwiseNot", since=18)
+def bitwise_not(node: NodeContext, x: Any) -> Any:
+    return ops.bitwise_not(x)
+
+
+@converter("BitShift", since=11)
+def bit_shift(node: NodeContext, x: Any, y: Any) -> Any:
+    """Unsigned integers from opset 11, signed ones (arithmetic right shifts) from 28: opforge's shifts take both."""
+    same_dtype(node, x, y)
+    direction = node.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise node.error(f"attribute 'direction' is {direction!r}; it must be 'LEFT' or 'RIGHT'")
+    return (ops.left_shift if direction == "LEFT" else ops.right_shift)(x, y)
