@@ -181,6 +181,14 @@ GRADCHECKS = {
                        {"strides": [2, 1], "pads": [1, 0, 0, 1], "group": 2, "output_padding": [1, 0]}),
     "conv_transpose_1d_no_bias": (closing_over(ops.conv_transpose, None, at=2), [r(2, 2, 4), r(2, 3, 3, seed=1)],
                                   {"strides": [3], "dilations": [2]}),
+    # the trigonometric family (inputs inside each domain), cumsum, trilu
+    **{name: (getattr(ops, name), [np.clip(r(3, 4) * 0.4, -0.9, 0.9)], {})
+       for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "atanh")},
+    "acosh": (ops.acosh, [positive(3, 4) + 1.0], {}),
+    "cumsum": (ops.cumsum, [r(3, 4)], {"axis": 1}),
+    "cumsum_exclusive_reverse": (ops.cumsum, [r(2, 3, 4)], {"axis": 0, "exclusive": True, "reverse": True}),
+    "trilu": (ops.trilu, [r(2, 4, 5)], {"k": 1}),
+    "trilu_lower": (ops.trilu, [r(4, 4)], {"upper": False, "k": -1}),
 }
 
 
