@@ -16,7 +16,7 @@ from opforge.builtins.trigonometric import NAMES, NUMPY_NAMES
 from opforge.onnx.export import export
 from opforge.runtime.dispatch import select_kernel
 from opforge.testing import check_op, gradcheck
-from test_kernel_accuracy import X32, X64, ulp_error
+from test_kernel_accuracy import ISAS, X32, X64, ulp_error
 
 ops = opforge.ops
 TRIGONOMETRIC = list(NAMES)
@@ -37,19 +37,73 @@ def interior(name, shape, seed):
     return np.random.default_rng(seed).uniform(low, high, shape)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", TRIGONOMETRIC)
-def test_ulp_bound_on_a_dense_sweep(name, dtype):
+def kernel_cases():
+    """(name, dtype, isa): float32 sin and cos have a vectorized kernel per instruction set, the rest one libm
+    kernel for every ISA."""
+    for name in TRIGONOMETRIC:
+        for dtype in ("float32", "float64"):
+            vectorized = name in ("sin", "cos") and dtype == "float32"
+            for isa in ISAS if vectorized else ["generic"]:
+                yield name, dtype, isa
+
+
+@pytest.mark.parametrize("name, dtype, isa", list(kernel_cases()))
+def test_ulp_bound_on_a_dense_sweep(name, dtype, isa):
     x = X32 if dtype == "float32" else X64[::2]
-    chosen = select_kernel(opforge.lookup(name), [TensorSpec.of(x)]).name
-    assert chosen == name.title(), chosen  # the C++ kernel, not the NumPy reference
+    opforge.set_isa_cap(isa)
+    try:
+        chosen = select_kernel(opforge.lookup(name), [TensorSpec.of(x)]).name
+        vectorized = name in ("sin", "cos") and dtype == "float32"
+        # the C++ kernel, not the NumPy reference
+        assert chosen == (f"{name.title()}Float{f'[{isa}]' if isa != 'generic' else ''}<float32>" if vectorized
+                          else name.title()), chosen
+        got = getattr(ops, name)(x)
+    finally:
+        opforge.set_isa_cap(None)
     with np.errstate(all="ignore"):
         want = numpy_fn(name)(x.astype(np.float64 if dtype == "float32" else np.longdouble))
-    got = getattr(ops, name)(x)
     assert got.dtype == x.dtype and got.shape == x.shape
     err = ulp_error(got, want, dtype)
     worst = int(np.argmax(err))
     assert err[worst] <= BOUNDS[name], f"{name} {dtype}: {err[worst]:.3g} ulp at x={x[worst]!r}: {got[worst]!r}"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_float32_sin_and_cos_next_to_multiples_of_half_pi_and_at_the_edge_of_the_fast_range(isa):
+    """Where x lies next to k pi/2, r = x - k pi/2 cancels: the floats within 16 ulps of each k pi/2 up to
+    2^16 (the range the polynomial serves), and the values around 2^16 where libm takes over."""
+    k = np.arange(1, 41_723, dtype=np.float64)
+    near = (k * np.pi / 2).astype(np.float32).view(np.int32)[:, None] + np.arange(-16, 17, dtype=np.int32)
+    x = near.reshape(-1).view(np.float32)
+    edge = np.float32(65536).view(np.int32) + np.arange(-300, 300, dtype=np.int32)
+    x = np.concatenate([x, -x, edge.view(np.float32), -edge.view(np.float32)])
+    opforge.set_isa_cap(isa)
+    try:
+        for name, fn in (("sin", np.sin), ("cos", np.cos)):
+            got = getattr(ops, name)(x)
+            err = ulp_error(got, fn(x.astype(np.longdouble)), "float32")
+            worst = int(np.argmax(err))
+            assert err[worst] <= 1, f"{name} [{isa}]: {err[worst]:.3g} ulp at x={x[worst]!r}"
+    finally:
+        opforge.set_isa_cap(None)
+
+
+def test_results_do_not_depend_on_the_thread_count_or_the_isa(set_threads):
+    x = np.random.default_rng(0).uniform(-1e5, 1e5, 300_001).astype(np.float32)  # both paths, several ranges
+    x[::1000] = np.float32(3e6)
+    set_threads(1)
+    one = [getattr(ops, name)(x) for name in ("sin", "cos")]
+    set_threads(2)
+    two = [getattr(ops, name)(x) for name in ("sin", "cos")]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    for isa in ISAS:  # (float32 sin and cos: plain multiplies and adds, so every ISA variant rounds alike)
+        opforge.set_isa_cap(isa)
+        try:
+            for name, want in zip(("sin", "cos"), one):
+                np.testing.assert_array_equal(getattr(ops, name)(x), want, err_msg=f"{name} [{isa}]")
+        finally:
+            opforge.set_isa_cap(None)
 
 
 def test_special_values_follow_numpy():

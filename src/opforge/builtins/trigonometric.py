@@ -7,12 +7,17 @@ ulp), float32 and float64 in one library.  They are libm calls, which g++
 does not vectorize, so one variant per dtype serves every ISA; the work is
 split across opforge's thread pool in ranges of 8192 elements (a call costs
 tens of nanoseconds, so smaller ranges than the cheap ops' pay off).
+float32 sin and cos, which rotary position embeddings compute for every
+token, have a kernel of their own that vectorizes (SIN_COS_FLOAT below:
+vecmath.h's double-precision reduction and polynomial, per instruction set,
+libm only for |x| > 2^16, infinities and NaN).
 
 Accuracy (max error over a dense sweep, against a float64 reference for
 float32 and a long double one for float64; tests/test_builtin_math_ops.py
-asserts it): sin, cos, tan, asin, acos, atan <= 1 ulp and sinh, cosh, asinh, acosh, atanh
-<= 2 ulp, float32 and float64 alike.  Out of the domain (asin of
-2, acosh of 0.5, atanh of 2) the result is NaN, and atanh(+-1) is +-inf, as
+asserts it): sin, cos, tan, asin, acos, atan <= 1 ulp and sinh, cosh,
+asinh, acosh, atanh <= 2 ulp, float32 and float64 alike (float32 sin and
+cos: 0.5 ulp and a hair, every ISA variant).  Out of the domain (asin of 2,
+acosh of 0.5, atanh of 2) the result is NaN, and atanh(+-1) is +-inf, as
 NumPy gives them.
 
 Gradients: d sin = cos, d cos = -sin, d tan = 1 + tan^2, d asin = 1 / sqrt(1
@@ -30,7 +35,8 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, every_dtype, floating_point
+from opforge.builtins.common import FLOATS, SIMD_ISAS, every_dtype, floating_point
+from opforge.builtins.exp import VECMATH
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -83,7 +89,8 @@ def trigonometric(name: str) -> Op:
     op = opforge.op(f"{name}(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                     doc=f"{NAMES[name]}, elementwise (floating-point inputs).")
     op.def_infer(infer.same_as(0))
-    op.fuse_as(f"std::{name}({{x}})")
+    # (sin and cos: vecmath.h's, the float32 kernels' values)
+    op.fuse_as(f"vecmath::{name.title()}({{x}})" if name in ("sin", "cos") else f"std::{name}({{x}})")
     op.check(floating_point(name, "x"))
     numpy_fn = getattr(np, NUMPY_NAMES.get(name, name))
 
@@ -102,10 +109,55 @@ def trigonometric(name: str) -> Op:
     grad.__name__ = f"{name}_grad"
     op.grad(save=["x", "y"])(grad)
     # -fno-math-errno: no errno bookkeeping around the calls (NaN out of the domain is the answer)
-    op.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", FLOATS), dtypes=[(d,) for d in FLOATS],
+    libm = ["float64"] if name in ("sin", "cos") else FLOATS  # (float32 sin and cos: SIN_COS_FLOAT below)
+    op.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", libm), dtypes=[(d,) for d in libm],
               name=name.title(), cflags=[f"-DOPFORGE_UNARY(x)=std::{name}(x)", "-DOPFORGE_GRAIN=8192",
                                          "-fno-math-errno"])
     return op
 
 
 sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh = (trigonometric(name) for name in NAMES)
+
+
+# float32 sin and cos (rotary embeddings, on every token): vecmath.h's SinCosInDouble, evaluated in double
+# without libm calls, so that the loop vectorizes; a block holding an |x| above 2^16, an infinity or a NaN
+# takes vecmath::Sin / Cos, which call libm for those.
+SIN_COS_FLOAT = r"""
+#include <cstdint>
+
+#include "custom_aot_extra.h"
+#include "opforge/parallel.h"
+#include "vecmath.h"
+
+extern "C" int SIN_COS_KERNEL(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                              void *stream, void *extra) {
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  int64_t n = 1;
+  for (int d = 0; d < ndims[0]; d++) n *= shapes[0][d];
+  try {
+    opforge::parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; b += 256) {
+        const int64_t e = b + 256 < hi ? b + 256 : hi;
+        int slow = 0;
+        for (int64_t i = b; i < e; i++) slow |= !vecmath::SinCosInRange(x[i]);
+        if (!slow) {
+          for (int64_t i = b; i < e; i++) y[i] = vecmath::SinCosInDouble<OPFORGE_COSINE>(x[i]);
+        } else {  // (each x[i] read before y[i] is written: y may be x)
+          for (int64_t i = b; i < e; i++) y[i] = OPFORGE_COSINE ? vecmath::Cos(x[i]) : vecmath::Sin(x[i]);
+        }
+      }
+    });
+  } catch (...) {  // the ranges do not throw; the pool's own failures stay on this side of the ABI
+    return 2;
+  }
+  return 0;
+}
+"""
+for _op, _cosine in ((sin, 0), (cos, 1)):
+    _kernel = f"{_op.name.title()}Float"
+    for _isa in SIMD_ISAS:  # (per instruction set, as exp's: the double polynomial is the cost)
+        _op.kernel(function=_kernel, code=SIN_COS_FLOAT.replace("SIN_COS_KERNEL", _kernel), dtypes={"x": ["float32"]},
+                   isa=_isa, include_dirs=VECMATH["include_dirs"],
+                   cflags=[*VECMATH["cflags"], f"-DOPFORGE_COSINE={'true' if _cosine else 'false'}"])
+del _op, _cosine, _kernel, _isa
