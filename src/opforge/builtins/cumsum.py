@@ -78,8 +78,11 @@ CUMSUM_CC = r"""
 
 typedef OPFORGE_T T;
 // Integers add as unsigned: overflow wraps (as in NumPy) instead of being undefined.
-typedef std::conditional_t<std::is_integral_v<T>, std::make_unsigned_t<std::conditional_t<std::is_integral_v<T>, T,
-                           int>>, T> Acc;
+template <typename V, bool = std::is_integral_v<V>>
+struct Accumulator { typedef V type; };
+template <typename V>
+struct Accumulator<V, true> { typedef std::make_unsigned_t<V> type; };
+typedef typename Accumulator<T>::type Acc;
 
 // params: x, y.  x viewed as (outer, n, inner) around the axis.  Each step
 // along the axis (forward or backward) adds a row of `inner` elements to the

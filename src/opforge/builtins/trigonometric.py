@@ -59,20 +59,20 @@ def _div(a: Any, b: Any) -> Any:
     return ops.div(a, b)
 
 
-# The gradient of each op: dx from the saved input x, the saved output y and dy.
-GRADIENTS: dict[str, Callable[[Any, Any, Any], Any]] = {
-    "sin": lambda x, y, dy: dy * ops.cos(x),
-    "cos": lambda x, y, dy: ops.neg(dy * ops.sin(x)),
-    "tan": lambda x, y, dy: dy * (_one(y) + y * y),
-    "asin": lambda x, y, dy: _div(dy, _sqrt(_one(x) - x * x)),
-    "acos": lambda x, y, dy: ops.neg(_div(dy, _sqrt(_one(x) - x * x))),
-    "atan": lambda x, y, dy: _div(dy, _one(x) + x * x),
-    "sinh": lambda x, y, dy: dy * ops.cosh(x),
-    "cosh": lambda x, y, dy: dy * ops.sinh(x),
-    "asinh": lambda x, y, dy: _div(dy, _sqrt(x * x + _one(x))),
+# The gradient of each op: dx from dy and the one value it saves, the input x (tan: the output y).
+GRADIENTS: dict[str, Callable[[Any, Any], Any]] = {
+    "sin": lambda x, dy: dy * ops.cos(x),
+    "cos": lambda x, dy: ops.neg(dy * ops.sin(x)),
+    "tan": lambda y, dy: dy * (_one(y) + y * y),
+    "asin": lambda x, dy: _div(dy, _sqrt(_one(x) - x * x)),
+    "acos": lambda x, dy: ops.neg(_div(dy, _sqrt(_one(x) - x * x))),
+    "atan": lambda x, dy: _div(dy, _one(x) + x * x),
+    "sinh": lambda x, dy: dy * ops.cosh(x),
+    "cosh": lambda x, dy: dy * ops.sinh(x),
+    "asinh": lambda x, dy: _div(dy, _sqrt(x * x + _one(x))),
     # sqrt(x - 1) sqrt(x + 1) rather than sqrt(x^2 - 1): no cancellation near 1, no overflow of x^2
-    "acosh": lambda x, y, dy: _div(dy, _sqrt(x - _one(x)) * _sqrt(x + _one(x))),
-    "atanh": lambda x, y, dy: _div(dy, _one(x) - x * x),
+    "acosh": lambda x, dy: _div(dy, _sqrt(x - _one(x)) * _sqrt(x + _one(x))),
+    "atanh": lambda x, dy: _div(dy, _one(x) - x * x),
 }
 # op name -> (what the op computes, for its doc string)
 NAMES = {
@@ -101,13 +101,13 @@ def trigonometric(name: str) -> Op:
 
     reference.__name__ = f"{name}_reference"
     op.reference(fallback=True)(reference)  # float16 and bfloat16 run here
-    gradient = GRADIENTS[name]
+    gradient, kept = GRADIENTS[name], "y" if name == "tan" else "x"
 
     def grad(saved: Any, dy: Any) -> Any:
-        return gradient(saved.x, saved.y, dy)
+        return gradient(getattr(saved, kept), dy)
 
     grad.__name__ = f"{name}_grad"
-    op.grad(save=["x", "y"])(grad)
+    op.grad(save=[kept])(grad)
     # -fno-math-errno: no errno bookkeeping around the calls (NaN out of the domain is the answer)
     libm = ["float64"] if name in ("sin", "cos") else FLOATS  # (float32 sin and cos: SIN_COS_FLOAT below)
     op.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", libm), dtypes=[(d,) for d in libm],
