@@ -252,6 +252,8 @@ SAMPLES = {
     **{name: [((ints(4, 1, 6), ints(6, seed=1)), {})]
        for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")},
     "bitwise_not": [((ints(4, 6),), {})],
+    "cumsum": [((normal(4, 2, 6),), {"axis": 1}), ((ints(4, 6),), {"axis": 0, "exclusive": True, "reverse": True})],
+    "trilu": [((normal(2, 4, 4, 6),), {"k": 1}), ((normal(4, 6),), {"upper": False})],
 }
 
 

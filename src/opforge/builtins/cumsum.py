@@ -20,11 +20,13 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import NUMERIC, every_dtype
+from opforge.sbp import partial_sum, split
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     from opforge import TensorSpec
+    from opforge.sbp import SBPValue
 
 cumsum = opforge.op("cumsum(Tensor x, *, int axis, bool exclusive=False, bool reverse=False) -> Tensor y",
                     traits=["no_side_effect"],
@@ -45,6 +47,17 @@ def cumsum_check(x: TensorSpec, *, axis: int, exclusive: bool, reverse: bool) ->
     if not -x.rank <= axis < x.rank:
         raise opforge.ShapeError(f"op 'cumsum': attribute 'axis' is {axis}, out of range for input 'x' of rank "
                                  f"{x.rank} (valid: {-x.rank}..{x.rank - 1})")
+
+
+@cumsum.sbp
+def cumsum_sbp(x: TensorSpec, *, axis: int, exclusive: bool, reverse: bool) -> list[dict[str, SBPValue]]:
+    # Each line along `axis` is scanned on its own, so any other axis splits; running sums of addends of x
+    # are addends of y (a linear op).
+    if not x.rank:
+        return []
+    signatures: list[dict[str, SBPValue]] = [{"x": split(k), "y": split(k)} for k in range(x.rank)
+                                             if k != axis % x.rank]
+    return signatures + [{"x": partial_sum, "y": partial_sum}]
 
 
 @cumsum.reference(fallback=True)

@@ -17,11 +17,13 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.common import HEADER_DIRS
+from opforge.sbp import partial_sum, split
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     from opforge import TensorSpec
+    from opforge.sbp import SBPValue
 
 trilu = opforge.op("trilu(Tensor x, *, bool upper=True, int k=0) -> Tensor y", traits=["no_side_effect"],
                    doc="The upper (upper=True: j >= i + k) or lower (j <= i + k) triangle of each matrix in x's "
@@ -34,6 +36,14 @@ def trilu_check(x: TensorSpec, *, upper: bool, k: int) -> None:
     if x.rank is not None and x.rank < 2:
         raise opforge.ShapeError(f"op 'trilu': input 'x' has rank {x.rank}; trilu needs rank >= 2 (matrices in "
                                  "the last two dims)")
+
+
+@trilu.sbp
+def trilu_sbp(x: TensorSpec, *, upper: bool, k: int) -> list[dict[str, SBPValue]]:
+    # The mask depends on the index within a matrix: the batch dims split, the last two do not; a mask
+    # of addends of x gives addends of y.
+    signatures: list[dict[str, SBPValue]] = [{"x": split(d), "y": split(d)} for d in range((x.rank or 2) - 2)]
+    return signatures + [{"x": partial_sum, "y": partial_sum}]
 
 
 @trilu.reference(fallback=True)
