@@ -16,7 +16,7 @@ AVX-512: float32 and float64 atan, sinh, ...); vectorized polynomials, as
 for sin and cos, are the way to close that.
 
 Accuracy (max error over a dense sweep, against a float64 reference for
-float32 and a long double one for float64; tests/test_builtin_math_ops.py
+float32 and a long double one for float64; tests/test_builtin_trigonometric.py
 asserts it): sin, cos, tan, asin, acos, atan <= 1 ulp and sinh, cosh,
 asinh, acosh, atanh <= 2 ulp, float32 and float64 alike (float32 sin and
 cos: 0.5 ulp and a hair, every ISA variant).  Out of the domain (asin of 2,
