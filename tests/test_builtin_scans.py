@@ -339,5 +339,11 @@ def test_onnx_eye_like_of_unknown_dims_runs_at_every_size_and_refuses_other_rank
     loaded = opforge.onnx.load(eye_like_model(TensorProto.FLOAT, ["n", "m"], k=1))
     for shape in [(0, 3), (1, 1), (5, 2), (2, 7)]:
         np.testing.assert_array_equal(loaded(np.ones(shape, np.float32)), np.eye(*shape, k=1, dtype=np.float32))
+    for elem in (TensorProto.BOOL, TensorProto.UINT8, TensorProto.FLOAT16, TensorProto.INT8):
+        loaded = opforge.onnx.load(eye_like_model(elem, ["n", "m"], k=-1))
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        got = loaded(np.zeros((4, 3), dtype))
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, np.eye(4, 3, k=-1, dtype=dtype))
     with pytest.raises(opforge.onnx.ModelError, match="rank 3; EyeLike takes a matrix"):
         opforge.onnx.load(eye_like_model(TensorProto.FLOAT, [2, 3, 4]))

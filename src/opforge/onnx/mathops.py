@@ -16,7 +16,7 @@ import numpy as np
 
 import opforge
 from ..spec import UNKNOWN_RANK
-from .elementwise import FLOATS, dims_of, dtype_of, ones_like, same_dtype, unary
+from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, ones_like, same_dtype, unary
 from .load import onnx_dtype
 from .registry import converter
 
@@ -118,7 +118,9 @@ def eye_like(node: NodeContext, x: Any) -> Any:
     k = int(node.attr("k", 0))
     if dims != UNKNOWN_RANK and -1 not in dims:
         return np.eye(dims[0], dims[-1], k, dtype=dtype)  # (rank 2: the first dim and the last)
-    ones = ones_like(x, "int64")
+    # (ones_like compares x with itself: a dtype the comparisons have no kernel for is cast first, its values
+    # do not matter)
+    ones = ones_like(x if dtype_of(x) in NUMERIC else ops.cast(x, dtype="float32"), "int64")
     rows = ops.cumsum(ones, axis=0, exclusive=True)
     columns = ops.cumsum(ones, axis=1, exclusive=True)
     diagonal = ops.equal(ops.add(rows, np.asarray(k, np.int64)), columns)
