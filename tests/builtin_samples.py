@@ -487,6 +487,40 @@ put("reorder",
            note="graphs only; 20 channels pad to two blocks of 16. Round-trip it: reorder(.., 'ndarray')"))
 
 
+# -- math: trigonometric family (inputs inside each function's domain, off its edges) -----------------
+
+for _k, _name in enumerate(("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")):
+    _x = rng(300 + _k).uniform(-0.9, 0.9, (3, 4))
+    put(_name, sample(_x + 2.1 if _name == "acosh" else _x, differentiable=[0]))
+del _k, _name, _x
+
+put("cumsum",
+    sample(normal(3, 4, seed=320), differentiable=[0], axis=1),
+    sample(normal(2, 3, 4, seed=321), differentiable=[0], axis=0, exclusive=True, reverse=True),
+    sample(normal(2, 5, seed=322), differentiable=[0], axis=-1, reverse=True),
+    sample(small_ints(4, 3, seed=323, dtype=np.int32), axis=0, exclusive=True))
+put("trilu",
+    sample(normal(4, 5, seed=330), differentiable=[0]),
+    sample(normal(2, 3, 3, seed=331), differentiable=[0], upper=False, k=-1),
+    sample(small_ints(3, 4, seed=332, dtype=np.int64), upper=False, k=2))
+
+# -- math: bitwise integer ops (no gradients) ---------------------------------------------------------
+
+for _k, _name in enumerate(("bitwise_and", "bitwise_or", "bitwise_xor")):
+    put(_name, sample(rng(340 + _k).integers(-100, 100, (3, 4)).astype(np.int32),
+                      rng(350 + _k).integers(-100, 100, (4,)).astype(np.int32)),
+        sample(rng(360 + _k).integers(0, 255, (2, 3), dtype=np.uint8), rng(370 + _k).integers(0, 255, (2, 1),
+                                                                                               dtype=np.uint8)))
+put("bitwise_not", sample(rng(380).integers(-100, 100, (3, 4)).astype(np.int64)),
+    sample(rng(381).integers(0, 255, (5,), dtype=np.uint8)))
+for _k, _name in enumerate(("left_shift", "right_shift")):
+    put(_name, sample(rng(390 + _k).integers(-1000, 1000, (3, 4)).astype(np.int32),
+                      rng(395 + _k).integers(-2, 35, (3, 4)).astype(np.int32),
+                      note="counts outside [0, 32) included: ONNX BitShift's rule, 0 or the sign fill"),
+        sample(rng(392 + _k).integers(0, 255, (4,), dtype=np.uint8), np.array(3, np.uint8)))
+del _k, _name
+
+
 # -- lookups -------------------------------------------------------------------------------
 
 def _defined_in_builtins(op):

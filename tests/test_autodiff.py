@@ -194,6 +194,14 @@ GRADCHECKS = {
     "scatter_nd": (closing_over(ops.scatter_nd, np.array([[1], [0]]), at=1), [r(2, 3), r(2, 3, seed=1)], {}),
     "scatter_nd_add": (closing_over(ops.scatter_nd, np.array([[1, 2], [1, 2]]), at=1), [r(2, 3, 4), r(2, 4, seed=1)],
                        {"reduction": "add"}),
+    # the trigonometric family (inputs inside each domain), cumsum, trilu
+    **{name: (getattr(ops, name), [np.clip(r(3, 4) * 0.4, -0.9, 0.9)], {})
+       for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "atanh")},
+    "acosh": (ops.acosh, [positive(3, 4) + 1.0], {}),
+    "cumsum": (ops.cumsum, [r(3, 4)], {"axis": 1}),
+    "cumsum_exclusive_reverse": (ops.cumsum, [r(2, 3, 4)], {"axis": 0, "exclusive": True, "reverse": True}),
+    "trilu": (ops.trilu, [r(2, 4, 5)], {"k": 1}),
+    "trilu_lower": (ops.trilu, [r(4, 4)], {"upper": False, "k": -1}),
 }
 
 

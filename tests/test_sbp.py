@@ -246,6 +246,14 @@ SAMPLES = {
              ((normal(4, 2, 6),), {"axes": [1], "keep_dims": True})],
     "softmax": [((normal(4, 2, 6),), {"axis": 1}), ((normal(4, 6),), {"axis": -1})],
     "transpose": [((normal(2, 4, 6),), {"perm": [2, 0, 1]}), ((normal(2, 4, 6),), {})],
+    **{name: [((np.clip(normal(4, 6) * 0.4, -0.9, 0.9),), {})]
+       for name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "atanh")},
+    "acosh": [((positive(4, 6) + 1.0,), {})],
+    **{name: [((ints(4, 1, 6), ints(6, seed=1)), {})]
+       for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")},
+    "bitwise_not": [((ints(4, 6),), {})],
+    "cumsum": [((normal(4, 2, 6),), {"axis": 1}), ((ints(4, 6),), {"axis": 0, "exclusive": True, "reverse": True})],
+    "trilu": [((normal(2, 4, 4, 6),), {"k": 1}), ((normal(4, 6),), {"upper": False})],
 }
 
 

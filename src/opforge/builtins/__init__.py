@@ -60,3 +60,7 @@ from . import scatter_elements  # noqa: F401
 from . import gather_nd  # noqa: F401
 from . import scatter_nd  # noqa: F401
 from . import quantize_linear  # noqa: F401
+from . import trigonometric  # noqa: F401
+from . import cumsum  # noqa: F401
+from . import trilu  # noqa: F401
+from . import bitwise  # noqa: F401

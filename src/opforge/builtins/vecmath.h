@@ -1,6 +1,7 @@
 /*
  * vecmath.h: exp, expm1, log, pow, tanh, sigmoid, erf, erfc and the normal
- * CDF in float and double, for the built-in elementwise kernels.
+ * CDF in float and double, and float sin and cos, for the built-in
+ * elementwise kernels.
  *
  * Each function is a plain inline scalar function without branches or libm
  * calls: range reduction and polynomials, with selects where a branch would
@@ -30,6 +31,7 @@
 #ifndef OPFORGE_BUILTINS_VECMATH_H_
 #define OPFORGE_BUILTINS_VECMATH_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -671,6 +673,44 @@ inline T GeluTanh(T x) {
   const T k2 = T(2 * 0.79788456080286535588), c = T(0.044715);
   return x * Sigmoid(k2 * x * Fma(c, x * x, T(1)));
 }
+
+// ---------------------------------------------------------------------------
+// sin and cos of a float, evaluated in double (trigonometric.py's float32
+// kernels, and fused runs).  x = n pi/2 + r, |r| <= pi/4: n is x 2/pi rounded
+// (adding 1.5 * 2^52 rounds it), r comes from Cody and Waite's two-part pi/2,
+// whose first part has 33 bits, so that n times it and the subtraction are
+// exact for |x| <= 2^16 (n < 2^16) and r's error stays far below a float's
+// ulp even next to a multiple of pi/2; then Taylor polynomials of sin r and
+// cos r (to r^13 and r^14: error < 1e-13 on |r| <= pi/4), n mod 4 choosing
+// which and its sign.  Plain multiplies and adds, no Fma: every ISA variant
+// rounds alike.  The double result rounded to float is within 0.5 ulp and a
+// hair.  Larger |x|, infinities and NaN go to libm.
+
+inline bool SinCosInRange(float x) { return Abs(x) <= 65536.0f; }  // (false for NaN)
+
+template <bool kCosine>
+inline float SinCosInDouble(float value) {
+  const double x = value;
+  const double t = x * 0.63661977236758134308 + 6755399441055744.0;  // x 2/pi, rounded in the low bits
+  const double n = t - 6755399441055744.0;
+  const int64_t quadrant = (Bits(t) + (kCosine ? 1 : 0)) & 3;  // cos x = sin(x + pi/2): one quadrant on
+  const double r = (x - n * 1.5707963267341256) - n * 6.077100506506192e-11;
+  const double z = r * r;
+  // (1.0 / k: constants the compiler folds, rounded once)
+  const double ps = ((((z * (1.0 / 6227020800) - 1.0 / 39916800) * z + 1.0 / 362880) * z - 1.0 / 5040) * z
+                     + 1.0 / 120) * z - 1.0 / 6;
+  const double pc = (((((z * (-1.0 / 87178291200) + 1.0 / 479001600) * z - 1.0 / 3628800) * z + 1.0 / 40320) * z
+                      - 1.0 / 720) * z + 1.0 / 24) * z - 0.5;
+  const double s = r + r * z * ps, c = 1.0 + z * pc;
+  const double v = (quadrant & 1) ? c : s;
+  const float result = static_cast<float>((quadrant & 2) ? -v : v);
+  return !kCosine && value == 0.0f ? value : result;  // sin(-0.0) is -0.0 (the polynomial gives +0.0)
+}
+
+inline float Sin(float x) { return SinCosInRange(x) ? SinCosInDouble<false>(x) : std::sin(x); }
+inline float Cos(float x) { return SinCosInRange(x) ? SinCosInDouble<true>(x) : std::cos(x); }
+inline double Sin(double x) { return std::sin(x); }
+inline double Cos(double x) { return std::cos(x); }
 
 // ---------------------------------------------------------------------------
 // Array forms: y[i] = f(x[i]), i < n (x and y may be the same array).

@@ -10,6 +10,7 @@ CONVERTER_MODULES = [
     "indexing",
     "quantize",
     "rms_normalization",
+    "mathops",
 ]
 
 

@@ -185,6 +185,8 @@ EXPORTERS["gather"] = _same("Gather", "axis")
 EXPORTERS["batch_norm"] = _same("BatchNormalization", "epsilon")
 EXPORTERS["lrn"] = _same("LRN", "size", "alpha", "beta", "bias")
 EXPORTERS["gather_elements"] = _same("GatherElements", "axis")
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"):
+    EXPORTERS[_name] = _same(_name.title())
 del _name, _op_type
 
 
@@ -542,6 +544,34 @@ def _(e: NodeExport) -> None:
 @exporter("dynamic_quantize_linear")
 def _(e: NodeExport) -> None:
     e.result("DynamicQuantizeLinear", e.inputs)
+
+
+@exporter("cumsum")
+def _(e: NodeExport) -> None:  # the axis is an input in ONNX (opset 11 on)
+    if e.opset < 11:
+        raise e.error(f"ONNX has CumSum from opset 11; the model's opset is {e.opset}")
+    e.result("CumSum", [e.inputs[0], e.const(e.attrs["axis"])], exclusive=int(e.attrs["exclusive"]),
+             reverse=int(e.attrs["reverse"]))
+
+
+@exporter("trilu")
+def _(e: NodeExport) -> None:
+    if e.opset < 14:
+        raise e.error(f"ONNX has Trilu from opset 14; the model's opset is {e.opset}")
+    e.result("Trilu", [e.inputs[0], e.const(e.attrs["k"])], upper=int(e.attrs["upper"]))
+
+
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
+    EXPORTERS[_name] = _same(_name.title().replace("_", ""))
+del _name
+
+
+@exporter("left_shift", "right_shift")
+def _(e: NodeExport) -> None:  # unsigned integers from opset 11; signed ones from opset 28
+    if e.opset < 11 or (e.dtype(0).kind == "i" and e.opset < 28):
+        raise e.error(f"ONNX has BitShift of {e.dtype(0).name} from opset {28 if e.dtype(0).kind == 'i' else 11}; "
+                      f"the model's opset is {e.opset}")
+    e.result("BitShift", e.inputs, direction="LEFT" if e.op_name == "left_shift" else "RIGHT")
 
 
 # --------------------------------------------------------------------------

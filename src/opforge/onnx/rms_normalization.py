@@ -47,19 +47,3 @@ def rms_normalization(node: NodeContext, x: Any, scale: Any) -> Any:
     y = ops.mul(ops.div(wide, rms), factor)
     return y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))
 
-
-# RMSNormalization's function body (onnx's ``_expanded`` cases) lists its axes with Range.
-@converter("Range", since=11)
-def range_(node: NodeContext, start: Any, limit: Any, delta: Any) -> Any:
-    """Range of inputs known when the model loads (an initializer, a Constant, a folded Shape or Size): the
-    values are computed then, as np.arange does, in start's dtype."""
-    values = []
-    for value, name in ((start, "start"), (limit, "limit"), (delta, "delta")):
-        array = node.constant(value, f"input '{name}'")
-        if array is None or array.size != 1:
-            raise node.error(f"input '{name}' must be a scalar")
-        values.append(array.reshape(-1)[0])
-    first, last, step = values
-    if step == 0:
-        raise node.error("input 'delta' is 0")
-    return np.arange(first, last, step).astype(first.dtype)
