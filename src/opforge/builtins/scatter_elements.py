@@ -25,6 +25,8 @@ from opforge.builtins.gather import checked_indices
 from opforge.builtins.gather_elements import elements_problem
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy.typing as npt
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -88,17 +90,26 @@ def scatter_elements_reference(data: npt.NDArray[Any], indices: npt.NDArray[Any]
     return y
 
 
-@scatter_elements.grad(save=["indices", "updates"])
-def scatter_elements_grad(saved: Any, dy: Any, *, axis: int, reduction: str) -> tuple[Any, None, Any]:
-    dupdates = opforge.ops.gather_elements(dy, saved.indices, axis=axis)
+def scatter_grad(op_name: str, saved: Any, dy: Any, reduction: str, gather: Callable[[Any, Any], Any],
+                 scatter: Callable[[Any, Any, Any], Any]) -> tuple[Any, None, Any]:
+    """(d data, None, d updates) of a scatter with reduction "none" or "add", given its op's gather and scatter
+    at the same indices: updates get dy gathered there; data gets dy, zeroed where "none" overwrote it.  (With
+    an index repeated under "none", each of its updates gets the gradient, though only the last one is kept.)
+    Shared by scatter_nd."""
+    dupdates = gather(dy, saved.indices)
     if reduction == "add":
         return dy, None, dupdates
     if reduction != "none":
-        raise opforge.GradientError(f"op 'scatter_elements': no gradient for reduction {reduction!r} (only for "
-                                    "'none' and 'add')")
-    # What updates overwrote does not reach y: zero there.
-    zeros = zeros_like(saved.updates, dy.dtype)
-    return opforge.ops.scatter_elements(dy, saved.indices, zeros, axis=axis), None, dupdates
+        raise opforge.GradientError(f"op '{op_name}': no gradient for reduction {reduction!r} (only for 'none' "
+                                    "and 'add')")
+    return scatter(dy, saved.indices, zeros_like(saved.updates, dy.dtype)), None, dupdates
+
+
+@scatter_elements.grad(save=["indices", "updates"])
+def scatter_elements_grad(saved: Any, dy: Any, *, axis: int, reduction: str) -> tuple[Any, None, Any]:
+    return scatter_grad("scatter_elements", saved, dy, reduction,
+                        lambda t, at: opforge.ops.gather_elements(t, at, axis=axis),
+                        lambda t, at, u: opforge.ops.scatter_elements(t, at, u, axis=axis))
 
 
 # indexing.h: AxisWalk (where an index lands), Reduce<R> and the dispatch over reductions and dtypes.

@@ -20,9 +20,9 @@ import numpy as np
 
 import opforge
 from opforge import TensorSpec
-from opforge.builtins.common import HEADER_DIRS, zeros_like
+from opforge.builtins.common import HEADER_DIRS
 from opforge.builtins.gather_nd import gathered_nd_shape, nd_places, nd_problem
-from opforge.builtins.scatter_elements import SCATTER_DTYPES, reduction_problem, scattered
+from opforge.builtins.scatter_elements import SCATTER_DTYPES, reduction_problem, scatter_grad, scattered
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -71,14 +71,9 @@ def scatter_nd_reference(data: npt.NDArray[Any], indices: npt.NDArray[Any], upda
 
 @scatter_nd.grad(save=["indices", "updates"])
 def scatter_nd_grad(saved: Any, dy: Any, *, reduction: str, batch_dims: int) -> tuple[Any, None, Any]:
-    dupdates = opforge.ops.gather_nd(dy, saved.indices, batch_dims=batch_dims)
-    if reduction == "add":
-        return dy, None, dupdates
-    if reduction != "none":
-        raise opforge.GradientError(f"op 'scatter_nd': no gradient for reduction {reduction!r} (only for 'none' "
-                                    "and 'add')")
-    zeros = zeros_like(saved.updates, dy.dtype)  # what updates overwrote does not reach y
-    return opforge.ops.scatter_nd(dy, saved.indices, zeros, batch_dims=batch_dims), None, dupdates
+    return scatter_grad("scatter_nd", saved, dy, reduction,
+                        lambda t, at: opforge.ops.gather_nd(t, at, batch_dims=batch_dims),
+                        lambda t, at, u: opforge.ops.scatter_nd(t, at, u, batch_dims=batch_dims))
 
 
 # indexing.h: NdWalk (where a tuple's slice is), Reduce<R> and the dispatch over reductions and dtypes.
