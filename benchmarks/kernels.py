@@ -5,10 +5,12 @@
 What is measured
 ----------------
 For each built-in op (``opforge ops``), one call on inputs large enough to
-time -- 4M float32 elements for elementwise ops, (4096, 1024) rows for
-reductions, softmax and layer_norm, 1024^2 matmul and gemm, a 4096^2
-transpose, ResNet-like images (4 x 64 x 56 x 56, the stem's 4 x 64 x 112 x 112
-for max_pool) for convolution, pooling and normalisation -- three ways:
+time -- 4M float32 elements for elementwise ops (int32 for the bitwise ops
+and shifts; 16 matrices of 512^2 for trilu), (4096, 1024) rows for
+reductions, cumsum, softmax, layer_norm, the gathers and scatters, 1024^2
+matmul and gemm, a 4096^2 transpose, ResNet-like images (4 x 64 x 56 x 56,
+the stem's 4 x 64 x 112 x 112 for max_pool) for convolution, pooling and
+normalisation -- three ways:
 
 * opforge: the op object called on NumPy arrays (``opforge.lookup(name)``),
   its attributes as keywords;
@@ -92,7 +94,7 @@ PAUSE = 0.002  # seconds before each sample: spinning pool threads of the previo
 @dataclass(frozen=True)
 class Sizes:
     elems: tuple  # elementwise ops: 4M elements
-    rows: tuple  # reductions, softmax, layer_norm, gather, topk
+    rows: tuple  # reductions, cumsum, softmax, layer_norm, gathers, scatters, topk
     matmul: int
     transpose: int
     image: tuple  # conv, pooling, normalisation, pad, resize (N, C, H, W)
@@ -129,6 +131,27 @@ def signed_positive(shape, seed=0):
     """Values in +-[0.5, 1.5): mod's divisors, off 0 with both signs."""
     sign = np.where(np.random.default_rng(seed + 1).random(shape) < 0.5, -1, 1).astype(np.float32)
     return positive(shape, seed) * sign
+
+
+def unit(shape, seed=0):
+    """Values in (-0.99, 0.99): asin, acos and atanh arguments."""
+    return np.random.default_rng(seed).random(shape, dtype=np.float32) * np.float32(1.98) - np.float32(0.99)
+
+
+def at_least_one(shape, seed=0):
+    """Values in [1, 2): acosh arguments."""
+    return np.random.default_rng(seed).random(shape, dtype=np.float32) + np.float32(1)
+
+
+def int32s(shape, seed=0):
+    """Any int32 (both signs): bitwise operands and shifted values."""
+    info = np.iinfo(np.int32)
+    return np.random.default_rng(seed).integers(info.min, info.max, size=shape, dtype=np.int32, endpoint=True)
+
+
+def shift_counts(shape, seed=0):
+    """int32 shift counts in 0..31."""
+    return np.random.default_rng(seed).integers(0, 32, size=shape, dtype=np.int32)
 
 
 def windows(x, k, stride, pad=0, fill=0.0):
@@ -173,7 +196,7 @@ def unary(name, np_fn, torch_fn, make=normal, **attrs):
     def build(op, S, torch):
         x = make(S.elems, seed=1)
         t = torch.from_numpy(x)
-        return Case(f"x {_dims(S.elems)} float32", (x,), lambda: op(x, **attrs),
+        return Case(f"x {_dims(S.elems)} {x.dtype}", (x,), lambda: op(x, **attrs),
                     np_fn if isinstance(np_fn, str) else (lambda: np_fn(x)),
                     torch_fn if isinstance(torch_fn, str) else (lambda: torch_fn(torch, t)))
 
@@ -183,7 +206,7 @@ def binary(name, np_fn, torch_fn, make_a=normal, make_b=normal, **attrs):
     def build(op, S, torch):
         a, b = make_a(S.elems, seed=2), make_b(S.elems, seed=3)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        return Case(f"a, b {_dims(S.elems)} float32", (a, b), lambda: op(a, b, **attrs),
+        return Case(f"a, b {_dims(S.elems)} {a.dtype}", (a, b), lambda: op(a, b, **attrs),
                     lambda: np_fn(a, b), lambda: torch_fn(torch, ta, tb))
 
 
@@ -207,6 +230,13 @@ unary("hard_sigmoid", lambda x: np.clip(x * F32(1 / 6) + F32(0.5), F32(0), F32(1
       lambda torch, t: torch.nn.functional.hardsigmoid(t), alpha=1 / 6, beta=0.5)
 unary("clip", lambda x: np.clip(x, F32(-1), F32(0.5)), lambda torch, t: torch.clamp(t, -1.0, 0.5), min=-1.0, max=0.5)
 unary("cast", lambda x: x.astype(np.float64), lambda torch, t: t.to(torch.float64), dtype="float64")
+# trigonometric and hyperbolic (torch's function has the op's name), inputs inside each domain
+for _name, _np_fn, _make in [("sin", np.sin, normal), ("cos", np.cos, normal), ("tan", np.tan, normal),
+                             ("asin", np.arcsin, unit), ("acos", np.arccos, unit), ("atan", np.arctan, normal),
+                             ("sinh", np.sinh, normal), ("cosh", np.cosh, normal), ("asinh", np.arcsinh, normal),
+                             ("acosh", np.arccosh, at_least_one), ("atanh", np.arctanh, unit)]:
+    unary(_name, _np_fn, lambda torch, t, _f=_name: getattr(torch, _f)(t), make=_make)
+unary("bitwise_not", np.invert, lambda torch, t: torch.bitwise_not(t), make=int32s)
 
 # elementwise, two inputs (same shape)
 binary("add", np.add, lambda torch, a, b: torch.add(a, b))
@@ -225,6 +255,14 @@ for _name, _np_fn, _torch_name in [("equal", np.equal, "eq"), ("not_equal", np.n
 binary("relu_grad", lambda dy, y: np.where(y > 0, dy, F32(0)),
        lambda torch, dy, y: torch.ops.aten.threshold_backward(dy, y, 0), make_b=lambda s, seed: np.maximum(
            normal(s, seed), F32(0)))
+# integer: int32, shift counts in 0..31
+binary("bitwise_and", np.bitwise_and, lambda torch, a, b: torch.bitwise_and(a, b), make_a=int32s, make_b=int32s)
+binary("bitwise_or", np.bitwise_or, lambda torch, a, b: torch.bitwise_or(a, b), make_a=int32s, make_b=int32s)
+binary("bitwise_xor", np.bitwise_xor, lambda torch, a, b: torch.bitwise_xor(a, b), make_a=int32s, make_b=int32s)
+binary("left_shift", np.left_shift, lambda torch, a, b: torch.bitwise_left_shift(a, b), make_a=int32s,
+       make_b=shift_counts)
+binary("right_shift", np.right_shift, lambda torch, a, b: torch.bitwise_right_shift(a, b), make_a=int32s,
+       make_b=shift_counts)
 binary("leaky_relu_grad", lambda dy, x: np.where(x > 0, dy, F32(0.1) * dy),
        lambda torch, dy, x: torch.ops.aten.leaky_relu_backward(dy, x, 0.1, False), alpha=0.1)
 
@@ -261,6 +299,14 @@ def _(op, S, torch):
     t = torch.from_numpy(x)
     return Case(f"x {_dims(S.rows)} float32, axes [-1]", (x,), lambda: op(x, axes=[-1]),
                 lambda: np.mean(x, axis=-1), lambda: torch.mean(t, dim=-1))
+
+
+@case("cumsum")
+def _(op, S, torch):
+    x = normal(S.rows, seed=86)
+    t = torch.from_numpy(x)
+    return Case(f"x {_dims(S.rows)} float32, axis -1", (x,), lambda: op(x, axis=-1),
+                lambda: np.cumsum(x, axis=-1), lambda: torch.cumsum(t, -1))
 
 
 def np_softmax(x):
@@ -390,6 +436,16 @@ def _(op, S, torch):
                 lambda: np.tile(x, (2, 2)), lambda: t.repeat(2, 2))
 
 
+@case("trilu")
+def _(op, S, torch):
+    side = S.elems[1] // 4  # as many elements as S.elems, in square matrices
+    shape = (S.elems[0] * S.elems[1] // (side * side), side, side)
+    x = normal(shape, seed=87)
+    t = torch.from_numpy(x)
+    return Case(f"x {_dims(shape)} float32, upper, k 0", (x,), lambda: op(x, upper=True, k=0),
+                lambda: np.triu(x), lambda: torch.triu(t))
+
+
 @case("concat")
 def _(op, S, torch):
     part = (S.elems[0], S.elems[1] // 4)
@@ -476,6 +532,69 @@ def _(op, S, torch):
     return Case(f"dy {_dims(S.rows)} float32, {S.rows[0]} int64 row indices (repeated ones add up)",
                 (dy, indices, data), lambda: op(dy, indices, data, axis=0), numpy_grad,
                 lambda: torch.zeros_like(tdata).index_add_(0, ti, tdy))
+
+
+@case("gather_elements")
+def _(op, S, torch):
+    data = normal(S.rows, seed=88)
+    indices = np.random.default_rng(89).integers(0, S.rows[1], size=S.rows)
+    td, ti = torch.from_numpy(data), torch.from_numpy(indices)
+    return Case(f"data {_dims(S.rows)} float32, int64 indices of its shape, axis -1", (data, indices),
+                lambda: op(data, indices, axis=-1), lambda: np.take_along_axis(data, indices, axis=-1),
+                lambda: torch.gather(td, -1, ti))
+
+
+@case("scatter_elements")
+def _(op, S, torch):
+    width = S.rows[1] // 4
+    data, updates = normal(S.rows, seed=90), normal((S.rows[0], width), seed=91)
+    # per row, distinct columns: with reduction none every peer writes the same
+    rows = np.broadcast_to(np.arange(S.rows[1]), S.rows)
+    indices = np.random.default_rng(92).permuted(rows, axis=-1)[:, :width].copy()
+    td, ti, tu = map(torch.from_numpy, (data, indices, updates))
+
+    def numpy_scatter():
+        y = data.copy()
+        np.put_along_axis(y, indices, updates, axis=-1)
+        return y
+    return Case(f"data {_dims(S.rows)} float32, updates {_dims(updates.shape)} at distinct int64 columns, "
+                f"axis -1", (data, indices, updates), lambda: op(data, indices, updates, axis=-1),
+                numpy_scatter, lambda: torch.scatter(td, -1, ti, tu))
+
+
+def _blocks(S):
+    """S.rows as a 3-D data whose rows gather_nd / scatter_nd address by (i, j) tuples."""
+    return (S.rows[0] // 64, 64, S.rows[1])
+
+
+@case("gather_nd")
+def _(op, S, torch):
+    shape = _blocks(S)
+    data = normal(shape, seed=93)
+    rng = np.random.default_rng(94)
+    indices = np.stack([rng.integers(0, shape[0], S.rows[0]), rng.integers(0, shape[1], S.rows[0])], axis=-1)
+    td, ti = torch.from_numpy(data), torch.from_numpy(indices)
+    return Case(f"data {_dims(shape)} float32, {S.rows[0]} int64 (i, j) tuples -> rows of {shape[2]}",
+                (data, indices), lambda: op(data, indices), lambda: data[indices[:, 0], indices[:, 1]],
+                lambda: td[ti[:, 0], ti[:, 1]])
+
+
+@case("scatter_nd")
+def _(op, S, torch):
+    shape = _blocks(S)
+    count = S.rows[0] // 2
+    data, updates = normal(shape, seed=95), normal((count, shape[2]), seed=96)
+    flat = np.random.default_rng(97).permutation(shape[0] * shape[1])[:count]  # distinct tuples
+    indices = np.stack(np.divmod(flat, shape[1]), axis=-1).astype(np.int64)
+    td, ti, tu = map(torch.from_numpy, (data, indices, updates))
+
+    def numpy_scatter():
+        y = data.copy()
+        y[indices[:, 0], indices[:, 1]] = updates
+        return y
+    return Case(f"data {_dims(shape)} float32, {count} distinct int64 (i, j) tuples, updates "
+                f"{_dims(updates.shape)}", (data, indices, updates), lambda: op(data, indices, updates),
+                numpy_scatter, lambda: td.index_put((ti[:, 0], ti[:, 1]), tu))
 
 
 def np_topk(x, k):
