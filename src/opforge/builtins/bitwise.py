@@ -21,7 +21,7 @@ import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
 from opforge.builtins.add import BINARY_BROADCAST
-from opforge.builtins.common import every_dtype
+from opforge.builtins.common import SIMD_ISAS, every_dtype
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -106,9 +106,11 @@ def binary(name: str, operation: str, numpy_fn: Callable[..., Any], what: str) -
 
     reference.__name__ = f"{name}_reference"
     op.reference(fallback=True)(reference)  # (every integer dtype has a kernel: the check refuses the rest)
-    op.kernel(function="Binary", code=every_dtype(SHIFTS + BINARY_BROADCAST, "Binary", INTEGERS),
-              dtypes=[(d, d) for d in INTEGERS], name=name.title().replace("_", ""),
-              cflags=[f"-DOPFORGE_BINARY(x,y)={operation}"])
+    # Shifts by a count per element vectorize from AVX2 on (and, or, xor do with SSE2 already).
+    for isa in SIMD_ISAS if name.endswith("shift") else (None,):
+        op.kernel(function="Binary", code=every_dtype(SHIFTS + BINARY_BROADCAST, "Binary", INTEGERS),
+                  dtypes=[(d, d) for d in INTEGERS], name=name.title().replace("_", ""), isa=isa,
+                  cflags=[f"-DOPFORGE_BINARY(x,y)={operation}"])
     return op
 
 
