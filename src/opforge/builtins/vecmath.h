@@ -1,6 +1,7 @@
 /*
  * vecmath.h: exp, expm1, log, pow, tanh, sigmoid, erf, erfc and the normal
- * CDF in float and double, and float sin and cos, for the built-in
+ * CDF in float and double, and float sin, cos, tan, asin, acos, atan, sinh,
+ * cosh, asinh, acosh and atanh (evaluated in double), for the built-in
  * elementwise kernels.
  *
  * Each function is a plain inline scalar function without branches or libm
@@ -688,12 +689,11 @@ inline T GeluTanh(T x) {
 
 inline bool SinCosInRange(float x) { return Abs(x) <= 65536.0f; }  // (false for NaN)
 
-template <bool kCosine>
-inline float SinCosInDouble(float value) {
-  const double x = value;
+// sin r and cos r into s and c, and n (in its low bits) into quadrant, for x = n pi/2 + r.
+inline void SinCosReduced(double x, int64_t &quadrant, double &s, double &c) {
   const double t = x * 0.63661977236758134308 + 6755399441055744.0;  // x 2/pi, rounded in the low bits
   const double n = t - 6755399441055744.0;
-  const int64_t quadrant = (Bits(t) + (kCosine ? 1 : 0)) & 3;  // cos x = sin(x + pi/2): one quadrant on
+  quadrant = Bits(t);
   const double r = (x - n * 1.5707963267341256) - n * 6.077100506506192e-11;
   const double z = r * r;
   // (1.0 / k: constants the compiler folds, rounded once)
@@ -701,16 +701,187 @@ inline float SinCosInDouble(float value) {
                      + 1.0 / 120) * z - 1.0 / 6;
   const double pc = (((((z * (-1.0 / 87178291200) + 1.0 / 479001600) * z - 1.0 / 3628800) * z + 1.0 / 40320) * z
                       - 1.0 / 720) * z + 1.0 / 24) * z - 0.5;
-  const double s = r + r * z * ps, c = 1.0 + z * pc;
+  s = r + r * z * ps;
+  c = 1.0 + z * pc;
+}
+
+template <bool kCosine>
+inline float SinCosInDouble(float value) {
+  int64_t n;
+  double s, c;
+  SinCosReduced(value, n, s, c);
+  const int64_t quadrant = (n + (kCosine ? 1 : 0)) & 3;  // cos x = sin(x + pi/2): one quadrant on
   const double v = (quadrant & 1) ? c : s;
   const float result = static_cast<float>((quadrant & 2) ? -v : v);
   return !kCosine && value == 0.0f ? value : result;  // sin(-0.0) is -0.0 (the polynomial gives +0.0)
 }
 
-inline float Sin(float x) { return SinCosInRange(x) ? SinCosInDouble<false>(x) : std::sin(x); }
-inline float Cos(float x) { return SinCosInRange(x) ? SinCosInDouble<true>(x) : std::cos(x); }
-inline double Sin(double x) { return std::sin(x); }
-inline double Cos(double x) { return std::cos(x); }
+inline bool SinInRange(float x) { return SinCosInRange(x); }
+inline bool CosInRange(float x) { return SinCosInRange(x); }
+inline float SinInDouble(float x) { return SinCosInDouble<false>(x); }
+inline float CosInDouble(float x) { return SinCosInDouble<true>(x); }
+
+// ---------------------------------------------------------------------------
+// tan, asin, acos, atan, sinh, cosh, asinh, acosh and atanh of a float,
+// evaluated in double as sin and cos are: plain multiplies, adds, divisions
+// and square roots (no Fma), so every ISA variant rounds alike, with errors
+// near 1e-13 relative before the one rounding to float (within 0.5 ulp and a
+// hair).  NameInRange(x) says where NameInDouble(x) serves (false for NaN);
+// libm takes the rest (infinities, NaN, out of the domain, overflow), so
+// their special values are the C library's, as NumPy's are.
+
+// c0 z^k + ... + ck by Horner's rule without Fma.
+template <typename T>
+inline T PlainHorner(T, T c) { return c; }
+template <typename T, typename... Rest>
+inline T PlainHorner(T z, T c0, T c1, Rest... rest) { return PlainHorner(z, c0 * z + c1, T(rest)...); }
+
+// tan = sin / cos from sin and cos's reduction: s / c, or -c / s in an odd quadrant.
+inline bool TanInRange(float x) { return SinCosInRange(x); }
+inline float TanInDouble(float value) {
+  int64_t n;
+  double s, c;
+  SinCosReduced(value, n, s, c);
+  const bool odd = n & 1;
+  const float result = static_cast<float>((odd ? -c : s) / (odd ? s : c));
+  return value == 0.0f ? value : result;  // tan(-0.0) is -0.0
+}
+
+// atan a = offset + atan t with |t| <= tan(pi/8): t = a up to tan(pi/8),
+// (a - 1) / (a + 1) (offset pi/4) up to tan(3pi/8), -1 / a (offset pi/2)
+// beyond; atan t = t + t z Q(z), z = t^2, Q fitted on z's range (relative
+// error 7e-14).
+inline bool AtanInRange(float x) { return Abs(x) <= std::numeric_limits<float>::max(); }
+inline float AtanInDouble(float value) {
+  const double a = Abs(double(value));
+  const bool small = a <= 0.41421356237309503, large = a > 2.4142135623730949;
+  double num = small ? a : a - 1.0, den = small ? 1.0 : a + 1.0, offset = small ? 0.0 : 0.78539816339744831;
+  num = large ? -1.0 : num;
+  den = large ? a : den;
+  offset = large ? 1.5707963267948966 : offset;
+  const double t = num / den, z = t * t;
+  const double q = PlainHorner(z, -0.027230529541843875, 0.0516871265218842, -0.06550887656483001,
+                               0.07681045233234589, -0.09090256293166764, 0.11111089687505504,
+                               -0.14285713932113353, 0.1999999999775665, -0.3333333333333109);
+  return CopySign(static_cast<float>(offset + (t + t * z * q)), value);
+}
+
+// asin s = s + s z R(z), z = s^2, for 0 <= s <= 1/2 (R fitted on z's range: relative error 3e-13); a above
+// 1/2 is reduced by asin a = pi/2 - 2 asin s, s = sqrt((1 - a) / 2), z = (1 - a) / 2 exact.
+struct AsinParts {
+  double p;    // asin s
+  bool upper;  // a > 1/2: p is asin(sqrt((1 - a) / 2))
+  explicit AsinParts(double a) {
+    upper = a > 0.5;
+    const double z = upper ? 0.5 - 0.5 * a : a * a;
+    const double s = upper ? std::sqrt(z) : a;
+    p = s + s * z * PlainHorner(z, 0.027893712239107266, -0.002923882051013647, 0.01566765733482807,
+                                0.013190119338000253, 0.017441135251536028, 0.022366101581535864,
+                                0.030382180705913676, 0.044642852503052145, 0.07500000003491555,
+                                0.1666666666666257);
+  }
+};
+
+inline bool AsinInRange(float x) { return Abs(x) <= 1.0f; }
+inline float AsinInDouble(float value) {
+  const AsinParts parts(Abs(double(value)));
+  return CopySign(static_cast<float>(parts.upper ? 1.5707963267948966 - 2.0 * parts.p : parts.p), value);
+}
+
+// acos x = pi/2 - asin x for |x| <= 1/2, 2 asin s above, pi - 2 asin s below -1/2.
+inline bool AcosInRange(float x) { return Abs(x) <= 1.0f; }
+inline float AcosInDouble(float value) {
+  const double x = value;
+  const AsinParts parts(Abs(x));
+  const double outer = x > 0.0 ? 2.0 * parts.p : 3.141592653589793 - 2.0 * parts.p;
+  return static_cast<float>(parts.upper ? outer : 1.5707963267948966 - CopySign(parts.p, x));
+}
+
+// e^a = scale (1 + q) for 0 <= a <= 90 (no overflow in double): a = n ln2 +
+// r, |r| <= ln2 / 2, ln2 in two parts, the first with few bits so that n
+// times it is exact; q = e^r - 1 by its Taylor series to r^12.
+inline double ExpM1Parts(double a, double &scale) {
+  const double t = a * 1.4426950408889634 + 6755399441055744.0;  // a / ln2, rounded in the low bits
+  const double n = t - 6755399441055744.0;
+  scale = Pow2<double>(Bits(t) - Bits(6755399441055744.0));
+  const double r = (a - n * Traits<double>::kLn2Hi) - n * Traits<double>::kLn2Lo;
+  return r + r * r * PlainHorner(r, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
+                                 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5);
+}
+
+// sinh a = (E + E / (E + 1)) / 2, E = e^a - 1 = scale q + (scale - 1): no cancellation near 0.  Up to 90,
+// where the float result is inf from 89.42 on; beyond, libm.
+inline bool SinhInRange(float x) { return Abs(x) <= 90.0f; }
+inline float SinhInDouble(float value) {
+  double scale;
+  const double q = ExpM1Parts(Abs(double(value)), scale);
+  const double e = scale * q + (scale - 1.0);
+  return CopySign(static_cast<float>(0.5 * (e + e / (e + 1.0))), value);
+}
+
+inline bool CoshInRange(float x) { return Abs(x) <= 90.0f; }
+inline float CoshInDouble(float value) {
+  double scale;
+  const double q = ExpM1Parts(Abs(double(value)), scale);
+  const double e = scale + scale * q;
+  return static_cast<float>(0.5 * e + 0.5 / e);
+}
+
+// log w for w >= 1 finite: w = 2^k m, m in [sqrt(1/2), sqrt(2)), f = m - 1, s = f / (2 + f), log m = f -
+// (f^2/2 - s (f^2/2 + z P(z))), z = s^2, P as Log1pTail's.
+inline double PlainLog(double w) {
+  double m;
+  const double k = LogReduce<false>(w, m);
+  const double f = m - 1.0, s = f / (2.0 + f), z = s * s, h = 0.5 * f * f;
+  const double p = PlainHorner(z, 0.14616449685043406, 0.15331721600556042, 0.18182889125261723,
+                               0.2222221113479508, 0.28571428625975487, 0.39999999999899505, 0.666666666666667);
+  return k * Traits<double>::kLn2Hi + ((f - (h - s * (h + z * p))) + k * Traits<double>::kLn2Lo);
+}
+
+// log(1 + u) for u >= 0 finite: log w, w = 1 + u rounded, plus what the rounding lost, (u - (w - 1)) / w.
+inline double PlainLog1p(double u) {
+  const double w = 1.0 + u;
+  return PlainLog(w) + (u - (w - 1.0)) / w;
+}
+
+// asinh a = log1p(a + a^2 / (1 + sqrt(1 + a^2))) (a^2 cannot overflow in double).
+inline bool AsinhInRange(float x) { return Abs(x) <= std::numeric_limits<float>::max(); }
+inline float AsinhInDouble(float value) {
+  const double a = Abs(double(value)), square = a * a;
+  return CopySign(static_cast<float>(PlainLog1p(a + square / (1.0 + std::sqrt(1.0 + square)))), value);
+}
+
+// acosh x = log1p(t + sqrt(t (t + 2))), t = x - 1 exact.
+inline bool AcoshInRange(float x) { return x >= 1.0f && x <= std::numeric_limits<float>::max(); }
+inline float AcoshInDouble(float value) {
+  const double t = double(value) - 1.0;
+  return static_cast<float>(PlainLog1p(t + std::sqrt(t * (t + 2.0))));
+}
+
+// atanh a = log1p(2a / (1 - a)) / 2, 1 - a exact; +-1 (inf) and beyond (NaN) are libm's.
+inline bool AtanhInRange(float x) { return Abs(x) < 1.0f; }
+inline float AtanhInDouble(float value) {
+  const double a = Abs(double(value));
+  return CopySign(static_cast<float>(0.5 * PlainLog1p(2.0 * a / (1.0 - a))), value);
+}
+
+// The elementwise forms (fused graphs call these): float in range from the
+// above, the rest, and double, from libm.
+#define VECMATH_FLOAT_IN_DOUBLE(Name, libm)                                                  \
+  inline float Name(float x) { return Name##InRange(x) ? Name##InDouble(x) : std::libm(x); } \
+  inline double Name(double x) { return std::libm(x); }
+VECMATH_FLOAT_IN_DOUBLE(Sin, sin)
+VECMATH_FLOAT_IN_DOUBLE(Cos, cos)
+VECMATH_FLOAT_IN_DOUBLE(Tan, tan)
+VECMATH_FLOAT_IN_DOUBLE(Asin, asin)
+VECMATH_FLOAT_IN_DOUBLE(Acos, acos)
+VECMATH_FLOAT_IN_DOUBLE(Atan, atan)
+VECMATH_FLOAT_IN_DOUBLE(Sinh, sinh)
+VECMATH_FLOAT_IN_DOUBLE(Cosh, cosh)
+VECMATH_FLOAT_IN_DOUBLE(Asinh, asinh)
+VECMATH_FLOAT_IN_DOUBLE(Acosh, acosh)
+VECMATH_FLOAT_IN_DOUBLE(Atanh, atanh)
+#undef VECMATH_FLOAT_IN_DOUBLE
 
 // ---------------------------------------------------------------------------
 // Array forms: y[i] = f(x[i]), i < n (x and y may be the same array).
