@@ -26,8 +26,9 @@
  * asserts it.
  *
  * The polynomial coefficients of erf and log were fitted for opforge
- * (Chebyshev fits at 50 digits, rounded to the element type); the others are
- * Taylor series.
+ * (Chebyshev fits at 50 digits, rounded to the element type), and so were
+ * those of the float trigonometric and hyperbolic functions (see their
+ * section); the others are Taylor series.
  */
 #ifndef OPFORGE_BUILTINS_VECMATH_H_
 #define OPFORGE_BUILTINS_VECMATH_H_
