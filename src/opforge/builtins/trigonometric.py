@@ -1,27 +1,32 @@
 """sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh:
 y = f(x), elementwise (floating-point).
 
-Eleven unary float ops, each compiling abs.py's unary source with the C++
-standard library's function (glibc's libm: correctly rounded or within an
-ulp), float32 and float64 in one library.  They are libm calls, which g++
-does not vectorize, so one variant per dtype serves every ISA; the work is
-split across opforge's thread pool in ranges of 8192 elements (a call costs
-tens of nanoseconds, so smaller ranges than the cheap ops' pay off).
-float32 sin and cos, which rotary position embeddings compute for every
-token, have a kernel of their own that vectorizes (SIN_COS_FLOAT below:
-vecmath.h's double-precision reduction and polynomial, per instruction set,
-libm only for |x| > 2^16, infinities and NaN).  The libm loops are an order
-of magnitude slower than NumPy's where NumPy has SIMD loops of its own (on
-AVX-512: float32 and float64 atan, sinh, ...); vectorized polynomials, as
-for sin and cos, are the way to close that.
+Eleven unary float ops.  float32 has kernels of its own that vectorize
+(IN_DOUBLE_FLOAT below, one per instruction set): vecmath.h evaluates each
+function in double from the float input, with range reductions and
+polynomials (tan from sin and cos's reduction; asin, acos and atan from
+fitted polynomials; sinh and cosh from e^x; asinh, acosh and atanh from
+log1p) and no libm calls, then rounds once to float.  libm takes a block of
+256 elements that holds an x outside the fast range: infinities and NaN,
+out of the domain, |x| > 2^16 for sin, cos and tan (the reduction's limit),
+|x| > 90 for sinh and cosh (inf from 89.42 on).  float64 compiles abs.py's
+unary source with the C++ standard library's function (glibc's libm:
+correctly rounded or within an ulp); NumPy's float64 loops are libm calls
+too.  libm calls do not vectorize, so one float64 variant serves every ISA;
+the work is split across opforge's thread pool in ranges of 8192 elements
+(a call costs tens of nanoseconds, so smaller ranges than the cheap ops'
+pay off).
 
 Accuracy (max error over a dense sweep, against a float64 reference for
 float32 and a long double one for float64; tests/test_builtin_trigonometric.py
-asserts it): sin, cos, tan, asin, acos, atan <= 1 ulp and sinh, cosh,
-asinh, acosh, atanh <= 2 ulp, float32 and float64 alike (float32 sin and
-cos: 0.5 ulp and a hair, every ISA variant).  Out of the domain (asin of 2,
-acosh of 0.5, atanh of 2) the result is NaN, and atanh(+-1) is +-inf, as
-NumPy gives them.
+asserts it): float32, every function and ISA variant: 0.5 ulp and a hair
+where vecmath.h computes, 1 ulp where libm takes over, every ISA variant
+giving the same bits (plain multiplies, adds, divisions and square roots, no
+fused multiply-adds); float64: sin, cos, tan, asin, acos, atan <= 1 ulp and
+sinh, cosh, asinh, acosh, atanh <= 2 ulp.  Out of the domain (asin of 2,
+acosh of 0.5, atanh of 2) the result is NaN, atanh(+-1) is +-inf, sinh and
+cosh overflow to inf, -0.0 keeps its sign and subnormal inputs give what
+NumPy gives.
 
 Gradients: d sin = cos, d cos = -sin, d tan = 1 + tan^2, d asin = 1 / sqrt(1
 - x^2), d acos = -1 / sqrt(1 - x^2), d atan = 1 / (1 + x^2), d sinh = cosh,
@@ -38,7 +43,7 @@ import numpy as np
 import opforge
 from opforge import infer
 from opforge.builtins.abs import UNARY_ELEMENTWISE
-from opforge.builtins.common import FLOATS, SIMD_ISAS, every_dtype, floating_point
+from opforge.builtins.common import SIMD_ISAS, every_dtype, floating_point
 from opforge.builtins.exp import VECMATH
 
 if TYPE_CHECKING:
@@ -92,8 +97,7 @@ def trigonometric(name: str) -> Op:
     op = opforge.op(f"{name}(Tensor x) -> Tensor y", traits=["no_side_effect", "elementwise"],
                     doc=f"{NAMES[name]}, elementwise (floating-point inputs).")
     op.def_infer(infer.same_as(0))
-    # (sin and cos: vecmath.h's, the float32 kernels' values)
-    op.fuse_as(f"vecmath::{name.title()}({{x}})" if name in ("sin", "cos") else f"std::{name}({{x}})")
+    op.fuse_as(f"vecmath::{name.title()}({{x}})")  # (vecmath.h's: the float32 kernels' values, libm's for float64)
     op.check(floating_point(name, "x"))
     numpy_fn = getattr(np, NUMPY_NAMES.get(name, name))
 
@@ -112,7 +116,7 @@ def trigonometric(name: str) -> Op:
     grad.__name__ = f"{name}_grad"
     op.grad(save=[kept])(grad)
     # -fno-math-errno: no errno bookkeeping around the calls (NaN out of the domain is the answer)
-    libm = ["float64"] if name in ("sin", "cos") else FLOATS  # (float32 sin and cos: SIN_COS_FLOAT below)
+    libm = ["float64"]  # (float32: IN_DOUBLE_FLOAT below)
     op.kernel(function="Unary", code=every_dtype(UNARY_ELEMENTWISE, "Unary", libm), dtypes=[(d,) for d in libm],
               name=name.title(), cflags=[f"-DOPFORGE_UNARY(x)=std::{name}(x)", "-DOPFORGE_GRAIN=8192",
                                          "-fno-math-errno"])
@@ -122,18 +126,18 @@ def trigonometric(name: str) -> Op:
 sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh = (trigonometric(name) for name in NAMES)
 
 
-# float32 sin and cos (rotary embeddings, on every token): vecmath.h's SinCosInDouble, evaluated in double
-# without libm calls, so that the loop vectorizes; a block holding an |x| above 2^16, an infinity or a NaN
-# takes vecmath::Sin / Cos, which call libm for those.
-SIN_COS_FLOAT = r"""
+# float32: vecmath.h's NameInDouble, evaluated in double without libm calls, so that the loop vectorizes; a
+# block holding an x outside NameInRange (an infinity, a NaN, out of the domain, |x| above 2^16 for sin, cos
+# and tan, above 90 for sinh and cosh) takes vecmath::Name, which calls libm for those.
+IN_DOUBLE_FLOAT = r"""
 #include <cstdint>
 
 #include "custom_aot_extra.h"
 #include "opforge/parallel.h"
 #include "vecmath.h"
 
-extern "C" int SIN_COS_KERNEL(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                              void *stream, void *extra) {
+extern "C" int KERNEL(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                      void *stream, void *extra) {
   const float *x = static_cast<const float *>(params[0]);
   float *y = static_cast<float *>(params[1]);
   int64_t n = 1;
@@ -143,11 +147,11 @@ extern "C" int SIN_COS_KERNEL(int nparam, void **params, int *ndims, int64_t **s
       for (int64_t b = lo; b < hi; b += 256) {
         const int64_t e = b + 256 < hi ? b + 256 : hi;
         int slow = 0;
-        for (int64_t i = b; i < e; i++) slow |= !vecmath::SinCosInRange(x[i]);
+        for (int64_t i = b; i < e; i++) slow |= !vecmath::NAMEInRange(x[i]);
         if (!slow) {
-          for (int64_t i = b; i < e; i++) y[i] = vecmath::SinCosInDouble<OPFORGE_COSINE>(x[i]);
+          for (int64_t i = b; i < e; i++) y[i] = vecmath::NAMEInDouble(x[i]);
         } else {  // (each x[i] read before y[i] is written: y may be x)
-          for (int64_t i = b; i < e; i++) y[i] = OPFORGE_COSINE ? vecmath::Cos(x[i]) : vecmath::Sin(x[i]);
+          for (int64_t i = b; i < e; i++) y[i] = vecmath::NAME(x[i]);
         }
       }
     });
@@ -157,10 +161,10 @@ extern "C" int SIN_COS_KERNEL(int nparam, void **params, int *ndims, int64_t **s
   return 0;
 }
 """
-for _op, _cosine in ((sin, 0), (cos, 1)):
+for _op in (sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh):
     _kernel = f"{_op.name.title()}Float"
+    _code = IN_DOUBLE_FLOAT.replace("KERNEL", _kernel).replace("NAME", _op.name.title())
     for _isa in SIMD_ISAS:  # (per instruction set, as exp's: the double polynomial is the cost)
-        _op.kernel(function=_kernel, code=SIN_COS_FLOAT.replace("SIN_COS_KERNEL", _kernel), dtypes={"x": ["float32"]},
-                   isa=_isa, include_dirs=VECMATH["include_dirs"],
-                   cflags=[*VECMATH["cflags"], f"-DOPFORGE_COSINE={'true' if _cosine else 'false'}"])
-del _op, _cosine, _kernel, _isa
+        _op.kernel(function=_kernel, code=_code, dtypes={"x": ["float32"]}, isa=_isa,
+                   include_dirs=VECMATH["include_dirs"], cflags=[*VECMATH["cflags"], "-fno-math-errno"])
+del _op, _kernel, _code, _isa

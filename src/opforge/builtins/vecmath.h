@@ -1,6 +1,7 @@
 /*
  * vecmath.h: exp, expm1, log, pow, tanh, sigmoid, erf, erfc and the normal
- * CDF in float and double, and float sin and cos, for the built-in
+ * CDF in float and double, and float sin, cos, tan, asin, acos, atan, sinh,
+ * cosh, asinh, acosh and atanh (evaluated in double), for the built-in
  * elementwise kernels.
  *
  * Each function is a plain inline scalar function without branches or libm
@@ -25,8 +26,9 @@
  * asserts it.
  *
  * The polynomial coefficients of erf and log were fitted for opforge
- * (Chebyshev fits at 50 digits, rounded to the element type); the others are
- * Taylor series.
+ * (Chebyshev fits at 50 digits, rounded to the element type), and so were
+ * those of the float trigonometric and hyperbolic functions (see their
+ * section); the others are Taylor series.
  */
 #ifndef OPFORGE_BUILTINS_VECMATH_H_
 #define OPFORGE_BUILTINS_VECMATH_H_
@@ -680,37 +682,209 @@ inline T GeluTanh(T x) {
 // (adding 1.5 * 2^52 rounds it), r comes from Cody and Waite's two-part pi/2,
 // whose first part has 33 bits, so that n times it and the subtraction are
 // exact for |x| <= 2^16 (n < 2^16) and r's error stays far below a float's
-// ulp even next to a multiple of pi/2; then Taylor polynomials of sin r and
-// cos r (to r^13 and r^14: error < 1e-13 on |r| <= pi/4), n mod 4 choosing
-// which and its sign.  Plain multiplies and adds, no Fma: every ISA variant
+// ulp even next to a multiple of pi/2; then polynomials of sin r and cos r
+// (to r^11 and r^10, fitted on |r| <= pi/4 for relative errors near 1e-14
+// and 1e-13), n mod 4 choosing which and its sign.  (The polynomials are
+// about two thirds of the time, the reduction a quarter, the conversions
+// the rest.)  Plain multiplies and adds, no Fma: every ISA variant
 // rounds alike.  The double result rounded to float is within 0.5 ulp and a
 // hair.  Larger |x|, infinities and NaN go to libm.
 
+// c0 z^k + ... + ck by Horner's rule without Fma.
+template <typename T>
+inline T PlainHorner(T, T c) { return c; }
+template <typename T, typename... Rest>
+inline T PlainHorner(T z, T c0, T c1, Rest... rest) { return PlainHorner(z, c0 * z + c1, T(rest)...); }
+
 inline bool SinCosInRange(float x) { return Abs(x) <= 65536.0f; }  // (false for NaN)
+
+// sin r and cos r into s and c, and n (in its low bits) into quadrant, for x = n pi/2 + r.
+inline void SinCosReduced(double x, int64_t &quadrant, double &s, double &c) {
+  const double t = x * 0.63661977236758134308 + 6755399441055744.0;  // x 2/pi, rounded in the low bits
+  const double n = t - 6755399441055744.0;
+  quadrant = Bits(t);
+  const double r = (x - n * 1.5707963267341256) - n * 6.077100506506192e-11;
+  const double z = r * r;
+  const double ps = PlainHorner(z, -2.4805275454569255e-08, 2.7555986474143734e-06, -0.00019841266899785204,
+                                0.008333333331057959, -0.16666666666663846);
+  const double pc = PlainHorner(z, -2.7236344117694923e-07, 2.47998523514598e-05, -0.0013888885053388316,
+                                0.041666666636925656, -0.4999999999996298);
+  s = r + r * z * ps;
+  c = 1.0 + z * pc;
+}
 
 template <bool kCosine>
 inline float SinCosInDouble(float value) {
-  const double x = value;
-  const double t = x * 0.63661977236758134308 + 6755399441055744.0;  // x 2/pi, rounded in the low bits
-  const double n = t - 6755399441055744.0;
-  const int64_t quadrant = (Bits(t) + (kCosine ? 1 : 0)) & 3;  // cos x = sin(x + pi/2): one quadrant on
-  const double r = (x - n * 1.5707963267341256) - n * 6.077100506506192e-11;
-  const double z = r * r;
-  // (1.0 / k: constants the compiler folds, rounded once)
-  const double ps = ((((z * (1.0 / 6227020800) - 1.0 / 39916800) * z + 1.0 / 362880) * z - 1.0 / 5040) * z
-                     + 1.0 / 120) * z - 1.0 / 6;
-  const double pc = (((((z * (-1.0 / 87178291200) + 1.0 / 479001600) * z - 1.0 / 3628800) * z + 1.0 / 40320) * z
-                      - 1.0 / 720) * z + 1.0 / 24) * z - 0.5;
-  const double s = r + r * z * ps, c = 1.0 + z * pc;
+  int64_t n;
+  double s, c;
+  SinCosReduced(value, n, s, c);
+  const int64_t quadrant = (n + (kCosine ? 1 : 0)) & 3;  // cos x = sin(x + pi/2): one quadrant on
   const double v = (quadrant & 1) ? c : s;
   const float result = static_cast<float>((quadrant & 2) ? -v : v);
   return !kCosine && value == 0.0f ? value : result;  // sin(-0.0) is -0.0 (the polynomial gives +0.0)
 }
 
-inline float Sin(float x) { return SinCosInRange(x) ? SinCosInDouble<false>(x) : std::sin(x); }
-inline float Cos(float x) { return SinCosInRange(x) ? SinCosInDouble<true>(x) : std::cos(x); }
-inline double Sin(double x) { return std::sin(x); }
-inline double Cos(double x) { return std::cos(x); }
+inline bool SinInRange(float x) { return SinCosInRange(x); }
+inline bool CosInRange(float x) { return SinCosInRange(x); }
+inline float SinInDouble(float x) { return SinCosInDouble<false>(x); }
+inline float CosInDouble(float x) { return SinCosInDouble<true>(x); }
+
+// ---------------------------------------------------------------------------
+// tan, asin, acos, atan, sinh, cosh, asinh, acosh and atanh of a float,
+// evaluated in double as sin and cos are: plain multiplies, adds, divisions
+// and square roots (no Fma), so every ISA variant rounds alike, with errors
+// near 1e-12 relative or less before the one rounding to float (within 0.5
+// ulp and a hair).  The polynomials were fitted for opforge (least squares
+// of the relative error at 40 digits, Chebyshev nodes), each as short as
+// that accuracy allows.  NameInRange(x) says where NameInDouble(x) serves (false for NaN);
+// libm takes the rest (infinities, NaN, out of the domain, overflow), so
+// their special values are the C library's, as NumPy's are.
+
+// tan = sin / cos from sin and cos's reduction: s / c, or -c / s in an odd quadrant.
+inline bool TanInRange(float x) { return SinCosInRange(x); }
+inline float TanInDouble(float value) {
+  int64_t n;
+  double s, c;
+  SinCosReduced(value, n, s, c);
+  const bool odd = n & 1;
+  const float result = static_cast<float>((odd ? -c : s) / (odd ? s : c));
+  return value == 0.0f ? value : result;  // tan(-0.0) is -0.0
+}
+
+// atan a = offset + atan t with |t| <= tan(pi/8): t = a up to tan(pi/8),
+// (a - 1) / (a + 1) (offset pi/4) up to tan(3pi/8), -1 / a (offset pi/2)
+// beyond; atan t = t + t z Q(z), z = t^2, Q fitted on z's range (relative
+// error 6e-11, 3e-12 in atan t).
+inline bool AtanInRange(float x) { return Abs(x) <= std::numeric_limits<float>::max(); }
+inline float AtanInDouble(float value) {
+  const double a = Abs(double(value));
+  const bool small = a <= 0.41421356237309503, large = a > 2.4142135623730949;
+  double num = small ? a : a - 1.0, den = small ? 1.0 : a + 1.0, offset = small ? 0.0 : 0.78539816339744831;
+  num = large ? -1.0 : num;
+  den = large ? a : den;
+  offset = large ? 1.5707963267948966 : offset;
+  const double t = num / den, z = t * t;
+  const double q = PlainHorner(z, -0.04042616094786848, 0.07135077435234012, -0.09028953492647368,
+                               0.1110749490532737, -0.14285612676606277, 0.1999999892568457, -0.3333333333153207);
+  return CopySign(static_cast<float>(offset + (t + t * z * q)), value);
+}
+
+// asin s = s + s z R(z), z = s^2, for 0 <= s <= 1/2 (R fitted on z's range: relative error 8e-11, 4e-12 in
+// asin s); a above
+// 1/2 is reduced by asin a = pi/2 - 2 asin s, s = sqrt((1 - a) / 2), z = (1 - a) / 2 exact.
+struct AsinParts {
+  double p;    // asin s
+  bool upper;  // a > 1/2: p is asin(sqrt((1 - a) / 2))
+  explicit AsinParts(double a) {
+    upper = a > 0.5;
+    const double z = upper ? 0.5 - 0.5 * a : a * a;
+    const double s = upper ? std::sqrt(z) : a;
+    p = s + s * z * PlainHorner(z, 0.02928847673063449, 0.00545879209879228, 0.019300457527952418,
+                                0.022133540278407176, 0.030397523470953574, 0.044642364192899256,
+                                0.07500000585929066, 0.16666666665578578);
+  }
+};
+
+inline bool AsinInRange(float x) { return Abs(x) <= 1.0f; }
+inline float AsinInDouble(float value) {
+  const AsinParts parts(Abs(double(value)));
+  return CopySign(static_cast<float>(parts.upper ? 1.5707963267948966 - 2.0 * parts.p : parts.p), value);
+}
+
+// acos x = pi/2 - asin x for |x| <= 1/2, 2 asin s above, pi - 2 asin s below -1/2.
+inline bool AcosInRange(float x) { return Abs(x) <= 1.0f; }
+inline float AcosInDouble(float value) {
+  const double x = value;
+  const AsinParts parts(Abs(x));
+  const double outer = x > 0.0 ? 2.0 * parts.p : 3.141592653589793 - 2.0 * parts.p;
+  return static_cast<float>(parts.upper ? outer : 1.5707963267948966 - CopySign(parts.p, x));
+}
+
+// e^a = scale (1 + q) for 0 <= a <= 90 (no overflow in double): a = n ln2 +
+// r, |r| <= ln2 / 2, ln2 in two parts, the first with few bits so that n
+// times it is exact; q = e^r - 1 = r + r^2 E(r), E fitted on r's range
+// (relative error 1e-12, 5e-14 in q).
+inline double ExpM1Parts(double a, double &scale) {
+  const double t = a * 1.4426950408889634 + 6755399441055744.0;  // a / ln2, rounded in the low bits
+  const double n = t - 6755399441055744.0;
+  scale = Pow2<double>(Bits(t) - Bits(6755399441055744.0));
+  const double r = (a - n * Traits<double>::kLn2Hi) - n * Traits<double>::kLn2Lo;
+  return r + r * r * PlainHorner(r, 2.7569830499834923e-06, 2.4867802918518738e-05, 0.00019841324870261776,
+                                 0.0013888839231703484, 0.008333333284043258, 0.04166666678572053,
+                                 0.16666666666752764, 0.4999999999995547);
+}
+
+// sinh a = (E + E / (E + 1)) / 2, E = e^a - 1 = scale q + (scale - 1): no cancellation near 0.  Up to 90,
+// where the float result is inf from 89.42 on; beyond, libm.
+inline bool SinhInRange(float x) { return Abs(x) <= 90.0f; }
+inline float SinhInDouble(float value) {
+  double scale;
+  const double q = ExpM1Parts(Abs(double(value)), scale);
+  const double e = scale * q + (scale - 1.0);
+  return CopySign(static_cast<float>(0.5 * (e + e / (e + 1.0))), value);
+}
+
+inline bool CoshInRange(float x) { return Abs(x) <= 90.0f; }
+inline float CoshInDouble(float value) {
+  double scale;
+  const double q = ExpM1Parts(Abs(double(value)), scale);
+  const double e = scale + scale * q;
+  return static_cast<float>(0.5 * e + 0.5 / e);
+}
+
+// log(1 + u) for u >= 0 finite, with one division: w = 1 + u rounded, c = u - (w - 1) what the rounding
+// lost; w = 2^k m, m in [sqrt(1/2), sqrt(2)) (LogReduce), and f = m - 1 + c 2^-k (2^-k from the bits m and w
+// differ by) carries c into log m = log1p(f) = f - (f^2/2 - s (f^2/2 + z P(z))), s = f / (2 + f), z = s^2,
+// P fitted on z's range (relative error 1e-11, 2e-13 in log m).
+inline double PlainLog1p(double u) {
+  const double w = 1.0 + u, c = u - (w - 1.0);
+  double m;
+  const double k = LogReduce<false>(w, m);
+  const double scale = FromBits<double>(Bits(m) - Bits(w) + Bits(1.0));
+  const double f = (m - 1.0) + c * scale, s = f / (2.0 + f), z = s * s, h = 0.5 * f * f;
+  const double p = PlainHorner(z, 0.1936247472086198, 0.22191412259380747, 0.2857175430941054,
+                               0.39999998798764985, 0.666666666673737);
+  return k * Traits<double>::kLn2Hi + ((f - (h - s * (h + z * p))) + k * Traits<double>::kLn2Lo);
+}
+
+// asinh a = log1p(a + a^2 / (1 + sqrt(1 + a^2))) (a^2 cannot overflow in double).
+inline bool AsinhInRange(float x) { return Abs(x) <= std::numeric_limits<float>::max(); }
+inline float AsinhInDouble(float value) {
+  const double a = Abs(double(value)), square = a * a;
+  return CopySign(static_cast<float>(PlainLog1p(a + square / (1.0 + std::sqrt(1.0 + square)))), value);
+}
+
+// acosh x = log1p(t + sqrt(t (t + 2))), t = x - 1 exact.
+inline bool AcoshInRange(float x) { return x >= 1.0f && x <= std::numeric_limits<float>::max(); }
+inline float AcoshInDouble(float value) {
+  const double t = double(value) - 1.0;
+  return static_cast<float>(PlainLog1p(t + std::sqrt(t * (t + 2.0))));
+}
+
+// atanh a = log1p(2a / (1 - a)) / 2, 1 - a exact; +-1 (inf) and beyond (NaN) are libm's.
+inline bool AtanhInRange(float x) { return Abs(x) < 1.0f; }
+inline float AtanhInDouble(float value) {
+  const double a = Abs(double(value));
+  return CopySign(static_cast<float>(0.5 * PlainLog1p(2.0 * a / (1.0 - a))), value);
+}
+
+// The elementwise forms (fused graphs call these): float in range from the
+// above, the rest, and double, from libm.
+#define VECMATH_FLOAT_IN_DOUBLE(Name, libm)                                                  \
+  inline float Name(float x) { return Name##InRange(x) ? Name##InDouble(x) : std::libm(x); } \
+  inline double Name(double x) { return std::libm(x); }
+VECMATH_FLOAT_IN_DOUBLE(Sin, sin)
+VECMATH_FLOAT_IN_DOUBLE(Cos, cos)
+VECMATH_FLOAT_IN_DOUBLE(Tan, tan)
+VECMATH_FLOAT_IN_DOUBLE(Asin, asin)
+VECMATH_FLOAT_IN_DOUBLE(Acos, acos)
+VECMATH_FLOAT_IN_DOUBLE(Atan, atan)
+VECMATH_FLOAT_IN_DOUBLE(Sinh, sinh)
+VECMATH_FLOAT_IN_DOUBLE(Cosh, cosh)
+VECMATH_FLOAT_IN_DOUBLE(Asinh, asinh)
+VECMATH_FLOAT_IN_DOUBLE(Acosh, acosh)
+VECMATH_FLOAT_IN_DOUBLE(Atanh, atanh)
+#undef VECMATH_FLOAT_IN_DOUBLE
 
 // ---------------------------------------------------------------------------
 // Array forms: y[i] = f(x[i]), i < n (x and y may be the same array).
