@@ -89,8 +89,9 @@ def test_ulp_bound_on_a_dense_sweep(name, dtype, isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_float32_sin_cos_and_tan_next_to_multiples_of_half_pi_and_at_the_edge_of_the_fast_range(isa):
-    """Where x lies next to k pi/2, r = x - k pi/2 cancels (and tan's numerator or denominator is tiny): the floats within 16 ulps of each k pi/2 up to
-    2^16 (the range the polynomial serves), and the values around 2^16 where libm takes over."""
+    """Where x lies next to k pi/2, r = x - k pi/2 cancels (and tan's numerator or denominator is tiny): the
+    floats within 16 ulps of each k pi/2 up to 2^16 (the range the polynomial serves), and the values around
+    2^16 where libm takes over."""
     k = np.arange(1, 41_723, dtype=np.float64)
     near = (k * np.pi / 2).astype(np.float32).view(np.int32)[:, None] + np.arange(-16, 17, dtype=np.int32)
     x = near.reshape(-1).view(np.float32)
