@@ -151,6 +151,19 @@ def test_shape_errors_say_what_the_granularity_needs():
         ops.quantize_linear(x, np.ones(3, np.float32), np.zeros(3, np.uint8), axis=5)
 
 
+@pytest.mark.parametrize("name", ["quantize_linear", "dequantize_linear"])
+def test_the_kernels_refuse_a_zero_point_not_shaped_as_the_scale(name):
+    # The op's check refuses this first; the kernel, reached directly (as a graph or a bridge could with
+    # other shapes), must not read zero_point at the scale's offsets.
+    op = opforge.lookup(name)
+    kernel = next(k for k in op.kernels if getattr(k, "function_name", None) and k.isa is None)
+    x = np.arange(4, dtype=np.float32 if name == "quantize_linear" else np.int8).reshape(1, 4)
+    out = TensorSpec((1, 4), "int8" if name == "quantize_linear" else "float32")
+    for zero_point in (np.zeros((), np.int8), np.zeros((1,), np.int8), np.zeros((2, 2), np.int8)):
+        with pytest.raises(opforge.KernelError, match="error code 3"):
+            kernel.run(op, [x, np.ones(4, np.float32), zero_point], op.resolve_attrs({"axis": 1}), [out])
+
+
 def test_inference_keeps_unknown_dims_and_rank():
     quantize = opforge.lookup("quantize_linear")
     assert quantize.infer(TensorSpec([-1, 3]), TensorSpec([3]), TensorSpec([3], "int8"), axis=1) == \

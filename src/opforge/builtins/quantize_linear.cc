@@ -193,7 +193,12 @@ int DequantizeFrom(void **params, const char *t, const Layout &l) {
   return 0;
 }
 
+// The layout of x and scale; false when it has none, or when zero_point is not scale's shape (it is read
+// at scale's offsets).
 bool Prepare(int *ndims, int64_t **shapes, void *extra, Layout *l) {
+  if (ndims[2] != ndims[1]) return false;
+  for (int d = 0; d < ndims[1]; d++)
+    if (shapes[2][d] != shapes[1][d]) return false;
   auto *e = static_cast<AotExtra *>(extra);
   return MakeLayout(ndims[0], shapes[0], ndims[1], shapes[1], e->Attr<int64_t>("axis"),
                     e->Attr<int64_t>("block_size"), l);
