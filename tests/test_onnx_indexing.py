@@ -103,7 +103,7 @@ def test_scatter_nd(opset, reduction):
     ("ScatterND", [("data", r(3, 4)), ("indices", np.array([[3]])), ("updates", r(1, 4))]),
 ])
 def test_an_index_out_of_range_at_run_time_is_a_kernel_error(op_type, inputs):
-    with pytest.raises(KernelError, match="error code 4"):
+    with pytest.raises(KernelError, match="error code 4: input 'indices' holds an index out of range"):
         run(model_of(op_type, inputs, dynamic=(0,)), inputs)
 
 
@@ -141,6 +141,15 @@ def test_einsum_matches_numpy(equation, shapes):
     expected = np.einsum(equation, *arrays)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("equation, shape", [("ii->i", (3, 3)), ("bii->bi", (2, 3, 3)), ("ii", (3, 3))])
+def test_einsum_diagonal_ignores_inf_and_nan_off_the_diagonal(equation, shape):
+    x = r(*shape)
+    x[..., 0, 1], x[..., 2, 0] = np.inf, np.nan  # a product with a 0/1 mask would make these NaN on the diagonal
+    inputs = [("x", x)]
+    _, got = run(model_of("Einsum", inputs, attrs={"equation": equation}, opset=12), inputs)
+    np.testing.assert_array_equal(got, np.einsum(equation, x))
 
 
 def test_einsum_contracts_with_matmul_and_keeps_unknown_batch_dims():

@@ -97,7 +97,7 @@ def scatter_nd(node: NodeContext, data: Any, indices: Any, updates: Any) -> Any:
 
 # -- Einsum ----------------------------------------------------------------------------------
 # Parsed when the model loads into opforge ops: a label repeated within one operand (a diagonal)
-# becomes a product with an identity mask summed over one of the two axes; a label only one operand
+# keeps the entries an identity mask selects, summed over one of the two axes; a label only one operand
 # has and the output lacks is summed away; operands then combine left to right, each pair as one
 # matmul: [batch, kept of A, contracted] @ [batch, contracted, kept of B] (a broadcast multiply when
 # nothing is contracted); a transpose puts the result's labels in the output's order.  Ellipsis dims
@@ -212,8 +212,9 @@ def einsum(node: NodeContext, *inputs: Any) -> Any:
             p = labels.index(label)
             q = labels.index(label, p + 1)
             size = einsum_size(node, x, p, label)
-            mask = np.eye(size, dtype=dtype_of(x)).reshape([size if k in (p, q) else 1 for k in range(len(labels))])
-            x = ops.reduce_sum(ops.mul(x, mask), axes=[q])
+            mask = np.eye(size, dtype=bool).reshape([size if k in (p, q) else 1 for k in range(len(labels))])
+            # a select, not a product with the mask: inf * 0 off the diagonal would be NaN
+            x = ops.reduce_sum(ops.where(mask, x, np.zeros((), dtype_of(x))), axes=[q])
             labels.pop(q)
         operands.append([x, labels])
     for k, (x, labels) in enumerate(operands):  # labels only this operand has, and the output lacks
