@@ -340,3 +340,18 @@ def test_nd_ops_gradients():
     want = np.zeros((2, 3, 4))
     np.add.at(want, (repeated[:, 0], repeated[:, 1] % 3), dy)
     np.testing.assert_allclose(backward(data, dy)[0], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "int32", "int64", "uint64"])
+@pytest.mark.parametrize("reduction, ufunc", [("add", np.add), ("mul", np.multiply)])
+def test_integer_scatter_reductions_wrap_as_numpy(dtype, reduction, ufunc):
+    info = np.iinfo(dtype)
+    data = np.array([info.max, info.min, info.max - 1, 3], dtype)
+    updates = np.array([[info.max, 2], [info.max, info.max]], dtype)
+    indices = np.array([[0, 0], [2, 1]])
+    want = data.copy()
+    ufunc.at(want, indices.reshape(-1), updates.reshape(-1))
+    got = ops.scatter_elements(data, indices.reshape(-1), updates.reshape(-1), reduction=reduction)
+    np.testing.assert_array_equal(got, want)
+    got_nd = ops.scatter_nd(data, indices.reshape(-1, 1), updates.reshape(-1), reduction=reduction)
+    np.testing.assert_array_equal(got_nd, want)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "custom_aot_extra.h"
@@ -110,11 +111,28 @@ struct NdWalk {
   }
 };
 
+// Integers wrap as NumPy's do, computed on uint64_t (signed overflow is undefined in C++, and a
+// uint16_t product would overflow the int it promotes to); the cast back keeps the low bits.
+template <typename E>
+static inline E WrapAdd(E a, E b) {
+  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>)
+    return static_cast<E>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  else
+    return E(a + b);
+}
+template <typename E>
+static inline E WrapMul(E a, E b) {
+  if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>)
+    return static_cast<E>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  else
+    return E(a * b);
+}
+
 template <int R, typename E>
 static inline void Reduce(E &into, E update) {
   if (R == 0) into = update;
-  if (R == 1) into = E(into + update);
-  if (R == 2) into = E(into * update);
+  if (R == 1) into = WrapAdd(into, update);
+  if (R == 2) into = WrapMul(into, update);
   // max / min: a NaN on either side wins, as NumPy's maximum / minimum (the reference) give.
   if (R == 3 && (update > into || update != update)) into = update;
   if (R == 4 && (update < into || update != update)) into = update;
