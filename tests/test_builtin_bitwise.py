@@ -154,3 +154,5 @@ def test_bitwise_ops_export_to_onnx():
     signed = opforge.trace(lambda a, b: ops.right_shift(a, b), TensorSpec([3], "int32"), TensorSpec([3], "int32"))
     with pytest.raises(opforge.onnx.ModelError, match="BitShift of int32 from opset 28"):
         export(signed, opset=18)
+    with pytest.raises(opforge.onnx.ModelError, match="ONNX has BitwiseAnd from opset 18; the model's opset is 17"):
+        export(graph)  # opset 17 by default

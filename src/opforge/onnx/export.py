@@ -561,9 +561,13 @@ def _(e: NodeExport) -> None:
     e.result("Trilu", [e.inputs[0], e.const(e.attrs["k"])], upper=int(e.attrs["upper"]))
 
 
-for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
-    EXPORTERS[_name] = _same(_name.title().replace("_", ""))
-del _name
+@exporter("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")
+def _(e: NodeExport) -> None:
+    op_type = e.op_name.title().replace("_", "")
+    if e.opset < 18:
+        raise e.error(f"ONNX has {op_type} from opset 18; the model's opset is {e.opset} (export with opset=18 "
+                      "or later)")
+    e.result(op_type, e.inputs)
 
 
 @exporter("left_shift", "right_shift")
