@@ -517,6 +517,32 @@ def test_nonzero_return_is_a_kernel_error_with_op_function_and_code():
     assert "failing_op" in message and "FailWith" in message and "7" in message
 
 
+RETURNS_CODE = r"""
+#include <cstdint>
+extern "C" int ReturnsCode(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *stream, void *extra) {
+  const float *x = static_cast<const float *>(params[0]);
+  return x[0] > 0 ? static_cast<int>(x[0]) : 0;  // x[0] = 3 or 4: those codes; else success
+}
+"""
+
+
+def test_a_kernels_error_codes_are_explained_in_its_kernel_error(fresh):
+    op = declare(fresh, "errors_demo(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    op.kernel(code=RETURNS_CODE, function="ReturnsCode", dtypes={"x": ["float32"]},
+              errors={4: "input 'x' starts with 4, which this kernel refuses"})
+    with pytest.raises(opforge.KernelError, match=r"returned error code 4: input 'x' starts with 4, which this "
+                                                  r"kernel refuses$") as info:
+        op(np.array([4.0], np.float32))
+    assert info.value.code == 4
+    with pytest.raises(opforge.KernelError, match=r"returned error code 3$"):  # a code the mapping lacks
+        op(np.array([3.0], np.float32))
+    graph = opforge.trace(op, opforge.TensorSpec([1], "float32"))  # the graph executor says the same
+    with pytest.raises(opforge.KernelError, match="starts with 4, which this kernel refuses"):
+        graph(np.array([4.0], np.float32))
+
+
 def test_cpp_exception_is_a_kernel_error_and_the_process_survives(lin):
     op = ops_custom("Throw", [1], "float32", attrs={"why": "the moon is full"}, op_name="throwing_op")
     for _ in range(2):

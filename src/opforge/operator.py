@@ -81,6 +81,8 @@ class Kernel:
     #: library such as OpenBLAS): it makes that ready and returns None, or says why it cannot; dispatch
     #: then skips the kernel, as it does one whose ISA the CPU lacks.
     requires: Callable[[], str | None] | None = None
+    #: What a C kernel's non-zero return codes mean ({4: "input 'indices' holds ..."}): KernelError says so.
+    error_messages: Mapping[int, str] = {}
 
     def __init__(self, *, device: str = "cpu", dtypes: DTypeSignatures | None = None, isa: str | None = None,
                  layout: str = "ndarray", name: str | None = None) -> None:
@@ -276,13 +278,14 @@ class Op(OpBase):
     def kernel(self, fn: None = None, *, source: str | os.PathLike[str] | None = None, code: str | None = None,
                function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None, isa: str | None = None,
                layout: str = "ndarray", cflags: Sequence[str] = (), include_dirs: Sequence[str | os.PathLike[str]] = (),
-               name: str | None = None, reference: bool = False) -> Any: ...  # a Kernel, or a list: one per variant
+               name: str | None = None, reference: bool = False,
+               errors: Mapping[int, str] | None = None) -> Any: ...  # a Kernel, or a list: one per variant
 
     def kernel(self, fn: Callable[..., Any] | None = None, *, source: str | os.PathLike[str] | None = None,
                code: str | None = None, function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None,
                isa: str | None = None, layout: str = "ndarray", cflags: Sequence[str] = (),
                include_dirs: Sequence[str | os.PathLike[str]] = (), name: str | None = None,
-               reference: bool = False) -> Any:
+               reference: bool = False, errors: Mapping[int, str] | None = None) -> Any:
         """Add a kernel.
 
         * ``op.kernel(source="leaky_relu.cc:LeakyRelu", ...)``: a C/C++/CUDA
@@ -296,7 +299,10 @@ class Op(OpBase):
         listed dtype, with ``OPFORGE_T`` defined as the C type (and
         ``OPFORGE_DTYPE_<NAME>`` set); ``isa`` ("sse41", "avx", "avx2",
         "avx512") compiles with that instruction set and lets dispatch pick
-        the best one the CPU has.  Returns the kernel (or list of kernels).
+        the best one the CPU has.  ``errors={4: "input 'indices' holds an index
+        out of range"}`` says what a C kernel's return codes mean: the
+        ``KernelError`` of a failed call quotes it.  Returns the kernel (or
+        list of kernels).
         """
         if fn is None and source is None and code is None:
             return lambda f: self.kernel(f, device=device, dtypes=dtypes, isa=isa, layout=layout, name=name,
@@ -312,6 +318,8 @@ class Op(OpBase):
                                  signatures=signatures, dtypes=dtypes, isa=isa, layout=layout, cflags=cflags,
                                  include_dirs=include_dirs, name=name)
         for made in kernels:
+            if errors:
+                made.error_messages = {int(code): str(text) for code, text in errors.items()}
             self.add_kernel(made)
         return kernels[0] if len(kernels) == 1 else kernels
 

@@ -76,6 +76,11 @@ def gather_grad(saved: Any, dy: Any, *, axis: int) -> tuple[Any, None]:
     return opforge.ops.gather_grad(dy, saved.indices, saved.data, axis=axis), None
 
 
+# What the index kernels' return code 4 means (gather's and those of gather_elements, gather_nd and
+# the scatters): every index is checked before anything is written.
+INDEX_ERRORS = {4: "input 'indices' holds an index out of range: each must lie in -n..n-1 for the dim n of "
+                   "'data' it indexes (negative ones count from the end)"}
+
 # Both kernels check every index before they write anything.
 INDICES_FIT = r"""
 // Whether every index is in [-size, size).
@@ -132,7 +137,7 @@ extern "C" int Gather(int nparam, void **params, int *ndims, int64_t **shapes, c
   return 2;
 }
 """
-gather.kernel(function="Gather", code=GATHER_CC, include_dirs=HEADER_DIRS)
+gather.kernel(function="Gather", code=GATHER_CC, include_dirs=HEADER_DIRS, errors=INDEX_ERRORS)
 
 
 # The gradient is an op too: dx = zeros of data's shape, each dy row added at its index.
@@ -239,4 +244,4 @@ extern "C" int GatherGrad(int nparam, void **params, int *ndims, int64_t **shape
 }
 """
 gather_grad_op.kernel(function="GatherGrad", code=every_dtype(GATHER_GRAD_CC, "GatherGrad", FLOATS),
-                      dtypes=[(d, None, d) for d in FLOATS], include_dirs=HEADER_DIRS)
+                      dtypes=[(d, None, d) for d in FLOATS], include_dirs=HEADER_DIRS, errors=INDEX_ERRORS)

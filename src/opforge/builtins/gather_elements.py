@@ -18,7 +18,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather import INDEX_DTYPES, checked_indices
+from opforge.builtins.gather import INDEX_DTYPES, INDEX_ERRORS, checked_indices
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -133,4 +133,5 @@ extern "C" int GatherElements(int nparam, void **params, int *ndims, int64_t **s
   }
 }
 """
-gather_elements.kernel(function="GatherElements", code=GATHER_ELEMENTS_CC, include_dirs=HEADER_DIRS)
+gather_elements.kernel(function="GatherElements", code=GATHER_ELEMENTS_CC, include_dirs=HEADER_DIRS,
+                       errors=INDEX_ERRORS)

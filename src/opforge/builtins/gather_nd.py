@@ -19,7 +19,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather import INDEX_DTYPES
+from opforge.builtins.gather import INDEX_DTYPES, INDEX_ERRORS
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -140,4 +140,4 @@ extern "C" int GatherNd(int nparam, void **params, int *ndims, int64_t **shapes,
   }
 }
 """
-gather_nd.kernel(function="GatherNd", code=GATHER_ND_CC, include_dirs=HEADER_DIRS)
+gather_nd.kernel(function="GatherNd", code=GATHER_ND_CC, include_dirs=HEADER_DIRS, errors=INDEX_ERRORS)

@@ -21,7 +21,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS, zeros_like
-from opforge.builtins.gather import checked_indices
+from opforge.builtins.gather import INDEX_ERRORS, checked_indices
 from opforge.builtins.gather_elements import elements_problem
 
 if TYPE_CHECKING:
@@ -164,4 +164,4 @@ extern "C" int ScatterElements(int nparam, void **params, int *ndims, int64_t **
 }
 """
 scatter_elements.kernel(function="ScatterElements", code=SCATTER_ELEMENTS_CC, include_dirs=HEADER_DIRS,
-                        dtypes=[(d, None, d) for d in SCATTER_DTYPES])
+                        dtypes=[(d, None, d) for d in SCATTER_DTYPES], errors=INDEX_ERRORS)

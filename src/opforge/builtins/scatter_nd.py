@@ -21,6 +21,7 @@ import numpy as np
 import opforge
 from opforge import TensorSpec
 from opforge.builtins.common import HEADER_DIRS
+from opforge.builtins.gather import INDEX_ERRORS
 from opforge.builtins.gather_nd import gathered_nd_shape, nd_places, nd_problem
 from opforge.builtins.scatter_elements import SCATTER_DTYPES, reduction_problem, scatter_grad, scattered
 
@@ -124,4 +125,4 @@ extern "C" int ScatterNd(int nparam, void **params, int *ndims, int64_t **shapes
 }
 """
 scatter_nd.kernel(function="ScatterNd", code=SCATTER_ND_CC, include_dirs=HEADER_DIRS,
-                  dtypes=[(d, None, d) for d in SCATTER_DTYPES])
+                  dtypes=[(d, None, d) for d in SCATTER_DTYPES], errors=INDEX_ERRORS)

@@ -184,6 +184,9 @@ def kernel_error(op: Op, kernel: Kernel, rc: int, error: tuple[str, str] | None,
         message = f"op '{op.name}': kernel function '{function}'{where} raised a C++ exception: {error[1]}"
     else:
         message = f"op '{op.name}': kernel function '{function}'{where} returned error code {rc}"
+        meaning = kernel.error_messages.get(rc)
+        if meaning:
+            message += f": {meaning}"
     return KernelError(message, op=op.name, function=function, code=rc)
 
 
