@@ -541,6 +541,11 @@ def test_a_kernels_error_codes_are_explained_in_its_kernel_error(fresh):
     graph = opforge.trace(op, opforge.TensorSpec([1], "float32"))  # the graph executor says the same
     with pytest.raises(opforge.KernelError, match="starts with 4, which this kernel refuses"):
         graph(np.array([4.0], np.float32))
+    for bad in ({"4": "text"}, {0: "success is not an error"}, {4: 5}, [(4, "text")]):
+        with pytest.raises(opforge.OpforgeError, match="errors= maps a kernel's non-zero return codes"):
+            op.kernel(code=RETURNS_CODE, function="ReturnsCode", errors=bad)
+    with pytest.raises(opforge.OpforgeError, match="errors= explains a C kernel's return codes"):
+        op.kernel(lambda x: x, errors={4: "text"})
 
 
 def test_cpp_exception_is_a_kernel_error_and_the_process_survives(lin):

@@ -304,6 +304,14 @@ class Op(OpBase):
         ``KernelError`` of a failed call quotes it.  Returns the kernel (or
         list of kernels).
         """
+        if errors is not None and not (isinstance(errors, Mapping) and all(
+                isinstance(c, int) and not isinstance(c, bool) and c != 0 and isinstance(m, str)
+                for c, m in errors.items())):
+            raise OpforgeError(f"op '{self.name}': errors= maps a kernel's non-zero return codes (int) to what they "
+                               f"mean (str), e.g. {{4: \"input 'x' is out of range\"}}; got {errors!r}")
+        if errors and source is None and code is None:
+            raise OpforgeError(f"op '{self.name}': errors= explains a C kernel's return codes (with source= or "
+                               "code=); a Python kernel raises its own opforge error")
         if fn is None and source is None and code is None:
             return lambda f: self.kernel(f, device=device, dtypes=dtypes, isa=isa, layout=layout, name=name,
                                          reference=reference)
@@ -319,7 +327,7 @@ class Op(OpBase):
                                  include_dirs=include_dirs, name=name)
         for made in kernels:
             if errors:
-                made.error_messages = {int(code): str(text) for code, text in errors.items()}
+                made.error_messages = dict(errors)
             self.add_kernel(made)
         return kernels[0] if len(kernels) == 1 else kernels
 
