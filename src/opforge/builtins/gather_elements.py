@@ -123,11 +123,8 @@ extern "C" int GatherElements(int nparam, void **params, int *ndims, int64_t **s
     if (axis < 0) return 1;
     AxisWalk w;
     if (int status = w.Init(rank, shapes[0], shapes[1], axis)) return status;
-    if (!std::strcmp(dtypes[1], "int64"))
-      return BySize(dtypes[0], params[0], static_cast<const int64_t *>(params[1]), params[2], w);
-    if (!std::strcmp(dtypes[1], "int32"))
-      return BySize(dtypes[0], params[0], static_cast<const int32_t *>(params[1]), params[2], w);
-    return 2;
+    return ByIndexType(dtypes[1], params[1],
+                       [&](const auto *indices) { return BySize(dtypes[0], params[0], indices, params[2], w); });
   } catch (...) {
     return 5;
   }

@@ -130,11 +130,8 @@ extern "C" int GatherNd(int nparam, void **params, int *ndims, int64_t **shapes,
     if (int status = w.Init(ndims[0], shapes[0], ndims[1], shapes[1], batch_dims)) return status;
     const char *data = static_cast<const char *>(params[0]);
     char *y = static_cast<char *>(params[2]);
-    if (!std::strcmp(dtypes[1], "int64"))
-      return Run(data, static_cast<const int64_t *>(params[1]), y, w, ElementSize(dtypes[0]));
-    if (!std::strcmp(dtypes[1], "int32"))
-      return Run(data, static_cast<const int32_t *>(params[1]), y, w, ElementSize(dtypes[0]));
-    return 2;
+    return ByIndexType(dtypes[1], params[1],
+                       [&](const auto *indices) { return Run(data, indices, y, w, ElementSize(dtypes[0])); });
   } catch (...) {
     return 5;
   }

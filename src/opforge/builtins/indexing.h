@@ -60,6 +60,14 @@ struct AxisWalk {
   }
 };
 
+// f(indices) with indices typed by their dtype name (int64 or int32); 2 for another dtype.
+template <typename F>
+static inline int ByIndexType(const char *dtype, const void *indices, F &&f) {
+  if (!std::strcmp(dtype, "int64")) return f(static_cast<const int64_t *>(indices));
+  if (!std::strcmp(dtype, "int32")) return f(static_cast<const int32_t *>(indices));
+  return 2;
+}
+
 // axis from the attribute, made non-negative; -1 when it is out of range.
 static inline int64_t AxisOf(void *extra, int rank) {
   int64_t axis = static_cast<AotExtra *>(extra)->Attr<int64_t>("axis");

@@ -153,11 +153,8 @@ extern "C" int ScatterElements(int nparam, void **params, int *ndims, int64_t **
     AxisWalk w;
     if (int status = w.Init(rank, shapes[0], shapes[1], axis)) return status;
     const int64_t count = ElementCount(rank, shapes[0]);
-    if (!std::strcmp(dtypes[1], "int64"))
-      return Typed(r, dtypes[0], params, static_cast<const int64_t *>(params[1]), w, count);
-    if (!std::strcmp(dtypes[1], "int32"))
-      return Typed(r, dtypes[0], params, static_cast<const int32_t *>(params[1]), w, count);
-    return 2;
+    return ByIndexType(dtypes[1], params[1],
+                       [&](const auto *indices) { return Typed(r, dtypes[0], params, indices, w, count); });
   } catch (...) {
     return 5;
   }
