@@ -36,16 +36,22 @@ for _op_type, (_fn, _since) in TRIGONOMETRIC.items():
 del _op_type, _fn, _since
 
 
+def one_integer(node: NodeContext, value: Any, name: str) -> int:
+    """An input that becomes an attribute: a 0-d or one-element int tensor known when the model loads."""
+    array = np.asarray(node.constant(value, f"input '{name}'"))
+    if array.size != 1 or array.dtype.kind not in "iu":
+        raise node.error(f"input '{name}' must be one integer; it has shape {list(array.shape)} and dtype "
+                         f"{array.dtype}")
+    return int(array.reshape(-1)[0])
+
+
 # -- CumSum ----------------------------------------------------------------------------
 
 @converter("CumSum", since=11)
 def cumsum(node: NodeContext, x: Any, axis: Any) -> Any:
     """The axis (a 0-d or one-element int tensor) must be known when the model loads: it is the op's attribute."""
-    value = np.asarray(node.constant(axis, "input 'axis'"))
-    if value.size != 1 or value.dtype.kind not in "iu":
-        raise node.error(f"input 'axis' must be one integer; it has shape {list(value.shape)} and dtype {value.dtype}")
     rank = dims_of(x)
-    axis_value = int(value.reshape(-1)[0])
+    axis_value = one_integer(node, axis, "axis")
     if rank != UNKNOWN_RANK and not -len(rank) <= axis_value < len(rank):
         raise node.error(f"input 'axis' is {axis_value}, out of range for input 'x' of rank {len(rank)}")
     return ops.cumsum(x, axis=axis_value, exclusive=bool(node.attr("exclusive", 0)),
@@ -59,11 +65,7 @@ def trilu(node: NodeContext, x: Any, k: Any = None) -> Any:
     """The diagonal offset k (a 0-d or one-element int64 tensor, default 0) must be known when the model loads."""
     offset = 0
     if k is not None:
-        value = np.asarray(node.constant(k, "input 'k'"))
-        if value.size != 1 or value.dtype.kind not in "iu":
-            raise node.error(f"input 'k' must be one integer; it has shape {list(value.shape)} and dtype "
-                             f"{value.dtype}")
-        offset = int(value.reshape(-1)[0])
+        offset = one_integer(node, k, "k")
     rank = dims_of(x)
     if rank != UNKNOWN_RANK and len(rank) < 2:
         raise node.error(f"input 'input' has rank {len(rank)}; Trilu needs rank >= 2")
