@@ -69,7 +69,7 @@ trilu.kernel(function="Trilu", include_dirs=HEADER_DIRS, code=r"""
 
 // Rows of every matrix: row i keeps the columns [lo, hi) and is zero outside them.
 template <typename E>
-static void KeepBands(const E *x, E *y, int64_t rows, int64_t m, int64_t n, bool upper, int64_t k) {
+static int KeepBands(const E *x, E *y, int64_t rows, int64_t m, int64_t n, bool upper, int64_t k) {
   const int64_t grain = std::max<int64_t>(1, OPFORGE_COPY_GRAIN / (std::max<int64_t>(n, 1) * sizeof(E)));
   opforge::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
@@ -84,6 +84,7 @@ static void KeepBands(const E *x, E *y, int64_t rows, int64_t m, int64_t n, bool
       FillRun(out + hi, n - hi, E(0));
     }
   });
+  return 0;
 }
 
 // params: x, y (x's shape, rank >= 2).
@@ -101,16 +102,11 @@ extern "C" int Trilu(int nparam, void **params, int *ndims, int64_t **shapes, co
     if (rows == 0 || n == 0) return 0;
     const void *x = params[0];
     void *y = params[1];
-    switch (ElementSize(dtypes[0])) {
-      case 1: KeepBands(static_cast<const uint8_t *>(x), static_cast<uint8_t *>(y), rows, m, n, upper, k); break;
-      case 2: KeepBands(static_cast<const uint16_t *>(x), static_cast<uint16_t *>(y), rows, m, n, upper, k); break;
-      case 4: KeepBands(static_cast<const uint32_t *>(x), static_cast<uint32_t *>(y), rows, m, n, upper, k); break;
-      case 8: KeepBands(static_cast<const uint64_t *>(x), static_cast<uint64_t *>(y), rows, m, n, upper, k); break;
-      default: return 3;  // (no other element widths)
-    }
+#define OPFORGE_TRILU(E) return KeepBands(static_cast<const E *>(x), static_cast<E *>(y), rows, m, n, upper, k)
+    OPFORGE_BY_ELEMENT_SIZE(ElementSize(dtypes[0]), OPFORGE_TRILU)
+#undef OPFORGE_TRILU
   } catch (...) {  // (attribute lookups and the pool's own failures stay on this side of the ABI)
     return 2;
   }
-  return 0;
 }
 """)
