@@ -182,7 +182,7 @@ def test_the_input_a_converter_names_is_bound_through_the_node_whatever_its_grap
     assert rep._bound == ("factors",)  # not the int64 input nobody needs at load time
 
 
-def test_errors_binding_cannot_fix_are_raised_as_load_raises_them():
+def test_values_binding_cannot_give_run_node_by_node_and_other_errors_raise_as_load_raises_them():
     graph = helper.make_graph(
         [helper.make_node("Cast", ["s"], ["shape"], to=TensorProto.INT64),
          helper.make_node("Reshape", ["x", "shape"], ["y"])], "shape_from_floats",
@@ -190,9 +190,12 @@ def test_errors_binding_cannot_fix_are_raised_as_load_raises_them():
          helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     rep = OpforgeBackend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
-    with pytest.raises(opforge.onnx.ModelError, match="known when the model is loaded"):
-        rep.run([np.zeros((2, 3), np.float32), np.array([3, 2], np.float32)])
-    assert rep._bound is None
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (y,) = rep.run([x, np.array([3, 2], np.float32)])  # the shape comes from floats: computed per call
+    np.testing.assert_array_equal(y, x.reshape(3, 2))
+    (y,) = rep.run([x, np.array([1, 6], np.float32)])
+    np.testing.assert_array_equal(y, x.reshape(1, 6))
+    assert rep._bound == ()
     graph = helper.make_graph(
         [helper.make_node("NoSuchOp", ["x", "k"], ["y"])], "unknown",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),

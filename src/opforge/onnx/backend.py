@@ -28,7 +28,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from ..bounded_cache import BoundedCache
 from ..errors import ArityError, ModelError, UnsupportedOpError
-from .load import load, read_model
+from .load import DynamicModel, load, read_model
 
 if TYPE_CHECKING:
     from .load import LoadedGraph, ModelSource
@@ -54,7 +54,7 @@ class OpforgeRep(BackendRep):  # type: ignore[misc]  # onnx is untyped to mypy: 
         self.output_names: list[str] = [o.name for o in model.graph.output]
         self._bindable = _bindable_inputs(model, self.input_names)
         self._bound: tuple[str, ...] | None = None  # the inputs bound at load time, once found
-        self._graphs: BoundedCache[_GraphKey, LoadedGraph] = BoundedCache(_GRAPHS_PER_MODEL)
+        self._graphs: BoundedCache[_GraphKey, LoadedGraph | DynamicModel] = BoundedCache(_GRAPHS_PER_MODEL)
         self._lock = threading.Lock()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[npt.NDArray[Any], ...]:
@@ -80,7 +80,7 @@ class OpforgeRep(BackendRep):  # type: ignore[misc]  # onnx is untyped to mypy: 
                              f"{self.input_names}, got {len(inputs)}")
         return {name: np.asarray(x) for name, x in zip(self.input_names, inputs)}
 
-    def _graph_for(self, feeds: Mapping[str, npt.NDArray[Any]]) -> LoadedGraph:
+    def _graph_for(self, feeds: Mapping[str, npt.NDArray[Any]]) -> LoadedGraph | DynamicModel:
         bound = self._bound
         if bound is not None:
             return self._graphs.get_or_create(
@@ -90,7 +90,6 @@ class OpforgeRep(BackendRep):  # type: ignore[misc]  # onnx is untyped to mypy: 
             while True:
                 try:
                     graph = load(self.model, constants={n: feeds[n] for n in binding})
-                    break
                 except UnsupportedOpError:
                     raise
                 except ModelError as error:
@@ -98,6 +97,14 @@ class OpforgeRep(BackendRep):  # type: ignore[misc]  # onnx is untyped to mypy: 
                     if name is None:
                         raise
                     binding.append(name)
+                    continue
+                # A model that needs run-time values: binding the input they come from gives one graph per
+                # value; values computed otherwise are left to the DynamicModel.
+                name = self._next_to_bind(ModelError(graph.reason), binding) if isinstance(graph, DynamicModel) \
+                    else None
+                if name is None:
+                    break
+                binding.append(name)
             self._bound = tuple(binding)
             self._graphs.put(_key(self._bound, feeds), graph)
             return graph

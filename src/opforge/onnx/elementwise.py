@@ -95,7 +95,7 @@ def legacy_operand(node: NodeContext, a: Any, b: Any) -> Any:
     if "axis" not in node.attrs:
         return b
     if UNKNOWN_RANK in (ad, bd):
-        raise node.error("attribute 'axis' needs the ranks of both inputs when the model is loaded")
+        raise node.unknown("attribute 'axis' needs the ranks of both inputs when the model is loaded")
     axis = node.attr("axis")
     axis = axis + len(ad) if axis < 0 else axis
     trailing = len(ad) - axis - len(bd)

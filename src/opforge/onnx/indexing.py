@@ -147,7 +147,7 @@ def einsum_labels(node: NodeContext, equation: str, ranks: Sequence[int]) -> tup
 def einsum_size(node: NodeContext, x: Any, axis: int, label: str) -> int:
     size = int(dims_of(x)[axis])
     if size < 0:
-        raise node.error(f"Einsum needs the size of label {label!r} known when the model is loaded; it is unknown")
+        raise node.unknown(f"Einsum needs the size of label {label!r} known when the model is loaded; it is unknown")
     return size
 
 
@@ -246,7 +246,7 @@ def blocks_of(node: NodeContext, x: Any) -> tuple[int, str, tuple[int, int, int]
         raise node.error(f"attribute 'mode' is {mode!r}; expected 'DCR' or 'CRD'")
     c, h, w = (int(d) for d in dims[1:])
     if -1 in (c, h, w):
-        raise node.error(f"{node.op_type} needs dims C, H and W of input 'input' known when the model is loaded; "
+        raise node.unknown(f"{node.op_type} needs dims C, H and W of input 'input' known when the model is loaded; "
                          f"its shape is {list(dims)}")
     return int(size), mode, (c, h, w)
 

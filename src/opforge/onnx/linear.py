@@ -34,7 +34,7 @@ ops = opforge.ops
 def matmul(node: NodeContext, a: Any, b: Any) -> Any:
     known = [len(d) if d != UNKNOWN_RANK else None for d in (dims_of(a), dims_of(b))]
     if None in known:
-        raise node.error("MatMul needs the ranks of both inputs known when the model is loaded")
+        raise node.unknown("MatMul needs the ranks of both inputs known when the model is loaded")
     ranks = cast("list[int]", known)  # both known: checked above
     if 0 in ranks:
         raise node.error(f"MatMul of a 0-d input (input ranks {ranks}); it needs rank >= 1")
@@ -90,7 +90,7 @@ def zero_bias(b: Any, x: Any, channels: int) -> Any:
 def conv(node: NodeContext, x: Any, w: Any, b: Any = None) -> Any:
     kernel_shape, strides, dilations, group = conv_geometry(node, x, w)
     if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") and -1 in kernel_shape:
-        raise node.error("auto_pad SAME_* needs W's shape known when the model is loaded")
+        raise node.unknown("auto_pad SAME_* needs W's shape known when the model is loaded")
     pads = explicit_pads(node, x, kernel_shape, strides, dilations)
     w_dims = dims_of(w)
     b = zero_bias(b, x, -1 if w_dims == UNKNOWN_RANK else w_dims[0])

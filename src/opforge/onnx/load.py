@@ -11,19 +11,20 @@ constant subgraphs compute while the model loads and leave no node behind.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from ..bounded_cache import BoundedCache
 from ..dtypes import ABI_DTYPES
 from ..errors import ModelError, OpforgeError, UnsupportedOpError
 from ..graph import trace
 from ..runtime.progress import Progress
 from ..spec import TensorSpec
 from . import converters
-from .registry import NodeContext, find_converter, normalize_domain
+from .registry import NodeContext, RunTimeValueError, find_converter, normalize_domain
 
 if TYPE_CHECKING:
     import onnx
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         output_names: list[str]
         opsets: dict[str, int]
 
-__all__ = ["load", "read_model", "onnx_dtype", "attribute_values"]
+__all__ = ["DynamicModel", "load", "read_model", "onnx_dtype", "attribute_values"]
 
 #: What ``load`` reads a model from: a ModelProto, a file path or the serialized bytes.
 ModelSource: TypeAlias = "onnx.ModelProto | str | os.PathLike[str] | bytes | bytearray | memoryview"
@@ -232,15 +233,32 @@ class _Plan:
             self.outputs.append(info.name)
         if not self.outputs:
             raise ModelError(f"model '{self.name}' has no outputs")
+        self.bodies: dict[int, list[tuple[str, str, onnx.NodeProto]]] = {}  # id(subgraph) -> its nodes
         self.nodes = self._check_nodes(graph)
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
 
-    def _check_nodes(self, graph: onnx.GraphProto) -> list[tuple[str, str, onnx.NodeProto]]:
-        defined = set(self.initializers) | set(self.inputs) | set(self.bound)
+    def initializer_arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """{name: array} of the initializers, read once (read-only: every conversion of the model shares them)."""
+        if len(self._arrays) != len(self.initializers):
+            for name, tensor in self.initializers.items():
+                if name not in self._arrays:
+                    label = f"model '{self.name}': initializer '{name}'"
+                    array = _sparse_to_dense(tensor, label) if hasattr(tensor, "values") else _array(tensor, label)
+                    array.flags.writeable = False
+                    self._arrays[name] = array
+        return self._arrays
+
+    def _check_nodes(self, graph: onnx.GraphProto, outer: frozenset[str] = frozenset(),
+                     where: str = "") -> list[tuple[str, str, onnx.NodeProto]]:
+        """graph's nodes as (label, normalized domain, node), in order, each read name defined before it (in
+        graph or, for a subgraph, by the graphs around it: ``outer``); subgraphs are checked too."""
+        defined = set(outer) | set(self.initializers) | set(self.inputs) | set(self.bound) if not where else \
+            set(outer) | {t.name for t in graph.initializer} | {i.name for i in graph.input}
         nodes = []
         for k, node in enumerate(graph.node):
-            label = f"node '{node.name or k}' ({node.op_type})"
+            label = f"{where}node '{node.name or k}' ({node.op_type})"
             if not node.op_type:
-                raise ModelError(f"model '{self.name}': node {node.name or k} has no op_type")
+                raise ModelError(f"model '{self.name}': {where}node {node.name or k} has no op_type")
             domain = normalize_domain(node.domain)
             if domain not in self.opsets:
                 raise ModelError(f"model '{self.name}': {label} is in domain '{node.domain or 'ai.onnx'}', which "
@@ -252,15 +270,20 @@ class _Plan:
                 if name and name not in defined:
                     raise ModelError(f"model '{self.name}': {label} reads '{name}', which no graph input, "
                                      f"initializer or earlier node defines")
+            for attr in node.attribute:  # If's branches, Loop's and Scan's bodies see the names defined so far
+                for body in _subgraphs(attr):
+                    self.bodies[id(body)] = self._check_nodes(body, frozenset(defined),
+                                                              f"{where}{label} attribute '{attr.name}': ")
             for name in node.output:
-                if name in defined and name:
+                if name in defined and name and not where:
                     raise ModelError(f"model '{self.name}': {label} defines '{name}', which is already defined")
                 defined.add(name)
             nodes.append((label, domain, node))
-        for name in self.outputs:
-            if name not in defined:
-                raise ModelError(f"model '{self.name}': graph output '{name}' is not defined by any input, "
-                                 f"initializer or node")
+        if not where:
+            for name in self.outputs:
+                if name not in defined:
+                    raise ModelError(f"model '{self.name}': graph output '{name}' is not defined by any input, "
+                                     f"initializer or node")
         return nodes
 
     def _check_attributes(self, label: str, node: onnx.NodeProto) -> None:
@@ -283,23 +306,30 @@ class _Plan:
                 raise ModelError(f"model '{self.name}': {label}: attribute '{attribute.name}' is ONNX {given}; "
                                  f"{node.op_type} takes {declared.type.name}")
 
-    def converters(self) -> list[Converter]:
-        """The converter of every node, in order; UnsupportedOpError listing every node none covers."""
-        chosen: list[Converter | None] = []
+    def converters(self) -> dict[int, Converter]:
+        """{id(node): converter} of every node, subgraphs' included; UnsupportedOpError listing every node none
+        covers."""
+        chosen: dict[int, Converter] = {}
         missing: set[tuple[str, str, int]] = set()
-        for label, domain, node in self.nodes:
-            opset = self.opsets[domain]
-            subgraph = any(attr.type in (5, 10) for attr in node.attribute)  # GRAPH, GRAPHS
-            entry = None if subgraph else find_converter(domain, node.op_type, opset)
-            if entry is None:
-                missing.add((domain or "ai.onnx", node.op_type, opset))
-            chosen.append(entry)
+        for nodes in [self.nodes, *self.bodies.values()]:
+            for label, domain, node in nodes:
+                opset = self.opsets[domain]
+                entry = find_converter(domain, node.op_type, opset)
+                if entry is None:
+                    missing.add((domain or "ai.onnx", node.op_type, opset))
+                else:
+                    chosen[id(node)] = entry
         if missing:
             listed = sorted(missing)
             shown = ", ".join(f"{d}::{t} (opset {v})" for d, t, v in listed)
             raise UnsupportedOpError(f"model '{self.name}': no converter for {len(listed)} op type(s): {shown}",
                                      unsupported=listed)
-        return cast("list[Converter]", chosen)  # none is None: a missing one raised above
+        return chosen
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The graphs an attribute holds (GRAPH: one, GRAPHS: a list)."""
+    return [attr.g] if attr.type == 5 else list(attr.graphs) if attr.type == 10 else []
 
 
 def _bound_constant(model_name: str, name: str, spec: TensorSpec, value: Any) -> npt.NDArray[Any]:
@@ -342,44 +372,49 @@ def _name_constants(env: Mapping[str, Any]) -> None:
             value.name = name
 
 
-def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> LoadedGraph:
-    """The ONNX model (a ModelProto, a file path or its bytes) as an opforge ``Graph``.
+# -- walking the nodes ----------------------------------------------------------------
 
-    The graph's inputs are the model's graph inputs that are not initializers,
-    in order (``graph.input_names``); ``constants={name: array}`` binds some of
-    them to arrays instead, which then fold like initializers.  Unknown dims
-    (``dim_param``) are -1.  Call the graph positionally; it returns one array,
-    or a tuple when the model has several outputs (``graph.output_names``).
-    """
-    if constants is not None and not isinstance(constants, dict):
-        raise ModelError(f"onnx.load: constants= is a dict {{input name: array}}, got {type(constants).__name__}")
-    proto = read_model(model)
-    plan = _Plan(proto, constants)
-    converters.import_converters()
-    chosen = plan.converters()
+class _Walk:
+    """One conversion of a model: the nodes walked in order, each converter called on traced values or on
+    arrays (all of them arrays when the model runs node by node on a call's inputs)."""
 
-    def walk(*inputs: Any) -> tuple[Any, ...]:
+    def __init__(self, plan: _Plan, chosen: Mapping[int, Converter], quiet: bool = False) -> None:
+        self.plan, self.chosen, self.quiet = plan, chosen, quiet
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        plan = self.plan
         env: dict[str, Any] = {}
         for name, value in zip(plan.inputs, inputs):
-            value.name = name
+            if hasattr(value, "spec"):
+                value.name = name
             env[name] = value
         env.update(plan.bound)
-        for name, tensor in plan.initializers.items():
-            label = f"model '{plan.name}': initializer '{name}'"
-            env[name] = _sparse_to_dense(tensor, label) if hasattr(tensor, "values") else _array(tensor, label)
-        progress = Progress(f"converting model '{plan.name}'", len(plan.nodes))
-        for index, ((label, domain, node), entry) in enumerate(zip(plan.nodes, chosen)):
-            progress.step(index)
+        env.update(plan.initializer_arrays())
+        progress = None if self.quiet else Progress(f"converting model '{plan.name}'", len(plan.nodes))
+        self.nodes(plan.nodes, env, progress)
+        if progress is not None:
+            progress.close()
+        if _tracing():
+            _name_constants(env)
+        return tuple(env[name] for name in plan.outputs)
+
+    def nodes(self, nodes: list[tuple[str, str, onnx.NodeProto]], env: dict[str, Any],
+              progress: Progress | None = None) -> None:
+        plan = self.plan
+        for index, (label, domain, node) in enumerate(nodes):
+            if progress is not None:
+                progress.step(index)
             attrs, types = attribute_values(node, f"model '{plan.name}': {label}")
             ctx = NodeContext(name=node.name or str(index), op_type=node.op_type, domain=domain,
                               opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
                               output_names=node.output, attr_types=types)
+            ctx.run_graph = lambda body, values, _env=env, _label=label: self.body(body, values, _env, _label)
             args = [env[name] if name else None for name in node.input]
             try:
-                result = entry.call(ctx, args)
+                result = self.chosen[id(node)].call(ctx, args)
             except ModelError as error:  # a converter's (node.error): say whose model it is, as the others do
-                if type(error) is ModelError and not str(error).startswith("model '"):
-                    raise ModelError(f"model '{plan.name}': {error}") from None
+                if not str(error).startswith("model '"):
+                    raise type(error)(f"model '{plan.name}': {error}") from None
                 raise
             except OpforgeError as error:
                 raise ModelError(f"model '{plan.name}': {label}: {type(error).__name__}: {error}") from error
@@ -395,11 +430,33 @@ def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> Load
                 if hasattr(value, "spec") and _is_placeholder(getattr(value, "name", None)):
                     value.name = name
                 env[name] = value
-        progress.close()
-        _name_constants(env)
-        return tuple(env[name] for name in plan.outputs)
 
-    graph = cast("LoadedGraph", trace(walk, *plan.specs, name=plan.name))  # its ONNX attributes are set below
+    def body(self, graph: onnx.GraphProto, values: Sequence[Any], outer: Mapping[str, Any],
+             label: str) -> list[Any]:
+        """A subgraph's outputs for its inputs ``values``; it reads the names of the graphs around it too."""
+        nodes = self.plan.bodies.get(id(graph))
+        if nodes is None:  # checked and listed with the model: a graph the node did not hold
+            raise ModelError(f"model '{self.plan.name}': {label}: a subgraph that is not one of its attributes")
+        if len(values) != len(graph.input):
+            raise ModelError(f"model '{self.plan.name}': {label}: its subgraph '{graph.name}' takes "
+                             f"{len(graph.input)} input(s), the node gives it {len(values)}")
+        env = dict(outer)
+        for tensor in graph.initializer:
+            env[tensor.name] = _array(tensor, f"model '{self.plan.name}': {label}: initializer '{tensor.name}'")
+        for info, value in zip(graph.input, values):
+            env[info.name] = value
+        self.nodes(nodes, env)
+        return [env[info.name] for info in graph.output]
+
+
+def _tracing() -> bool:
+    from ..graph.trace import _builders
+
+    return bool(_builders())
+
+
+def _traced(plan: _Plan, chosen: Mapping[int, Converter], specs: Sequence[TensorSpec]) -> LoadedGraph:
+    graph = cast("LoadedGraph", trace(_Walk(plan, chosen), *specs, name=plan.name))  # its ONNX attributes below
     for value, name in zip(graph.outputs, plan.outputs):
         if _is_placeholder(value.name):
             value.name = name
@@ -408,3 +465,131 @@ def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> Load
     graph.output_names = list(plan.outputs)
     graph.opsets = dict(plan.opsets)
     return graph
+
+
+# -- models whose shapes are computed at run time ------------------------------------
+
+#: Input signatures a DynamicModel keeps a converted graph (or the node-by-node mode) for.
+SIGNATURES_KEPT = 16
+
+
+class DynamicModel:
+    """An ONNX model that computes, at run time, values its conversion needs (a shape from unknown dims,
+    a Range's length, an If's condition, a NonZero's count): what ``load`` returns for it.
+
+    Called like a Graph.  Each new input signature (shapes and dtypes) converts the model with every dim
+    known, so shape computations fold to constants, into a Graph kept for that signature (its plans,
+    fusion and memory planning as any graph's); a model that still needs values its inputs hold (control
+    flow on data, value-sized outputs) runs node by node on the call's arrays instead, each op eagerly.
+    ``graph_for(*arrays)`` / ``specialize(*specs)`` give the graph of one signature, ``mode(*arrays)`` says
+    which way a signature runs, ``reason`` why the model could not become one graph at load time.
+    """
+
+    def __init__(self, plan: _Plan, chosen: Mapping[int, Converter], reason: str) -> None:
+        from ..graph.ir import Value
+
+        self._plan, self._chosen, self.reason = plan, chosen, reason
+        self.name = plan.name
+        self.input_names, self.output_names = list(plan.inputs), list(plan.outputs)
+        self.opsets = dict(plan.opsets)
+        self.inputs = [Value(spec, name=name) for spec, name in zip(plan.specs, plan.inputs)]
+        self.tuple_output = len(plan.outputs) > 1
+        self._graphs: BoundedCache[tuple[object, ...], LoadedGraph | None] = BoundedCache(SIGNATURES_KEPT)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}: {s}" for n, s in zip(self.input_names, self._plan.specs))
+        return f"DynamicModel('{self.name}', inputs ({shown}); shapes computed per input signature)"
+
+    def _specs(self, arrays: Sequence[Any]) -> list[TensorSpec]:
+        from ..errors import ArityError, DTypeError, ShapeError
+
+        if len(arrays) != len(self._plan.inputs):
+            raise ArityError(f"model '{self.name}' takes {len(self._plan.inputs)} input(s) "
+                             f"{self._plan.inputs}, got {len(arrays)}")
+        specs = []
+        for name, declared, array in zip(self._plan.inputs, self._plan.specs, arrays):
+            spec = array if isinstance(array, TensorSpec) else TensorSpec(tuple(array.shape), _dtype_name(array))
+            if spec.rank is None or any(d < 0 for d in spec.shape):
+                raise ShapeError(f"model '{self.name}': input '{name}' needs every dim known, got {spec}")
+            if spec.dtype != declared.dtype:
+                raise DTypeError(f"model '{self.name}': input '{name}' is {spec.dtype}; the model declares "
+                                 f"{declared.dtype}")
+            if declared.rank is not None and not declared.matches(spec.shape):
+                raise ShapeError(f"model '{self.name}': input '{name}' has shape {list(spec.shape)}; the model "
+                                 f"declares {declared}")
+            specs.append(spec)
+        return specs
+
+    def _graph(self, specs: Sequence[TensorSpec]) -> LoadedGraph | None:
+        def convert() -> LoadedGraph | None:
+            try:
+                return _traced(self._plan, self._chosen, specs)
+            except RunTimeValueError:  # values the inputs hold: node by node on each call's arrays
+                return None
+
+        return self._graphs.get_or_create(tuple((s.shape, s.dtype) for s in specs), convert)
+
+    def specialize(self, *specs: Any) -> LoadedGraph:
+        """The Graph of one input signature (TensorSpecs or example arrays, every dim known); ModelError when
+        the model needs the inputs' values, not only their shapes."""
+        graph = self._graph(self._specs(specs))
+        if graph is None:
+            raise ModelError(f"model '{self.name}' needs the values of its inputs, not only their shapes, to "
+                             f"become a graph (it runs node by node): {self.reason}")
+        return graph
+
+    graph_for = specialize
+
+    def mode(self, *arrays: Any) -> str:
+        """'graph' (a converted graph of the signature runs) or 'eager' (the nodes run one by one)."""
+        return "eager" if self._graph(self._specs(arrays)) is None else "graph"
+
+    def __call__(self, *arrays: Any) -> Any:
+        graph = self._graph(self._specs(arrays))
+        if graph is not None:
+            return graph(*arrays)
+        outputs = _Walk(self._plan, self._chosen, quiet=True)(*[_host_array(a) for a in arrays])
+        outputs = tuple(np.asarray(out) for out in outputs)
+        return outputs if self.tuple_output else outputs[0]
+
+
+def _dtype_name(array: Any) -> str:
+    dtype = array.dtype
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # torch.float32 and the like
+        return str(dtype).rpartition(".")[2]
+
+
+def _host_array(array: Any) -> npt.NDArray[Any]:
+    if isinstance(array, np.ndarray):
+        return np.require(array, requirements='C')
+    if hasattr(array, "__dlpack__"):
+        return np.require(np.from_dlpack(array), requirements='C')
+    return np.require(np.asarray(array), requirements='C')
+
+
+def load(model: ModelSource, *, constants: dict[str, Any] | None = None) -> LoadedGraph | DynamicModel:
+    """The ONNX model (a ModelProto, a file path or its bytes) as an opforge ``Graph``.
+
+    The graph's inputs are the model's graph inputs that are not initializers,
+    in order (``graph.input_names``); ``constants={name: array}`` binds some of
+    them to arrays instead, which then fold like initializers.  Unknown dims
+    (``dim_param``) are -1.  Call the graph positionally; it returns one array,
+    or a tuple when the model has several outputs (``graph.output_names``).
+
+    A model whose conversion needs values it computes at run time (shapes
+    computed from unknown dims, control flow, value-sized outputs) is a
+    ``DynamicModel`` instead: called the same way, converted per input
+    signature.
+    """
+    if constants is not None and not isinstance(constants, dict):
+        raise ModelError(f"onnx.load: constants= is a dict {{input name: array}}, got {type(constants).__name__}")
+    proto = read_model(model)
+    plan = _Plan(proto, constants)
+    converters.import_converters()
+    chosen = plan.converters()
+    try:
+        return _traced(plan, chosen, plan.specs)
+    except RunTimeValueError as error:
+        return DynamicModel(plan, chosen, str(error))

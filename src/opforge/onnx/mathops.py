@@ -76,7 +76,7 @@ def trilu(node: NodeContext, x: Any, k: Any = None) -> Any:
 
 def range_scalar(node: NodeContext, value: Any, name: str) -> Any:
     if not isinstance(value, np.ndarray):
-        raise node.error(f"input '{name}' must be known when the model is loaded (an initializer, a Constant or "
+        raise node.unknown(f"input '{name}' must be known when the model is loaded (an initializer, a Constant or "
                          "computed from them): the length of Range's output depends on its value, and opforge "
                          "graphs have shapes fixed by their inputs' shapes; it is computed at run time")
     if value.size != 1:

@@ -63,7 +63,7 @@ def explicit_pads(node: NodeContext, x: Any, kernel_shape: Sequence[int], stride
         raise node.error(f"attribute 'auto_pad' is {auto_pad!r}; supported: NOTSET, VALID, SAME_UPPER, SAME_LOWER")
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or len(dims) != spatial + 2 or -1 in dims[2:]:
-        raise node.error(f"auto_pad {auto_pad} needs the spatial dims of input 'X' known when the model is "
+        raise node.unknown(f"auto_pad {auto_pad} needs the spatial dims of input 'X' known when the model is "
                          f"loaded; they are {'unknown' if dims == UNKNOWN_RANK else list(dims[2:])}")
     totals = [max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
               for n, k, s, d in zip(dims[2:], kernel_shape, strides, dilations)]
@@ -145,7 +145,7 @@ def batch_statistics(node: NodeContext, x: Any, mean: Any, var: Any, momentum: f
     statistics moved toward them."""
     dims = dims_of(x)
     if dims == UNKNOWN_RANK:
-        raise node.error("training mode needs the rank of input 'X' known when the model is loaded")
+        raise node.unknown("training mode needs the rank of input 'X' known when the model is loaded")
     axes = [0] + list(range(2, len(dims)))
     batch_mean = ops.mean(x, axes=axes)
     centred = ops.sub(x, ops.reshape(batch_mean, shape=[1, -1] + [1] * (len(dims) - 2)))
@@ -331,7 +331,7 @@ def resize_v11(node: NodeContext, x: Any, roi: Any = None, scales: Any = None, s
 def spatial_axes(node: NodeContext, x: Any, what: str = "input 'X'") -> list[int]:
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or len(dims) < 2:
-        raise node.error(f"{what} must have a known rank >= 2 (N x C x ...) when the model is loaded")
+        raise node.unknown(f"{what} must have a known rank >= 2 (N x C x ...) when the model is loaded")
     return list(range(2, len(dims)))
 
 

@@ -46,7 +46,7 @@ def flattened_softmax(node: NodeContext, x: Any) -> Any:
     the rows, and a reshape back, unless axis is already the last dim."""
     dims = dims_of(x)
     if dims == UNKNOWN_RANK:
-        raise node.error("the rank of input 'input' must be known when the model is loaded (softmax before "
+        raise node.unknown("the rank of input 'input' must be known when the model is loaded (softmax before "
                          "opset 13 flattens at 'axis')")
     rank = len(dims)
     axis = node.attr("axis", 1)
@@ -57,7 +57,7 @@ def flattened_softmax(node: NodeContext, x: Any) -> Any:
         return ops.softmax(x, axis=-1)
     inner = dims[axis:]
     if -1 in inner:
-        raise node.error(f"softmax before opset 13 over dims {list(inner)} of input 'input' (from axis {axis}) "
+        raise node.unknown(f"softmax before opset 13 over dims {list(inner)} of input 'input' (from axis {axis}) "
                          "needs them known when the model is loaded")
     size = int(np.prod(inner))
     if size == 0:
@@ -155,7 +155,7 @@ def fold_axes(node: NodeContext, x: Any, axes: Sequence[int], keep: bool, fold: 
     dims, axes = normalized_axes(node, x, axes)
     unknown = [a for a in axes if dims[a] == -1]
     if unknown:
-        raise node.error(f"{node.op_type} over axes {unknown} of input 'data' of shape {list(dims)} needs those "
+        raise node.unknown(f"{node.op_type} over axes {unknown} of input 'data' of shape {list(dims)} needs those "
                          "dims known when the model is loaded")
     if any(dims[a] == 0 for a in axes):
         kept = [1 if k in axes else d for k, d in enumerate(dims)]
@@ -263,7 +263,7 @@ def one_axis(node: NodeContext, x: Any, default_axis: int, what: str) -> tuple[t
     """(x's dims, the node's ``axis`` made non-negative); x must have a known rank >= 1."""
     dims = dims_of(x)
     if dims == UNKNOWN_RANK or not dims:
-        raise node.error(f"{what} must have a known rank >= 1 when the model is loaded")
+        raise node.unknown(f"{what} must have a known rank >= 1 when the model is loaded")
     axis = node.attr("axis", default_axis)
     if not -len(dims) <= axis < len(dims):
         raise node.error(f"attribute 'axis' {axis} is out of range for {what} of rank {len(dims)}")
@@ -274,7 +274,7 @@ def arg_extreme(node: NodeContext, x: Any, largest: bool) -> Any:
     dims, axis = one_axis(node, x, 0, "input 'data'")
     n = dims[axis]
     if n == -1:
-        raise node.error(f"{node.op_type} along axis {axis} of input 'data' of shape {list(dims)} needs that dim "
+        raise node.unknown(f"{node.op_type} along axis {axis} of input 'data' of shape {list(dims)} needs that dim "
                          "known when the model is loaded")
     if n == 0:
         raise node.error(f"{node.op_type} along axis {axis}, of length 0: there is no index to give")
@@ -315,7 +315,7 @@ def hardmax(node: NodeContext, x: Any, axes: list[int]) -> Any:
     dims = dims_of(x)
     inner = [dims[a] for a in axes]
     if -1 in inner:
-        raise node.error(f"Hardmax over axes {axes} of input 'input' of shape {list(dims)} needs those dims "
+        raise node.unknown(f"Hardmax over axes {axes} of input 'input' of shape {list(dims)} needs those dims "
                          "known when the model is loaded")
     count = int(np.prod(inner))
     if count == 0:

@@ -25,7 +25,13 @@ if TYPE_CHECKING:
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-__all__ = ["Converter", "NodeContext", "bind_op", "converter", "find_converter", "register"]
+__all__ = ["Converter", "NodeContext", "RunTimeValueError", "bind_op", "converter", "find_converter", "register"]
+
+
+class RunTimeValueError(ModelError):
+    """A converter needs, while converting, a value or size the model computes only at run time (a shape
+    computed from unknown dims, a count a tensor holds).  ``load`` takes it as the sign to convert the model
+    again per input signature (every dim then known), or to run it node by node on the call's arrays."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,11 @@ class NodeContext:
         while self.output_names and not self.output_names[-1]:
             self.output_names.pop()
         self.num_outputs = len(self.output_names)
+        # run_graph(subgraph, input values) -> its output values: the loader sets it (If, Loop, Scan bodies).
+        self.run_graph: Callable[[Any, Sequence[Any]], list[Any]] = self._no_subgraphs
+
+    def _no_subgraphs(self, graph: Any, values: Sequence[Any]) -> list[Any]:
+        raise self.error("subgraphs run only inside opforge.onnx.load")
 
     def __repr__(self) -> str:
         return f"node '{self.name}' ({self.op_type})"
@@ -258,13 +269,17 @@ class NodeContext:
     def error(self, message: str) -> ModelError:
         return ModelError(f"{self!r}: {message}")
 
+    def unknown(self, message: str) -> RunTimeValueError:
+        """The error of a value or size this converter needs that is known only at run time."""
+        return RunTimeValueError(f"{self!r}: {message}")
+
     def constant(self, value: Any, what: str = "input") -> npt.NDArray[Any] | None:
         """``value`` as an ndarray; a ModelError when it is only known at run time."""
         if value is None or isinstance(value, np.ndarray):
             return value
         if isinstance(value, (int, float, bool, np.generic)):
             return np.asarray(value)
-        raise self.error(f"{what} must be known when the model is loaded (an initializer, a Constant or computed "
+        raise self.unknown(f"{what} must be known when the model is loaded (an initializer, a Constant or computed "
                          f"from them); it is computed at run time")
 
     def static_shape(self, value: Any, what: str = "input") -> tuple[int, ...]:
@@ -274,5 +289,5 @@ class NodeContext:
         spec = getattr(value, "spec", None)
         if spec is None or spec.rank is None or any(d < 0 for d in spec.shape):
             shown = "unknown rank" if spec is None or spec.rank is None else list(spec.shape)
-            raise self.error(f"the shape of {what} must be known when the model is loaded; it is {shown}")
+            raise self.unknown(f"the shape of {what} must be known when the model is loaded; it is {shown}")
         return tuple(spec.shape)

@@ -41,7 +41,7 @@ INT64_MAX = 2**63 - 1
 def rank_of(node: NodeContext, x: Any, what: str = "input 'data'") -> int:
     dims = dims_of(x)
     if dims == UNKNOWN_RANK:
-        raise node.error(f"the rank of {what} must be known when the model is loaded")
+        raise node.unknown(f"the rank of {what} must be known when the model is loaded")
     return len(dims)
 
 
@@ -141,7 +141,7 @@ def reshaped(node: NodeContext, data: Any, shape: Sequence[int], allowzero: bool
             target[next(k for k in unknown if k not in copied)] = size // known
             unknown = [k for k in unknown if k in copied]
     if len(unknown) > 1:
-        raise node.error(f"reshaping input 'data' of shape {list(dims)} into {shown} leaves "
+        raise node.unknown(f"reshaping input 'data' of shape {list(dims)} into {shown} leaves "
                          f"{len(unknown)} dims unknown when the model is loaded; opforge's reshape takes one")
     return ops.reshape(data, shape=target)
 
@@ -185,7 +185,7 @@ def flatten(node: NodeContext, x: Any) -> Any:
     halves = [dims[:axis], dims[axis:]]
     target = [-1 if -1 in half else int(np.prod(half)) for half in halves]
     if target == [-1, -1]:
-        raise node.error(f"flattening input of shape {list(dims)} at axis {axis} leaves both output dims "
+        raise node.unknown(f"flattening input of shape {list(dims)} at axis {axis} leaves both output dims "
                          "unknown when the model is loaded; opforge's reshape takes one")
     return ops.reshape(x, shape=target)
 
@@ -224,7 +224,7 @@ def squeezed(node: NodeContext, data: Any, axes: Sequence[int] | None) -> Any:
     if axes is None:  # every size-1 dim, so they must be known
         dims = dims_of(data)
         if dims == UNKNOWN_RANK or -1 in dims:
-            raise node.error(f"Squeeze without axes needs every dim of input 'data' known when the model is "
+            raise node.unknown(f"Squeeze without axes needs every dim of input 'data' known when the model is "
                              f"loaded; its shape is {'unknown' if dims == UNKNOWN_RANK else list(dims)}")
         axes = [k for k, d in enumerate(dims) if d == 1]
     return carry(ops.squeeze(data, axes=list(axes)), lambda x: np.squeeze(x, axis=tuple(axes)), data)
@@ -387,7 +387,7 @@ def expand(node: NodeContext, x: Any, shape: Any) -> Any:
             # dims None: at is -1, so len(dims) and dims[at] are never reached
             if not (0 <= at < len(dims) and same_dim(entry, dims[at])):  # type: ignore[arg-type, index]
 
-                raise node.error(f"input 'shape' holds {entry!r}, a size known only at run time that is not the "
+                raise node.unknown(f"input 'shape' holds {entry!r}, a size known only at run time that is not the "
                                  "input's own dim there; opforge's expand needs the sizes when the model is loaded")
             entry = 1
         target.append(int(entry))
@@ -423,7 +423,7 @@ def split_pieces(node: NodeContext, x: Any, axis: int, sizes: Sequence[int] | No
         if count < 1:
             raise node.error("Split needs at least one output")
         if dim == -1:
-            raise node.error(f"splitting axis {axis} into equal parts needs its size known when the model is "
+            raise node.unknown(f"splitting axis {axis} into equal parts needs its size known when the model is "
                              "loaded; it is unknown (give the 'split' sizes)")
         if node.opset < 18 and dim % count:
             raise node.error(f"axis {axis} of size {dim} does not split into {count} equal parts")
