@@ -174,13 +174,19 @@ def test_einsum_contracts_with_matmul_and_keeps_unknown_batch_dims():
     ("ijk->i", [(3, 4)], (), "does not fit input 0"),
     ("ij->k", [(3, 4)], (), "names one no input has"),
     ("i1->i", [(3, 4)], (), "characters other than letters"),
-    ("ii->i", [(4, 4)], (0, 1), "size of label 'i' known"),
     ("ij,jk->ik", [(3, 4), (5, 2)], (), "sizes 4 and 5"),
 ])
 def test_einsum_errors_are_model_errors(equation, shapes, dynamic, message):
     inputs = [(f"x{k}", r(*shape)) for k, shape in enumerate(shapes)]
     with pytest.raises(ModelError, match=message):
         opforge.onnx.load(model_of("Einsum", inputs, attrs={"equation": equation}, opset=12, dynamic=dynamic))
+
+
+def test_einsum_diagonal_of_unknown_size_converts_per_input_shape():
+    graph = check("Einsum", [("x0", r(4, 4))], attrs={"equation": "ii->i"}, opset=12, dynamic=(0, 1))
+    assert isinstance(graph, opforge.onnx.DynamicModel) and "size of label 'i' known" in graph.reason
+    x = r(6, 6)
+    np.testing.assert_array_equal(graph(x), np.diagonal(x))
 
 
 # -- DepthToSpace, SpaceToDepth --------------------------------------------------------------
@@ -200,7 +206,6 @@ def test_depth_to_space_and_back(mode, blocksize):
 
 
 @pytest.mark.parametrize("op_type,shape,dynamic,message", [
-    ("DepthToSpace", (1, 8, 2, 3), (2,), "dims C, H and W"),
     ("DepthToSpace", (1, 6, 2, 3), (), "not a multiple of blocksize"),
     ("SpaceToDepth", (1, 2, 5, 4), (), "multiples of blocksize"),
     ("SpaceToDepth", (2, 4), (), r"takes \[N, C, H, W\]"),
@@ -238,10 +243,18 @@ def test_one_hot_before_opset_11_leaves_negative_indices_off():
     np.testing.assert_array_equal(got, [[1, 0, 0], [0, 0, 0], [0, 0, 1]])
 
 
-def test_one_hot_needs_depth_and_values_at_load_time():
+def test_depth_to_space_of_unknown_spatial_dims_converts_per_input_shape():
+    graph = check("DepthToSpace", [("x", r(1, 8, 2, 3))], attrs={"blocksize": 2}, opset=13, dynamic=(2,))
+    assert isinstance(graph, opforge.onnx.DynamicModel) and "dims C, H and W" in graph.reason
+    assert graph(r(1, 8, 5, 3)).shape == (1, 2, 10, 6)
+
+
+def test_one_hot_depth_from_a_graph_input_and_bad_values_or_axis():
     inputs = [("indices", np.array([0, 1])), ("depth", np.array(3, np.int64)), ("values", np.array([0.0, 1.0]))]
-    with pytest.raises(ModelError, match="input 'depth' must be known"):
-        opforge.onnx.load(model_of("OneHot", inputs, constants=("values",), opset=11))
+    graph = opforge.onnx.load(model_of("OneHot", inputs, constants=("values",), opset=11))
+    assert isinstance(graph, opforge.onnx.DynamicModel)  # the depth sizes the output: it runs node by node
+    np.testing.assert_array_equal(graph(np.array([0, 1]), np.array(3)), np.eye(3)[:2])
+    np.testing.assert_array_equal(graph(np.array([3, 0]), np.array(4)), np.eye(4)[[3, 0]])
     with pytest.raises(ModelError, match="two values"):
         bad = [inputs[0], inputs[1], ("values", np.array([0.0, 1.0, 2.0]))]
         opforge.onnx.load(model_of("OneHot", bad, constants=("depth", "values"), opset=11))

@@ -227,13 +227,22 @@ def test_unsupported_ops_are_listed_all_at_once():
     assert isinstance(info.value, ox.ModelError)
 
 
-def test_subgraph_attributes_are_unsupported():
+def test_an_if_branch_missing_outputs_is_a_model_error_naming_it():
     body = helper.make_graph([], "body", [], [])
     m = model([helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body)],
               [value("c", TensorProto.BOOL, [])], [value("y", shape=None)])
+    g = ox.load(m)  # the condition is a graph input: the branch is taken per call
+    with pytest.raises(ox.ModelError, match=r"node '0' \(If\): its then_branch has 0 output\(s\)"):
+        g(np.array(True))
+
+
+def test_ops_with_subgraphs_and_no_converter_are_unsupported():
+    body = helper.make_graph([], "body", [], [])
+    m = model([helper.make_node("SequenceMap", ["c"], ["y"], body=body)],
+              [value("c", TensorProto.BOOL, [])], [value("y", shape=None)])
     with pytest.raises(ox.UnsupportedOpError) as info:
         ox.load(m)
-    assert info.value.unsupported == [("ai.onnx", "If", 17)]
+    assert info.value.unsupported == [("ai.onnx", "SequenceMap", 17)]
 
 
 @pytest.mark.parametrize("elem, name", [(TensorProto.FLOAT16, "float16"), (TensorProto.DOUBLE, "float64"),
@@ -315,11 +324,16 @@ def test_more_inputs_than_the_converter_takes():
 
 
 def test_errors_inside_converters_become_model_errors():
-    # Fill needs its shape at load time; here it comes from a graph input.
+    # Fill needs its shape at load time; here it comes from a graph input: the model runs node by node,
+    # and its own ModelErrors still name the model and the node.
     m = model([helper.make_node("Fill", ["s"], ["y"], domain=D)], [value("s", TensorProto.INT64, [2])],
               [value("y", shape=None)])
-    with pytest.raises(ox.ModelError, match=r"node '0' \(Fill\): shape must be known when the model is loaded"):
-        ox.load(m)
+    g = ox.load(m)
+    assert isinstance(g, ox.DynamicModel)
+    assert "node '0' (Fill): shape must be known when the model is loaded" in g.reason
+    np.testing.assert_array_equal(g(np.array([2, 3])), np.zeros((2, 3), np.float32))
+    with pytest.raises(ox.ModelError, match=r"model 'm'.*node '0' \(Fill\).*cannot convert"):
+        g(np.array([2, -3]))
     # Shapes that do not broadcast: the op's ShapeError, as a ModelError naming the node.
     m = model([helper.make_node("Add", ["x", "c"], ["y"], domain=D, name="the_add")], [value("x")],
               [value("y", shape=None)], [helper.make_tensor("c", TensorProto.FLOAT, [4], [1, 2, 3, 4])])

@@ -82,9 +82,12 @@ def test_reshape_unknown_batch():
     np.testing.assert_array_equal(graph(np.ones((2, 3, 4), np.float32)), np.ones((2, 12), np.float32))
 
 
-def test_reshape_shape_at_run_time_is_a_model_error():
-    with pytest.raises(opforge.onnx.ModelError, match="known when the model is loaded"):
-        opforge.onnx.load(model_of("Reshape", [("x", r(2, 3)), ("s", i64(3, 2))]))
+def test_reshape_to_a_shape_given_at_run_time_runs_node_by_node():
+    graph = check("Reshape", [("x", r(2, 3)), ("s", i64(3, 2))])
+    assert isinstance(graph, opforge.onnx.DynamicModel) and "known when the model is loaded" in graph.reason
+    assert graph.mode(r(2, 3), i64(3, 2)) == "eager"
+    np.testing.assert_array_equal(graph(np.arange(6.0, dtype=np.float32).reshape(2, 3), i64(6, 1)),
+                                  np.arange(6.0, dtype=np.float32).reshape(6, 1))
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
@@ -131,9 +134,11 @@ def test_squeeze_unsqueeze(opset):
     check("Squeeze", [("x", x)], opset=opset)  # no axes: every size-1 dim
 
 
-def test_squeeze_without_axes_needs_known_dims():
-    with pytest.raises(opforge.onnx.ModelError, match="Squeeze without axes"):
-        opforge.onnx.load(model_of("Squeeze", [("x", r(1, 3))], dynamic={0}))
+def test_squeeze_without_axes_of_unknown_dims_converts_per_input_shape():
+    graph = check("Squeeze", [("x", r(1, 3))], dynamic={0})
+    assert isinstance(graph, opforge.onnx.DynamicModel) and "Squeeze without axes" in graph.reason
+    assert graph(r(2, 3)).shape == (2, 3) and graph.mode(r(2, 3)) == "graph"
+    assert graph.specialize(opforge.TensorSpec([1, 3], "float32")).outputs[0].spec.shape == (3,)
 
 
 # -- Slice ------------------------------------------------------------------------------
@@ -311,12 +316,18 @@ def test_reshape_to_a_shape_computed_at_run_time(opset, via):
     assert [n.op.name for n in graph.nodes if getattr(n.op, "name", None) == "reshape"] == ["reshape"]
 
 
-def test_reshape_to_unknown_sizes_it_cannot_place_is_a_model_error():
+def test_reshape_to_sizes_of_another_input_converts_per_input_shapes():
     model = dynamic_view_model(13)
     model.graph.node[-1].input[0] = "other"
     model.graph.input.append(helper.make_tensor_value_info("other", onnx.TensorProto.FLOAT, ["M", 3, 4]))
-    with pytest.raises(opforge.onnx.ModelError, match="unknown when the model is loaded"):
-        opforge.onnx.load(model)
+    graph = opforge.onnx.load(model)
+    assert isinstance(graph, opforge.onnx.DynamicModel) and "unknown when the model is loaded" in graph.reason
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, m in ((2, 4), (4, 2), (1, 1)):
+        x, other = r(n, 3, 4), r(m, 3, 4)
+        np.testing.assert_array_equal(graph(x, other), session.run(None, {"x": x, "other": other})[0])
+    with pytest.raises(opforge.onnx.ModelError, match="cannot reshape"):
+        graph(r(5, 3, 4), r(2, 3, 4))  # 24 elements into [5, -1]: ONNX refuses it too
 
 
 def test_expand_to_a_shape_computed_at_run_time():

@@ -234,6 +234,7 @@ class _Plan:
         if not self.outputs:
             raise ModelError(f"model '{self.name}' has no outputs")
         self.bodies: dict[int, list[tuple[str, str, onnx.NodeProto]]] = {}  # id(subgraph) -> its nodes
+        self.graph_attrs: dict[int, dict[str, Any]] = {}  # id(node) -> {attribute: its subgraph(s)}
         self.nodes = self._check_nodes(graph)
         self._arrays: dict[str, npt.NDArray[Any]] = {}
 
@@ -271,9 +272,12 @@ class _Plan:
                     raise ModelError(f"model '{self.name}': {label} reads '{name}', which no graph input, "
                                      f"initializer or earlier node defines")
             for attr in node.attribute:  # If's branches, Loop's and Scan's bodies see the names defined so far
-                for body in _subgraphs(attr):
+                bodies = _subgraphs(attr)
+                for body in bodies:
                     self.bodies[id(body)] = self._check_nodes(body, frozenset(defined),
                                                               f"{where}{label} attribute '{attr.name}': ")
+                if bodies:  # the converter gets these very objects (protobuf makes a new one per access)
+                    self.graph_attrs.setdefault(id(node), {})[attr.name] = bodies[0] if attr.type == 5 else bodies
             for name in node.output:
                 if name in defined and name and not where:
                     raise ModelError(f"model '{self.name}': {label} defines '{name}', which is already defined")
@@ -394,7 +398,7 @@ class _Walk:
         self.nodes(plan.nodes, env, progress)
         if progress is not None:
             progress.close()
-        if _tracing():
+        if tracing():
             _name_constants(env)
         return tuple(env[name] for name in plan.outputs)
 
@@ -405,6 +409,7 @@ class _Walk:
             if progress is not None:
                 progress.step(index)
             attrs, types = attribute_values(node, f"model '{plan.name}': {label}")
+            attrs.update(plan.graph_attrs.get(id(node), {}))
             ctx = NodeContext(name=node.name or str(index), op_type=node.op_type, domain=domain,
                               opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
                               output_names=node.output, attr_types=types)
@@ -449,7 +454,8 @@ class _Walk:
         return [env[info.name] for info in graph.output]
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
+    """Whether a conversion into a graph is under way (else converters run on arrays, node by node)."""
     from ..graph.trace import _builders
 
     return bool(_builders())
