@@ -204,3 +204,34 @@ def test_import_declares_the_ops_of_a_custom_domain(tmp_path, capsys, monkeypatc
     assert_output_line(capsys.readouterr().out, "y", y)
     status, err = error_of(capsys, ["convert", str(path), "g.json", "--import", "no_such_module_here"])
     assert status == 2 and "cannot import module 'no_such_module_here'" in err
+
+
+def dynamic_reshape_model(path):
+    """y = x.view(x.size(0) * 2, -1) for x [N, 4]: a shape computed from N, so a DynamicModel."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Mul", ["n", "two"], ["n2"]),
+             helper.make_node("Unsqueeze", ["n2", "axes"], ["n2v"]),
+             helper.make_node("Concat", ["n2v", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("zero", 0), ("two", 2), ("axes", [0]), ("minus_one", [-1]))]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_a_model_computing_shapes_at_run_time_runs_and_refuses_one_graph_file(tmp_path, capsys):
+    path = dynamic_reshape_model(tmp_path / "dyn.onnx")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}"]) == 0
+    assert_output_line(capsys.readouterr().out, "y", x.reshape(6, 2))
+    assert main(["convert", str(path), str(tmp_path / "g.json")]) == 1
+    assert "computes its shapes at run time" in capsys.readouterr().err
+    with pytest.raises(opforge.onnx.ModelError, match=r"export\(model.specialize"):
+        opforge.onnx.export(opforge.onnx.load(str(path)))
+    one = opforge.onnx.load(str(path)).specialize(x)  # one signature's graph exports and runs in onnxruntime
+    session = ort.InferenceSession(opforge.onnx.export(one).SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x.reshape(6, 2))

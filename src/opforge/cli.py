@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .errors import CompileError, OpforgeError
+from .errors import CompileError, GraphError, OpforgeError
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -651,6 +651,9 @@ def run_convert(args: argparse.Namespace) -> int:
         print(f"{args.output}: {len(model.graph.input)} input(s), {len(model.graph.node)} node(s), "
               f"{len(model.graph.output)} output(s), opset {args.opset}")
         return 0
+    if not hasattr(graph, "save"):  # an onnx.DynamicModel: a graph per input signature, none to save
+        raise GraphError(f"{args.model}: model '{graph.name}' computes its shapes at run time, so it converts per "
+                         f"input signature, not into one graph file; run it with 'opforge run' ({graph.reason})")
     graph.save(args.output)
     print(f"{args.output}: {len(graph.inputs)} input(s), {len(graph.nodes)} node(s), "
           f"{len(graph.outputs)} output(s)")

@@ -650,7 +650,11 @@ def export(graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: i
     ``opset`` is the ai.onnx opset the model imports (from ``MIN_OPSET`` to the installed onnx's newest).  Raises
     ``ModelError`` listing every op with no ONNX form, or for an attribute value ONNX cannot express."""
     from ..graph.ir import Graph
+    from .load import DynamicModel
 
+    if isinstance(graph, DynamicModel):
+        raise ModelError(f"export: model '{graph.name}' computes its shapes at run time, so it has a graph per input "
+                         f"signature; export one: export(model.specialize(x, ...)) ({graph.reason})")
     if not isinstance(graph, Graph):
         raise ModelError(f"export takes an opforge Graph, got {type(graph).__name__}")
     if path is not None and not isinstance(path, (str, os.PathLike)):
