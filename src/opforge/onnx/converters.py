@@ -12,6 +12,7 @@ CONVERTER_MODULES = [
     "rms_normalization",
     "mathops",
     "control_flow",
+    "rnn",
 ]
 
 
