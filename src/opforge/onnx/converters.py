@@ -13,6 +13,7 @@ CONVERTER_MODULES = [
     "mathops",
     "control_flow",
     "rnn",
+    "value_sized",
 ]
 
 
