@@ -17,6 +17,11 @@ The machine's load shows in the figures; compare ratios taken in one run.
 
     python benchmarks/onnx_models.py --models squeezenet,shufflenet,alexnet --repeat 20
 
+--exported adds models exported from torch (random weights, dynamic dims
+kept, so they load as DynamicModels: converted for the input's shapes on the
+first run): a BERT-style encoder, a GPT-2-style decoder and a bidirectional
+LSTM.
+
 --breakdown adds, per model, the time per op type: opforge's nodes called
 one at a time, and onnxruntime's own profile (which shows its fusions: a
 Relu folded into Conv is gone from its list).
@@ -55,6 +60,27 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = sorted(p.name[len("light_"):-len(".onnx")] for p in LIGHT.glob("light_*.onnx"))
 
 
+def exported_models():
+    """{name: (ONNX bytes, inputs)} of models exported by torch.onnx with dynamic dims kept: the BERT- and
+    GPT-2-style models of tests/test_onnx_exported_models.py and a 2-layer bidirectional LSTM, each with
+    random weights (needs torch)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_onnx_exported_models import TinyBert, TinyGPT, export
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 40, (4, 64)).astype(np.int64)
+    bert = export(TinyBert(width=128, heads=4), (torch.from_numpy(ids), torch.ones(4, 64, dtype=torch.int64)),
+                  ["ids", "mask"], {"ids": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}})
+    gpt = export(TinyGPT(width=128, heads=4), (torch.from_numpy(ids),), ["ids"], {"ids": {0: "batch", 1: "seq"}})
+    lstm = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True, batch_first=True)
+    x = rng.standard_normal((4, 64, 64)).astype(np.float32)
+    rnn = export(lstm, (torch.from_numpy(x),), ["x"], {"x": {0: "batch", 1: "seq"}})
+    return {"bert_tiny": (bert, [ids, np.ones((4, 64), np.int64)]), "gpt_tiny": (gpt, [ids]), "lstm_bi2": (rnn, [x])}
+
+
 def resolve(name):
     """A model's name, or the one model whose name ends with it (alexnet: bvlc_alexnet)."""
     matches = [m for m in MODELS if m.endswith("_" + name)]
@@ -76,16 +102,18 @@ def ort_session(path, threads):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
+                                providers=["CPUExecutionProvider"])
 
 
-def bench_model(name, warmup, repeat):
-    path = LIGHT / f"light_{name}.onnx"
+def bench_model(name, warmup, repeat, model=None, arrays=None):
+    """One model's figures: a light model by name, or ``model`` (a path or bytes) run on ``arrays``."""
+    path = model if model is not None else LIGHT / f"light_{name}.onnx"
     start = time.perf_counter()
     graph = opforge.onnx.load(path)
     loaded = time.perf_counter()
     rng = np.random.default_rng(0)
-    arrays = [_random_input(v.spec, rng) for v in graph.inputs]
+    arrays = arrays if arrays is not None else [_random_input(v.spec, rng) for v in graph.inputs]
     ours = graph(*arrays)
     first = time.perf_counter()
     ours = ours if isinstance(ours, tuple) else (ours,)
@@ -175,6 +203,10 @@ def main(argv=None):
                         help=f"comma-separated model names (default all: {','.join(MODELS)})")
     parser.add_argument("--repeat", type=int, default=20, help="timed runs per measurement (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement (default 3)")
+    parser.add_argument("--exported", default="bert_tiny,gpt_tiny,lstm_bi2",
+                        help="models exported from torch with dynamic dims to run too (default: all three; "
+                             "'' for none): bert_tiny, gpt_tiny (2 layers, width 128, batch 4 x 64 tokens), "
+                             "lstm_bi2 (2 bidirectional layers of 128, 4 x 64 steps)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print, per model, the time per op type of opforge and of onnxruntime")
     args = parser.parse_args(argv)
@@ -189,9 +221,13 @@ def main(argv=None):
           f"{'opforge all':>13}{'ort all':>10}{'ratio':>7}")
     ratios_1, ratios_all = [], []
     worst = (0.0, "", "")
-    for name in names:
+    exported = [n.strip() for n in args.exported.split(",") if n.strip()]
+    built = exported_models() if exported else {}
+    if set(exported) - set(built):
+        parser.error(f"unknown exported model(s) {sorted(set(exported) - set(built))}; known: {', '.join(built)}")
+    for name in names + exported:
         try:
-            r = bench_model(name, args.warmup, args.repeat)
+            r = bench_model(name, args.warmup, args.repeat, *built.get(name, (None, None)))
         except opforge.OpforgeError as error:
             print(f"{name:<16}failed: {str(error).splitlines()[0]}")
             continue
@@ -202,7 +238,7 @@ def main(argv=None):
               f"{r['ours_1']:>12.2f}{r['ort_1']:>10.2f}{ratios_1[-1]:>7.2f}"
               f"{r['ours_all']:>13.2f}{r['ort_all']:>10.2f}{ratios_all[-1]:>7.2f}"
               + ("" if r["agree"] else f"  (max abs difference {r['error']:.3g})"))
-        if args.breakdown:
+        if args.breakdown and name in MODELS:
             print_breakdown(name, args.repeat)
     if not ratios_1:
         return 1
