@@ -10,6 +10,7 @@ constant subgraphs compute while the model loads and leave no node behind.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -413,7 +414,7 @@ class _Walk:
             ctx = NodeContext(name=node.name or str(index), op_type=node.op_type, domain=domain,
                               opset=plan.opsets[domain], attrs=attrs, input_names=node.input,
                               output_names=node.output, attr_types=types)
-            ctx.run_graph = lambda body, values, _env=env, _label=label: self.body(body, values, _env, _label)
+            ctx.run_graph = functools.partial(self._body_in, env, label)
             args = [env[name] if name else None for name in node.input]
             try:
                 result = self.chosen[id(node)].call(ctx, args)
@@ -436,8 +437,8 @@ class _Walk:
                     value.name = name
                 env[name] = value
 
-    def body(self, graph: onnx.GraphProto, values: Sequence[Any], outer: Mapping[str, Any],
-             label: str) -> list[Any]:
+    def _body_in(self, outer: Mapping[str, Any], label: str, graph: onnx.GraphProto,
+                 values: Sequence[Any]) -> list[Any]:
         """A subgraph's outputs for its inputs ``values``; it reads the names of the graphs around it too."""
         nodes = self.plan.bodies.get(id(graph))
         if nodes is None:  # checked and listed with the model: a graph the node did not hold
@@ -562,7 +563,7 @@ class DynamicModel:
 def _dtype_name(array: Any) -> str:
     dtype = array.dtype
     try:
-        return np.dtype(dtype).name
+        return str(np.dtype(dtype).name)
     except TypeError:  # torch.float32 and the like
         return str(dtype).rpartition(".")[2]
 

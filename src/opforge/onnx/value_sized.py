@@ -172,7 +172,7 @@ def one_number(node: NodeContext, x: Any, what: str, default: float | None) -> f
     values = np.asarray(x).reshape(-1)
     if values.size != 1:
         raise node.error(f"input '{what}' must hold one value; it holds {values.size}")
-    return values[0].item()
+    return float(values[0].item())
 
 
 def corners(boxes: npt.NDArray[Any], center: bool) -> tuple[npt.NDArray[Any], ...]:
@@ -181,7 +181,7 @@ def corners(boxes: npt.NDArray[Any], center: bool) -> tuple[npt.NDArray[Any], ..
     if center:
         half_w, half_h = boxes[..., 2] / 2, boxes[..., 3] / 2
         return (boxes[..., 1] - half_h, boxes[..., 0] - half_w, boxes[..., 1] + half_h, boxes[..., 0] + half_w)
-    y1, x1, y2, x2 = (boxes[..., k] for k in range(4))
+    y1, x1, y2, x2 = boxes[..., 0], boxes[..., 1], boxes[..., 2], boxes[..., 3]
     return np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)
 
 
@@ -197,7 +197,8 @@ def overlapping(box: tuple[npt.NDArray[Any], ...], others: tuple[npt.NDArray[Any
     union = area + other_area - inter
     counted = (inter > 0) & (area > 0) & (other_area > 0) & (union > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return counted & (inter / np.where(counted, union, 1) > threshold)
+        near: npt.NDArray[np.bool_] = counted & (inter / np.where(counted, union, 1) > threshold)
+    return near
 
 
 def non_max_suppression(boxes: npt.NDArray[Any], scores: npt.NDArray[Any], max_per_class: int,
@@ -212,6 +213,7 @@ def non_max_suppression(boxes: npt.NDArray[Any], scores: npt.NDArray[Any], max_p
     if max_per_class <= 0 or not count or not classes:
         return np.zeros((0, 3), np.int64)
     order = np.argsort(-scores, axis=2, kind="stable")  # [B, C, N] box indices, best first
+    limit: npt.NDArray[np.integer[Any]]
     if score_threshold is None:
         limit = np.full((batches, classes), count)
     else:  # the boxes above the threshold are a prefix of the order
@@ -233,8 +235,8 @@ def non_max_suppression(boxes: npt.NDArray[Any], scores: npt.NDArray[Any], max_p
         chosen[b, c] += 1
         near = overlapping(tuple(e[b, box][:, None] for e in edges), tuple(e[b] for e in edges), threshold)
         suppressed[b, c] |= near
-    b, c, k = np.nonzero(taken)
-    return np.stack([b, c, order[b, c, k]], axis=1).astype(np.int64)
+    rows, columns, ranks = np.nonzero(taken)
+    return np.stack([rows, columns, order[rows, columns, ranks]], axis=1).astype(np.int64)
 
 
 @converter("NonMaxSuppression", since=10)
@@ -247,13 +249,14 @@ def non_max_suppression_node(node: NodeContext, boxes: Any, scores: Any, max_out
     for x, what in ((boxes, "boxes"), (scores, "scores")):
         if dtype_of(x) not in FLOATS:
             raise node.error(f"input '{what}' has dtype {dtype_of(x)}; NonMaxSuppression takes floats")
-    box_dims, score_dims = dims_of(boxes), dims_of(scores)
+    box_dims: tuple[int, ...] = tuple(dims_of(boxes))
+    score_dims: tuple[int, ...] = tuple(dims_of(scores))
     if box_dims != UNKNOWN_RANK and (len(box_dims) != 3 or box_dims[2] not in (4, -1)):
         raise node.error(f"input 'boxes' has shape {list(box_dims)}; it must be [batch, boxes, 4]")
     if score_dims != UNKNOWN_RANK and len(score_dims) != 3:
         raise node.error(f"input 'scores' has shape {list(score_dims)}; it must be [batch, classes, boxes]")
     if box_dims != UNKNOWN_RANK and score_dims != UNKNOWN_RANK:
-        for at, (a, b) in (("batch", (box_dims[0], score_dims[0])), ("boxes", (box_dims[1], score_dims[2]))):
+        for at, (a, b) in (("batch", (box_dims[0], score_dims[0])), ("boxes", (box_dims[1], score_dims[-1]))):
             if -1 not in (a, b) and a != b:
                 raise node.error(f"inputs 'boxes' {list(box_dims)} and 'scores' {list(score_dims)} disagree on "
                                  f"the number of {at} ({a} and {b})")
