@@ -11,6 +11,7 @@ CONVERTER_MODULES = [
     "quantize",
     "rms_normalization",
     "mathops",
+    "contrib",
 ]
 
 
