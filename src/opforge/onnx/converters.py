@@ -14,6 +14,7 @@ CONVERTER_MODULES = [
     "control_flow",
     "rnn",
     "value_sized",
+    "contrib",
 ]
 
 

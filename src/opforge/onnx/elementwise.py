@@ -3,8 +3,7 @@ Sum Mean Max Min Reciprocal), activations (Relu LeakyRelu PRelu Tanh Sigmoid
 HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
 Swish Shrink Erf Gelu Clip), unary math (Exp Log Sqrt Abs Neg Sign Floor
 Ceil Round), comparisons, logic (And Or Xor Not), IsNaN, IsInf, Where,
-ai.onnx.ml's Binarizer, com.microsoft's Gelu, BiasGelu and FastGelu, and the
-pass-through ops (Identity, Dropout, Cast, CastLike).
+ai.onnx.ml's Binarizer and the pass-through ops (Identity, Dropout, Cast, CastLike).
 
 Activations opforge has no op for are built from several ops (Elu from exp,
 minimum and where, ...).
@@ -356,23 +355,6 @@ def gelu(node: NodeContext, x: Any) -> Any:
     if approximate not in ("none", "tanh"):
         raise node.error(f"attribute 'approximate' is {approximate!r}; supported: 'none', 'tanh'")
     return ops.gelu(x, approximate=approximate)
-
-
-# onnxruntime's contrib ops, common in exported transformer models.
-
-@converter("Gelu", domain="com.microsoft", since=1)
-def gelu_contrib(node: NodeContext, x: Any) -> Any:
-    return ops.gelu(x)
-
-
-@converter("BiasGelu", domain="com.microsoft", since=1)
-def bias_gelu(node: NodeContext, x: Any, bias: Any) -> Any:
-    return ops.gelu(ops.add(x, bias))
-
-
-@converter("FastGelu", domain="com.microsoft", since=1)
-def fast_gelu(node: NodeContext, x: Any, bias: Any = None) -> Any:
-    return ops.gelu(x if bias is None else ops.add(x, bias), approximate="tanh")
 
 
 @composite("PRelu", since=1)

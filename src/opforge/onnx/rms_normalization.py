@@ -28,22 +28,27 @@ FLOAT_TYPES = ("float16", "bfloat16", "float32", "float64")
 
 @converter("RMSNormalization", since=23)
 def rms_normalization(node: NodeContext, x: Any, scale: Any) -> Any:
-    for name, value in (("X", x), ("scale", scale)):
-        if dtype_of(value) not in FLOAT_TYPES:
-            raise node.error(f"input '{name}' has dtype {dtype_of(value)}; RMSNormalization takes "
-                             f"{', '.join(FLOAT_TYPES)}")
     if node.attr("stash_type", 1) != 1:
         raise node.error(f"attribute 'stash_type' is {node.attr('stash_type')}; ONNX defines only 1 (float32)")
+    y, _ = rms_normalized(node, x, scale, int(node.attr("axis", -1)), node.attr("epsilon", 1e-5))
+    return y
+
+
+def rms_normalized(node: NodeContext, x: Any, scale: Any, axis: int, epsilon: float) -> tuple[Any, Any]:
+    """(y, rms): x divided by its root mean square over dims axis..rank-1 (kept as 1s in rms, which has
+    the compute dtype: float32 for float16 and bfloat16), times scale; y has scale's dtype."""
+    for name, value in (("X", x), ("scale", scale)):
+        if dtype_of(value) not in FLOAT_TYPES:
+            raise node.error(f"input '{name}' has dtype {dtype_of(value)}; {node.op_type} takes "
+                             f"{', '.join(FLOAT_TYPES)}")
     rank = rank_of(node, x, "input 'X'")
-    axis = int(node.attr("axis", -1))
     if not -rank <= axis < rank:
         raise node.error(f"attribute 'axis' {axis} is out of range for input 'X' of rank {rank} "
                          f"(valid: {-rank}..{rank - 1})")
     compute = dtype_of(x) if dtype_of(x) in ("float32", "float64") else "float32"
     wide = x if dtype_of(x) == compute else ops.cast(x, dtype=compute)
     mean_square = ops.mean(ops.mul(wide, wide), axes=list(range(axis % rank, rank)), keep_dims=True)
-    rms = ops.sqrt(ops.add(mean_square, np.asarray(node.attr("epsilon", 1e-5), compute)))
+    rms = ops.sqrt(ops.add(mean_square, np.asarray(epsilon, compute)))
     factor = scale if dtype_of(scale) == compute else ops.cast(scale, dtype=compute)
     y = ops.mul(ops.div(wide, rms), factor)
-    return y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))
-
+    return (y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))), rms
