@@ -256,7 +256,9 @@ def non_max_suppression_node(node: NodeContext, boxes: Any, scores: Any, max_out
     if score_dims != UNKNOWN_RANK and len(score_dims) != 3:
         raise node.error(f"input 'scores' has shape {list(score_dims)}; it must be [batch, classes, boxes]")
     if box_dims != UNKNOWN_RANK and score_dims != UNKNOWN_RANK:
-        for at, (a, b) in (("batch", (box_dims[0], score_dims[0])), ("boxes", (box_dims[1], score_dims[-1]))):
+        boxes_batch, boxes_count, _ = list(box_dims)
+        scores_batch, _, scores_count = list(score_dims)
+        for at, (a, b) in (("batch", (boxes_batch, scores_batch)), ("boxes", (boxes_count, scores_count))):
             if -1 not in (a, b) and a != b:
                 raise node.error(f"inputs 'boxes' {list(box_dims)} and 'scores' {list(score_dims)} disagree on "
                                  f"the number of {at} ({a} and {b})")
