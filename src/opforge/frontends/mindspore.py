@@ -9,6 +9,7 @@ as every other op.
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -153,17 +154,41 @@ def _shape_list(shape: Sequence[int]) -> list[int]:
     return list(shape) if shape != (-2,) else [-2]
 
 
+def _registration_dict(func: object, reg_info: Any) -> Any:
+    """One registration as a dict: a CustomRegOp, its get_op_info() dict, or that dict as a JSON string."""
+    if isinstance(reg_info, CustomRegOp):
+        return reg_info.get_op_info()
+    if isinstance(reg_info, str):
+        try:
+            reg_info = json.loads(reg_info)
+        except json.JSONDecodeError as error:
+            raise SchemaError(f"Custom({func!r}): reg_info is a string, so it must be a JSON object as "
+                              f"get_op_info() gives it, and it is not JSON ({error})") from None
+        if not isinstance(reg_info, dict):
+            raise SchemaError(f"Custom({func!r}): reg_info's JSON must be an object (a registration), got "
+                              f"{type(reg_info).__name__}")
+        for entry in reg_info.get("attr") or ():  # MindSpore's documented key for an attribute's type
+            if isinstance(entry, dict) and "value_type" in entry and "type" not in entry:
+                entry["type"] = entry.pop("value_type")
+    return reg_info
+
+
+def _flattened(items: Sequence[Any]) -> list[Any]:
+    """Nested lists of registrations as one list, as MindSpore reads them."""
+    return [leaf for item in items
+            for leaf in (_flattened(item) if isinstance(item, (list, tuple)) else [item])]
+
+
 def _registration(func: object, reg_info: Any) -> dict[str, Any] | None:
     """``reg_info`` as ``get_op_info()``'s dict (or None); a malformed one is a SchemaError."""
     if isinstance(reg_info, (list, tuple)):  # one registration per target: the context's, else the first
-        infos = [r.get_op_info() if isinstance(r, CustomRegOp) else r for r in reg_info]
+        infos = [_registration_dict(func, r) for r in _flattened(reg_info)]
         reg_info = next((r for r in infos if isinstance(r, dict) and r.get("target") == CONTEXT.get("device_target")),
                         infos[0] if infos else None)
-    if isinstance(reg_info, CustomRegOp):
-        reg_info = reg_info.get_op_info()
+    reg_info = _registration_dict(func, reg_info)
     if reg_info is not None and not isinstance(reg_info, dict):
-        raise SchemaError(f"Custom({func!r}): reg_info must be a CustomRegOp or its get_op_info() dict, "
-                          f"got {type(reg_info).__name__}")
+        raise SchemaError(f"Custom({func!r}): reg_info must be a CustomRegOp, its get_op_info() dict or that "
+                          f"dict as a JSON string (or a list of them), got {type(reg_info).__name__}")
     for entry in (reg_info or {}).get("attr") or ():
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise SchemaError(f"Custom({func!r}): every reg_info attribute needs a name, got {entry!r}")
