@@ -46,11 +46,13 @@ def test_kernels_quick_prints_rows_and_summary_lines():
 
 def test_onnx_models_prints_a_row_and_its_ratio_lines():
     pytest.importorskip("onnxruntime")
-    out = run_benchmark("onnx_models.py", "--models", "squeezenet", "--repeat", "1", "--warmup", "0")
+    out = run_benchmark("onnx_models.py", "--models", "squeezenet", "--exported", "gpt_tiny", "--repeat", "1",
+                        "--warmup", "0")
     lines = out.strip().splitlines()
-    assert re.match(r"squeezenet\s+\d+\s+yes(\s+[0-9.]+){6}$", lines[-3]), out
+    assert re.match(r"squeezenet\s+\d+\s+yes(\s+[0-9.]+){6}$", lines[-4]), out
+    assert re.match(r"gpt_tiny\s+\d+\s+yes(\s+[0-9.]+){6}$", lines[-3]), out
     assert re.fullmatch(r"onnx_models_geomean: [0-9.]+ [0-9.]+", lines[-2]), out
-    worst = re.fullmatch(r"worst_model_vs_ort: ([0-9.]+) \(squeezenet, (1 thread|all threads)\)", lines[-1])
+    worst = re.fullmatch(r"worst_model_vs_ort: ([0-9.]+) \((squeezenet|gpt_tiny), (1 thread|all threads)\)", lines[-1])
     assert worst and float(worst.group(1)) > 0, out
 
 
