@@ -16,11 +16,21 @@ arrays, ``f(a, b).block_until_ready()``:
   through ``jax.ffi.ffi_call``: what a JAX user writes by hand for one kernel;
 * ``jax.pure_callback`` of a NumPy add.
 
+Two more pairs, each against its JAX counterpart in the same run:
+
+* eager: ``op(a, b)`` on the arrays, no ``jax.jit`` around it, against
+  ``jnp.add(a, b)`` (each ``...block_until_ready()``);
+* forward with gradient: ``jax.jit(jax.value_and_grad(loss))`` of
+  ``loss = sum(op(a, b) * b)`` (the op's gradient rule), against the same
+  loss written with ``a + b``.
+
 Variants are timed in interleaved rounds (``call_overhead.py``'s
 ``time_variants``); a figure is its fastest round.  Only ratios within one run
-mean anything.  The last line is
+mean anything.  The last three lines are
 
-    jax_op_vs_jit_add: <ratio>      (goal <= 1.05)
+    jax_eager_op_vs_jnp_add: <ratio>      (goal <= 3)
+    jax_value_and_grad_vs_jnp: <ratio>
+    jax_op_vs_jit_add: <ratio>            (goal <= 1.05)
 """
 from __future__ import annotations
 
@@ -52,13 +62,24 @@ from call_overhead import time_variants  # noqa: E402
 
 HEADLINE = "opforge op in jax.jit"
 BASELINE = "jax.jit(lambda a, b: a + b)"
+EAGER, EAGER_BASELINE = "opforge op, eager", "jnp.add(a, b), eager"
+GRAD, GRAD_BASELINE = "opforge op, jit(value_and_grad)", "a + b, jit(value_and_grad)"
 
 
-def opforge_add():
+def add_op():
     op = opforge.op("bench::add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"])
     op.def_infer(opforge.infer.same_as(0))
     op.kernel(source=f"{HERE / 'sources' / 'add.cc'}:Add", dtypes={"a": ["float32"], "b": ["float32"]})
-    return jax.jit(lambda a, b: op(a, b))
+
+    @op.grad
+    def _(saved, dy):
+        return dy, dy
+
+    return op
+
+
+def value_and_grad(add):
+    return jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(add(a, b) * b), argnums=(0, 1)))
 
 
 def hand_written_add():
@@ -82,8 +103,10 @@ def main(argv=None):
     a = jnp.arange(1, 5, dtype=jnp.float32)
     b = jnp.full((4,), 0.5, jnp.float32)
     expected = np.asarray(a) + np.asarray(b)
-    functions = {HEADLINE: opforge_add(), BASELINE: jax.jit(lambda a, b: a + b),
-                 "hand-written XLA FFI handler": hand_written_add(), "jax.pure_callback (NumPy add)": callback_add()}
+    op = add_op()
+    functions = {HEADLINE: jax.jit(lambda a, b: op(a, b)), BASELINE: jax.jit(lambda a, b: a + b),
+                 "hand-written XLA FFI handler": hand_written_add(), "jax.pure_callback (NumPy add)": callback_add(),
+                 EAGER: op, EAGER_BASELINE: jnp.add}
     print(f"jax {jax.__version__}, backend {jax.default_backend()}")
     namespace = {"a": a, "b": b}
     variants = {}
@@ -92,13 +115,28 @@ def main(argv=None):
             raise SystemExit(f"{name} computed {f(a, b)}, expected {expected}")
         namespace[f"f{k}"] = f
         variants[name] = f"f{k}(a, b).block_until_ready()"
+    grads = {GRAD: value_and_grad(op), GRAD_BASELINE: value_and_grad(lambda a, b: a + b)}
+    want = grads[GRAD_BASELINE](a, b)
+    for k, (name, f) in enumerate(grads.items()):
+        got = f(a, b)
+        if not all(np.allclose(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(got),
+                                                                           jax.tree.leaves(want))):
+            raise SystemExit(f"{name} computed {got}, expected {want}")
+        namespace[f"g{k}"] = f
+        variants[name] = f"jax.block_until_ready(g{k}(a, b))"
+    namespace["jax"] = jax
     results = time_variants(variants, namespace, args.rounds, args.number)
     best = {name: min(times) for name, times in results.items()}
+    against = {EAGER: EAGER_BASELINE, EAGER_BASELINE: EAGER_BASELINE, GRAD: GRAD_BASELINE,
+               GRAD_BASELINE: GRAD_BASELINE}
     width = max(map(len, best))
     for name, seconds in best.items():
-        print(f"{name:<{width}}  {seconds * 1e6:8.3f} us   {seconds / best[BASELINE]:6.2f}x jitted add")
+        base = against.get(name, BASELINE)
+        print(f"{name:<{width}}  {seconds * 1e6:8.3f} us   {seconds / best[base]:6.2f}x {base}")
     print()
     print(f"hand_written_ffi_vs_jit_add: {best['hand-written XLA FFI handler'] / best[BASELINE]:.2f}")
+    print(f"jax_eager_op_vs_jnp_add: {best[EAGER] / best[EAGER_BASELINE]:.2f}")
+    print(f"jax_value_and_grad_vs_jnp: {best[GRAD] / best[GRAD_BASELINE]:.2f}")
     print(f"jax_op_vs_jit_add: {best[HEADLINE] / best[BASELINE]:.2f}")
 
 

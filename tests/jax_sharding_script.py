@@ -1,7 +1,11 @@
 """Run by test_jax_sharding.py in a child process: JAX must see 4 host devices from its start
-(XLA_FLAGS=--xla_force_host_platform_device_count=4).  Prints one JSON line of results."""
+(XLA_FLAGS=--xla_force_host_platform_device_count=4).  Prints one JSON line of results.
+
+    python jax_sharding_script.py [shardy|gspmd]      (the partitioner; Shardy, JAX's default, if not given)
+"""
 import json
 import os
+import sys
 
 assert "xla_force_host_platform_device_count=4" in os.environ.get("XLA_FLAGS", "")
 
@@ -15,12 +19,14 @@ import opforge.jax  # noqa: E402,F401
 from opforge import ops  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+PARTITIONER = sys.argv[1] if len(sys.argv) > 1 else "shardy"
+jax.config.update("jax_use_shardy_partitioner", PARTITIONER == "shardy")
 mesh = jax.make_mesh((4,), ("i",))
 rng = np.random.default_rng(0)
 x_host, w_host = rng.standard_normal((8, 3)), rng.standard_normal((3, 5))
 x = jax.device_put(x_host, NamedSharding(mesh, P("i")))
 w = jax.device_put(w_host, NamedSharding(mesh, P()))
-results = {"devices": len(jax.devices())}
+results = {"devices": len(jax.devices()), "partitioner": PARTITIONER}
 
 
 def model(x, w):
@@ -67,4 +73,33 @@ values, indices = jax.jit(lambda x: ops.topk(x, k=2, axis=1))(x)  # two outputs,
 want = np.sort(x_host, axis=1)[:, ::-1][:, :2]
 results["two_outputs"] = bool(np.array_equal(np.asarray(values), want)
                               and np.array_equal(np.take_along_axis(x_host, np.asarray(indices), 1), want))
+eager = ops.tanh(x)  # an eager call on a sharded array: one jitted call, partitioned as under jax.jit
+results["eager_sharded"] = [bool(np.allclose(eager, np.tanh(x_host), rtol=1e-12)), str(eager.sharding.spec)]
+
+# A NumPy constant operand: XLA gives it no sharding (GSPMD's None)
+constant = np.linspace(-1.0, 1.0, 3)
+results["numpy_constant"] = bool(np.allclose(jax.jit(lambda x: ops.mul(x, constant))(x), x_host * constant,
+                                             rtol=1e-12))
+
+# jax.vmap, with 4 devices visible: custom_partitioning has no batching rule, so a batched call is the
+# plain custom call, batched as on one device (elementwise ops in one call, the others per example)
+xs = jnp.asarray(rng.standard_normal((3, 4, 5)))
+softmax_rows = np.exp(np.asarray(xs)) / np.exp(np.asarray(xs)).sum(axis=2, keepdims=True)
+results["vmap_elementwise"] = bool(np.allclose(jax.vmap(ops.tanh)(xs), np.tanh(np.asarray(xs)), rtol=1e-12))
+results["vmap_sequential"] = bool(np.allclose(jax.vmap(lambda v: ops.softmax(v, axis=1))(xs), softmax_rows,
+                                              rtol=1e-12))
+results["jit_of_vmap"] = bool(np.allclose(jax.jit(jax.vmap(lambda v: ops.softmax(v, axis=1)))(xs), softmax_rows,
+                                          rtol=1e-12))
+results["vmap_of_jit"] = bool(np.allclose(jax.vmap(jax.jit(lambda v: ops.softmax(v, axis=1)))(xs), softmax_rows,
+                                          rtol=1e-12))
+bias = jnp.asarray(rng.standard_normal(5))
+results["vmap_unbatched_input"] = bool(np.allclose(jax.vmap(ops.add, in_axes=(0, None))(xs, bias),
+                                                   np.asarray(xs) + np.asarray(bias), rtol=1e-12))
+per_example = jax.vmap(jax.grad(lambda v: jnp.sum(ops.tanh(v) ** 2)))(xs)
+results["vmap_of_grad"] = bool(np.allclose(per_example, 2 * np.tanh(xs) * (1 - np.tanh(xs) ** 2), rtol=1e-10))
+top_values, _ = jax.vmap(lambda v: ops.topk(v, k=2, axis=1))(xs)
+results["vmap_two_outputs"] = bool(np.allclose(top_values, np.sort(np.asarray(xs), axis=2)[..., ::-1][..., :2]))
+x_batched = jax.device_put(np.stack([x_host] * 2), NamedSharding(mesh, P(None, "i")))
+results["vmap_sharded"] = bool(np.allclose(jax.jit(jax.vmap(lambda v: ops.matmul(v, w)))(x_batched),
+                                           np.stack([x_host @ w_host] * 2), rtol=1e-12))
 print(json.dumps(results))

@@ -79,3 +79,12 @@ def test_device_call_host_runs_its_calls_through_the_remembered_route():
     assert re.search(r"calls taken in C [1-9]\d*", out)  # (the script asserts it took every timed op call)
     for line in ("device_call_python_vs_route", "device_call_host_vs_ctypes"):
         assert re.search(rf"^{line}: \d+\.\d\d$", out, re.M), out
+
+
+def test_jax_bridge_prints_its_ratio_lines():
+    pytest.importorskip("jax")
+    out = run_benchmark("jax_bridge.py", "--rounds", "1", "--number", "200")
+    lines = out.strip().splitlines()
+    names = ["jax_eager_op_vs_jnp_add", "jax_value_and_grad_vs_jnp", "jax_op_vs_jit_add"]
+    for line, name in zip(lines[-3:], names):
+        assert re.fullmatch(rf"{name}: [0-9.]+", line), out

@@ -123,6 +123,72 @@ def test_python_kernels_run_as_callbacks(fresh):
     assert "custom_call @opforge_call" not in hlo(op, x)
 
 
+def test_an_eager_call_reuses_its_call_sites_function(monkeypatch):
+    # The differentiable wrapper (a custom_vjp, jitted for arrays) is built once per call site, not per
+    # call: rebuilding it made an eager call cost 41x jnp.add.
+    x = jnp.linspace(-1, 1, 5, dtype=jnp.float32)
+
+    def calls():
+        np.testing.assert_allclose(np.asarray(ops.tanh(x)), np.tanh(np.asarray(x)), rtol=1e-6)
+        jax.jit(lambda v: ops.tanh(v))(x)
+        jax.grad(lambda v: jnp.sum(ops.tanh(v)))(x)
+
+    calls()
+    made, custom_vjp = [], jax.custom_vjp
+    monkeypatch.setattr(jax, "custom_vjp", lambda *a, **k: made.append(a) or custom_vjp(*a, **k))
+    for _ in range(3):
+        calls()
+    assert made == []
+
+
+# -- the custom call's identity -------------------------------------------------------------
+
+def identity_of(f, *args):
+    import json
+    import re
+
+    found = re.findall(r'identity = "(.*?)", plans', hlo(f, *args))
+    return [json.loads(text.replace("\\22", '"')) for text in found]
+
+
+def test_the_custom_call_names_its_op_attributes_and_types():
+    assert identity_of(lambda v: ops.softmax(v, axis=1), jnp.ones((2, 3))) == [
+        {"op": "softmax", "attrs": {"axis": 1}, "inputs": [["float32", [2, 3]]], "outputs": [["float32", [2, 3]]]}]
+
+
+def ffi_call(x, plans, identity):
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return np.asarray(jax.ffi.ffi_call("opforge_call", out)(x, plans=np.int64(plans), identity=identity))
+
+
+def test_a_plan_index_of_another_call_runs_the_call_the_identity_names():
+    from opforge.jax import _site
+
+    x = jnp.linspace(-1, 1, 5, dtype=jnp.float32)
+    tanh, relu = (_site(opforge.lookup(name), {}, [x]) for name in ("tanh", "relu"))
+    np.testing.assert_allclose(ffi_call(x, relu.plans, tanh.identity), np.tanh(np.asarray(x)), rtol=1e-6)
+    np.testing.assert_allclose(ffi_call(x, -1, relu.identity), np.maximum(np.asarray(x), 0))  # no hint at all
+
+
+def test_an_identity_opforge_cannot_plan_is_an_error_never_another_kernel():
+    from opforge.jax import _site
+
+    x = jnp.ones(3, jnp.float32)
+    relu = _site(opforge.lookup("relu"), {}, [x])
+    unknown = relu.identity.replace('"relu"', '"tjaxid::gone"')
+    with pytest.raises(Exception, match=r"opforge\.SchemaError: the program calls op 'tjaxid::gone', which is not "
+                                        r"registered in this process"):
+        ffi_call(x, relu.plans, unknown)
+    with pytest.raises(Exception, match=r"opforge\.AttrError: op 'relu': the program gives attribute 'alpha'"):
+        ffi_call(x, relu.plans, relu.identity.replace('"attrs":{}', '"attrs":{"alpha":0.5}'))
+    with pytest.raises(Exception, match=r"opforge\.InferenceError: op 'relu': the program was built for outputs "
+                                        r"\[\['float32', \[4\]\]\]"):
+        ffi_call(x, relu.plans, relu.identity.replace('"outputs":[["float32",[3]]]', '"outputs":[["float32",[4]]]'))
+    with pytest.raises(Exception, match=r"opforge\.OpforgeError: an opforge custom call whose identity opforge "
+                                        r"cannot read"):
+        ffi_call(x, relu.plans, "relu")
+
+
 # -- errors -------------------------------------------------------------------------------
 
 def test_errors_at_trace_time_keep_their_types(scale, x64):

@@ -3,10 +3,23 @@
 //
 // opforge.jax plans each call site when JAX traces it: the kernel dispatch
 // picks, its Init state, the workspace it wants.  The plan goes into a table
-// here and the custom call carries its index as the attribute `plan` (one per
-// platform, packed in one int64 `plans`: the CPU plan's index in the low 32 bits,
-// the GPU plan's in the high 32 bits; 0xffffffff where the op has no kernel there).  At
-// run time the handler takes XLA's buffers as they are -- inputs, outputs --
+// here and the custom call carries two attributes:
+//
+// * `identity`: what the call computes, stable across processes -- the op's
+//   name, its attribute values, its inputs' and outputs' dtypes and shapes
+//   (JSON, written by opforge.jax);
+// * `plans`: where this process put its plans, a hint -- one index per platform,
+//   packed in one int64 (the CPU plan's index in the low 32 bits, the GPU plan's
+//   in the high 32 bits; 0xffffffff where there is none).
+//
+// A handler runs the plan at the hinted index only when that plan's identity is
+// the call's.  Otherwise (a program serialized with jax.export and run by another
+// process, where the indices mean other plans or none) it looks the identity up,
+// and failing that asks opforge.jax to plan it (the resolver, a Python callback);
+// a call opforge cannot plan (the op is not registered here, its outputs differ)
+// is an error naming the op, never another op's kernel.
+//
+// At run time the handler takes XLA's buffers as they are -- inputs, outputs --
 // reads their shapes and dtypes, takes the workspace (host memory on the CPU,
 // XLA's scratch allocator on a GPU, on the call's stream) and calls the kernel
 // on XLA's stream.  A kernel error is returned as an XLA FFI error whose
@@ -20,6 +33,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <functional>
+#include <map>
 #include <vector>
 
 #include "xla/ffi/api/c_api.h"
@@ -36,9 +52,13 @@ namespace {
 using KernelFn = int (*)(int, void **, int *, int64_t **, const char **, void *, void *);
 using LastErrorFn = int (*)();
 using TakeAttrErrorFn = int (*)();
+// Plans the call `identity` on a platform (0: cpu, 1: gpu): the new plan's index, or -1 with a message in `error`.
+using ResolverFn = int64_t (*)(const char *identity, int platform, char *error, int64_t error_size);
 
 struct Plan {
   std::string op;        // for messages
+  std::string identity;  // the call it was planned for (the custom call's `identity`)
+  int platform = 0;      // 0: cpu, 1: gpu
   std::string function;  // the kernel's name
   KernelFn kernel = nullptr;
   void *extra = nullptr;
@@ -55,6 +75,9 @@ constexpr int64_t kChunk = 1024, kChunks = 4096;
 std::mutex plans_lock;
 std::atomic<Plan *> *chunks[kChunks];  // each chunk: kChunk entries, allocated when first needed
 int64_t plan_count = 0;
+// Per platform: identity -> index (under plans_lock); std::less<> finds a string_view without a copy.
+std::map<std::string, int64_t, std::less<>> by_identity[2];
+std::atomic<ResolverFn> resolver{nullptr};
 
 const Plan *PlanAt(int64_t index) {
   if (index < 0 || index >= kChunk * kChunks) return nullptr;  // 0xffffffff: no plan
@@ -157,16 +180,28 @@ ffi::Error Run(const Plan &plan, ffi::RemainingArgs args, ffi::RemainingRets ret
   return ffi::Error::Success();
 }
 
-// The plan at `index`, or null with `error` naming the op (known from the other platform's plan) and the way out.
-const Plan *Find(int64_t index, int64_t other, const char *platform, ffi::Error *error) {
+ffi::Error Unplanned(std::string_view identity, const std::string &why) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, why + " (custom call " + std::string(identity) + ")");
+}
+
+// The plan for `identity` on `platform`: the one at the hinted `index` where it is that call's (the fast path),
+// else the one planned for it before, else a new one from the resolver; null with `error` set if there is none.
+const Plan *Find(int64_t index, std::string_view identity, int platform, ffi::Error *error) {
   const Plan *plan = PlanAt(index);
-  if (plan == nullptr) {
-    const Plan *known = PlanAt(other);
-    const std::string op = known != nullptr ? "op '" + known->op + "'" : std::string("this opforge op");
-    *error = ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        "opforge.DeviceError: " + op + " has no " + platform + " kernel for these inputs; add one (a "
-                        "kernel with device='" + platform + "'), or run the function on a device it has a kernel for "
-                        "(jax.default_device, JAX_PLATFORMS)");
+  if (plan != nullptr && plan->platform == platform && plan->identity == identity) return plan;
+  {
+    std::lock_guard<std::mutex> hold(plans_lock);
+    auto found = by_identity[platform].find(identity);
+    if (found != by_identity[platform].end()) return PlanAt(found->second);
+  }
+  const ResolverFn resolve = resolver.load(std::memory_order_acquire);  // (set before the handlers are registered)
+  const std::string key(identity);                                      // (the resolver reads a C string)
+  char message[2048] = "";
+  const int64_t made = resolve != nullptr ? resolve(key.c_str(), platform, message, sizeof message) : -1;
+  plan = made < 0 ? nullptr : PlanAt(made);
+  if (plan == nullptr || plan->identity != identity || plan->platform != platform) {
+    *error = Unplanned(identity, message[0] != '\0' ? std::string(message) : "opforge.OpforgeError: no plan");
+    return nullptr;
   }
   return plan;
 }
@@ -174,9 +209,9 @@ const Plan *Find(int64_t index, int64_t other, const char *platform, ffi::Error 
 int64_t CpuPlan(int64_t plans) { return static_cast<int64_t>(static_cast<uint32_t>(plans)); }
 int64_t GpuPlan(int64_t plans) { return static_cast<int64_t>(static_cast<uint64_t>(plans) >> 32); }
 
-ffi::Error CallCpu(int64_t plans, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+ffi::Error CallCpu(int64_t plans, std::string_view identity, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(CpuPlan(plans), GpuPlan(plans), "cpu", &missing);
+  const Plan *plan = Find(CpuPlan(plans), identity, 0, &missing);
   if (plan == nullptr) return missing;
   std::unique_ptr<char, decltype(&std::free)> workspace(nullptr, &std::free);
   if (plan->workspace_bytes) {
@@ -186,10 +221,10 @@ ffi::Error CallCpu(int64_t plans, ffi::RemainingArgs args, ffi::RemainingRets re
   return Run(*plan, args, rets, nullptr, workspace.get(), false);
 }
 
-ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t plans, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets) {
+ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t plans, std::string_view identity,
+                   ffi::RemainingArgs args, ffi::RemainingRets rets) {
   ffi::Error missing = ffi::Error::Success();
-  const Plan *plan = Find(GpuPlan(plans), CpuPlan(plans), "gpu", &missing);
+  const Plan *plan = Find(GpuPlan(plans), identity, 1, &missing);
   if (plan == nullptr) return missing;
   char *workspace = nullptr;
   if (plan->workspace_bytes) {
@@ -204,22 +239,32 @@ ffi::Error CallGpu(void *stream, ffi::ScratchAllocator scratch, int64_t plans, f
 
 // Both handlers take both plans: one custom call serves whichever platform runs it.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallCpu, CallCpu,
-                              ffi::Ffi::Bind().Attr<int64_t>("plans").RemainingArgs().RemainingRets());
+                              ffi::Ffi::Bind()
+                                  .Attr<int64_t>("plans")
+                                  .Attr<std::string_view>("identity")
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OpforgeCallGpu, CallGpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void *>>()
                                   .Ctx<ffi::ScratchAllocator>()
                                   .Attr<int64_t>("plans")
+                                  .Attr<std::string_view>("identity")
                                   .RemainingArgs()
                                   .RemainingRets());
 
 extern "C" {
 
-// Adds a plan; returns its index (for the `plans` attribute), -1 when the table is full.
-int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel, void *extra, int n_workspace,
-                             const int64_t *workspace, int skip, void *last_error, void *take_attr_error) {
+// Adds the plan of call `identity` on `platform` (0: cpu, 1: gpu); returns its index (for the `plans`
+// attribute), -1 when the table is full.
+int64_t opforge_jax_add_plan(const char *identity, int platform, const char *op, const char *function, void *kernel,
+                             void *extra, int n_workspace, const int64_t *workspace, int skip, void *last_error,
+                             void *take_attr_error) {
+  if (platform != 0 && platform != 1) return -1;
   auto plan = std::make_unique<Plan>();
+  plan->identity = identity;
+  plan->platform = platform;
   plan->op = op;
   plan->function = function;
   plan->kernel = reinterpret_cast<KernelFn>(kernel);
@@ -233,9 +278,15 @@ int64_t opforge_jax_add_plan(const char *op, const char *function, void *kernel,
   const int64_t index = plan_count;
   if (index >= kChunk * kChunks) return -1;
   if (chunks[index / kChunk] == nullptr) chunks[index / kChunk] = new std::atomic<Plan *>[kChunk]();
+  by_identity[platform][plan->identity] = index;  // the newest plan of a call: the one a lookup finds
   chunks[index / kChunk][index % kChunk].store(plan.release(), std::memory_order_release);
   plan_count = index + 1;
   return index;
+}
+
+// Sets the callback that plans a call no plan in this process was made for.
+void opforge_jax_set_resolver(void *resolve) {
+  resolver.store(reinterpret_cast<ResolverFn>(resolve), std::memory_order_release);
 }
 
 int opforge_jax_ffi_api_version() { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }

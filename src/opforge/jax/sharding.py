@@ -15,13 +15,17 @@ every device.  ``partitioned`` wraps a call site in ``custom_partitioning``:
   ``partial_sum`` output is summed over the axis (``psum``) in the per-shard
   code.  An axis no signature fits is gathered (XLA inserts the collective), as
   is a split of a dim the axis does not divide evenly.
+
+An operand XLA gives no sharding (GSPMD does so for constants, and for values
+inside a differentiated function) counts as replicated.  Absent optional inputs
+take no part: the partitioned function takes the present inputs only.
 """
 from __future__ import annotations
 
 import itertools
 import string
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -42,6 +46,13 @@ if TYPE_CHECKING:
     _Axes: TypeAlias = list[list[list[str]]]
 
 
+class _Present(NamedTuple):
+    """A signature's SBPs of the present inputs (and every output)."""
+
+    inputs: tuple[SBPValue | None, ...]
+    outputs: tuple[SBPValue | None, ...]
+
+
 def _factor_names() -> Iterator[str]:
     for size in itertools.count(1):
         for letters in itertools.product(string.ascii_lowercase, repeat=size):
@@ -49,7 +60,7 @@ def _factor_names() -> Iterator[str]:
 
 
 def sharding_rule(op: Op, in_specs: Sequence[TensorSpec], out_specs: Sequence[TensorSpec],
-                  signatures: Iterable[Signature]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+                  signatures: Iterable[Signature | _Present]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(Shardy rule string, reduction factors, need-replication factors) for these signatures."""
     parent: dict[_Dim, _Dim] = {}
 
@@ -110,14 +121,15 @@ def _axes_of(entry: str | Iterable[str] | None) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _choose(mesh: Any, signatures: Sequence[Signature], in_specs: Sequence[TensorSpec],
-            arg_shardings: Sequence[Any]) -> dict[str, Signature | None]:
+def _choose(mesh: Any, signatures: Sequence[_Present], in_specs: Sequence[TensorSpec],
+            arg_shardings: Sequence[Any]) -> dict[str, _Present | None]:
     """Per mesh axis, the signature the inputs' shardings fit, or None (the axis is gathered)."""
-    chosen: dict[str, Signature | None] = {}
+    chosen: dict[str, _Present | None] = {}
     for axis in mesh.axis_names:
         given: list[SBPValue] = []
         for spec, sharding in zip(in_specs, arg_shardings):
-            entries = tuple(sharding.spec) + (None,) * (len(spec.shape) - len(sharding.spec))
+            written = () if sharding is None else tuple(sharding.spec)  # None: XLA gave it none, replicated
+            entries = written + (None,) * (len(spec.shape) - len(written))
             dims = [d for d, entry in enumerate(entries) if axis in _axes_of(entry)]
             given.append(Split(dims[0]) if dims else broadcast)
         size = mesh.shape[axis]
@@ -128,7 +140,7 @@ def _choose(mesh: Any, signatures: Sequence[Signature], in_specs: Sequence[Tenso
     return chosen
 
 
-def _shardings(mesh: Any, chosen: Mapping[str, Signature | None], in_specs: Sequence[TensorSpec],
+def _shardings(mesh: Any, chosen: Mapping[str, _Present | None], in_specs: Sequence[TensorSpec],
                out_specs: Sequence[TensorSpec]) -> tuple[list[Any], list[Any], list[list[str]]]:
     """(input shardings to ask for, output shardings, axes to psum each output over)."""
     inputs: _Axes = [[[] for _ in spec.shape] for spec in in_specs]
@@ -153,11 +165,15 @@ def _shardings(mesh: Any, chosen: Mapping[str, Signature | None], in_specs: Sequ
     return [named(d) for d in inputs], [named(d) for d in outputs], sums
 
 
-def partitioned(op: Op, attrs: Mapping[str, AttrValue], in_specs: Sequence[TensorSpec], out_specs: Sequence[TensorSpec],
-                run_shard: Callable[[Sequence[Any]], Any]) -> Any:
-    """A function of the call's arrays that XLA's partitioners split by the op's signatures;
-    ``run_shard(arrays)`` runs the op on arrays of whatever shape (a device's shard)."""
-    signatures = op.sbp_signatures(in_specs, attrs)
+def partitioned(op: Op, attrs: Mapping[str, AttrValue], all_specs: Sequence[TensorSpec | None],
+                out_specs: Sequence[TensorSpec], run_shard: Callable[[Sequence[Any]], Any]) -> Any:
+    """A function of the call's present arrays (``all_specs``: None for an absent optional input)
+    that XLA's partitioners split by the op's signatures; ``run_shard(arrays)`` runs the op on
+    present arrays of whatever shape (a device's shard)."""
+    present = [k for k, spec in enumerate(all_specs) if spec is not None]
+    in_specs = [spec for spec in all_specs if spec is not None]
+    signatures = [_Present(tuple(s.inputs[k] for k in present), tuple(s.outputs))
+                  for s in op.sbp_signatures(all_specs, attrs)]
     rule, reduction, replicated = sharding_rule(op, in_specs, out_specs, signatures)
     several = op.tuple_output
 
