@@ -33,11 +33,11 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .. import ops
+from .. import ops as _ops
 from ..bounded_cache import BoundedCache
 from ..errors import CacheError, CompileError, CompilerNotFoundError
 from ..runtime import cpu, prebuilt
@@ -61,6 +61,7 @@ _fused_ops: BoundedCache[tuple[str, str], tuple[Op, Kernel]] = BoundedCache(256)
 _rejected: BoundedCache[tuple[str, str | None], bool] = BoundedCache(256)
 _told_unfused = threading.Lock()  # held for good once a run fell back: the line is printed once per process
 log = logging.getLogger("opforge.build")
+ops: Any = _ops  # (the built-ins' functions are made as they register: mypy sees none of them)
 
 
 def fusion_enabled() -> bool:
@@ -164,8 +165,8 @@ def _builds(kernel: AotKernel) -> bool:
 
 def _say_unfused(error: Exception) -> None:
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    log.debug("a fused kernel is not built, its run stays unfused: %s", error)  # a compiler's whole output
     if not _told_unfused.acquire(blocking=False):  # said already
-        log.debug("fused kernel not built (%s): its run is unfused", reason)
         return
     # No compiler is a supported setup (built-in ops never need one); a compiler that fails is not.
     level = logging.WARNING if isinstance(error, CompileError) else logging.INFO
@@ -254,7 +255,7 @@ COMMON_CHAINS: list[tuple[Callable[..., object], list[tuple[int, ...]]]] = [
 ]
 
 
-def common_fused_kernels() -> list[tuple[Op, Kernel]]:
+def common_fused_kernels() -> list[tuple[Op, AotKernel]]:
     """(op, kernel) of each ``COMMON_CHAINS`` run at every ISA, not loaded: for ``runtime.prebuilt``."""
     from ..spec import TensorSpec
     from .executor import Plan, plan_nodes
@@ -268,7 +269,7 @@ def common_fused_kernels() -> list[tuple[Op, Kernel]]:
         for _, run, escapes in _runs(graph, steps):
             for isa in cpu.ISA_LEVELS:
                 node, kernel, *_ = _fused_step(run, list(escapes), isa)
-                pairs.append((node.op, kernel))
+                pairs.append((node.op, cast(AotKernel, kernel)))
     return pairs
 
 
