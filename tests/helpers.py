@@ -1,4 +1,9 @@
 """Helpers shared by several test modules."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 
 import opforge
@@ -175,3 +180,88 @@ def assert_native(name, *arrays):
 
     kernel = select_kernel(opforge.lookup(name), [TensorSpec(a.shape, str(a.dtype)) for a in arrays])
     assert not isinstance(kernel, PyKernel), f"{name} ran {kernel}"
+
+
+def run_without_compiler(tmp_path, code, **settings):
+    """Run ``code`` in a child with no way to find a compiler and an empty cache (and no other OPFORGE_
+    variable); (the finished process, the cache folder).  ``settings``: more environment variables (the
+    child's environment is fixed before opforge reads it); an OPFORGE_CC/OPFORGE_CXX there is the child's
+    compiler.  The child's tests/ is on sys.path; ``BUILDS`` lists the sources it tried to build."""
+    cache = tmp_path / "cache"
+    empty_bin = tmp_path / "bin"
+    cache.mkdir()
+    empty_bin.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPFORGE_")}
+    env.update(CC=str(tmp_path / "no-cc"), CXX=str(tmp_path / "no-c++"), PATH=str(empty_bin),
+               OPFORGE_CACHE_DIR=str(cache), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.update(settings)
+    blocked = [language for language, variable in (("c", "OPFORGE_CC"), ("c++", "OPFORGE_CXX"))
+               if not os.access(settings.get(variable, ""), os.X_OK)]
+    prologue = textwrap.dedent(f"""\
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})  # helpers
+        import numpy as np
+        import opforge
+        from opforge.runtime import build as _build
+        from opforge.runtime.compilers import find_compiler
+        for language in {blocked!r}:
+            try:
+                find_compiler(language)
+            except opforge.CompilerNotFoundError:
+                pass
+            else:
+                raise SystemExit(f"a {{language}} compiler is still reachable")
+        BUILDS = []
+        _real_build = _build.build
+        def _counting_build(*args, **kwargs):
+            BUILDS.append(str(args[0]))
+            return _real_build(*args, **kwargs)
+        _build.build = _counting_build
+        """)
+    done = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(code)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    return done, cache
+
+
+#: How far apart two correct float32 implementations may put a logit made by a long sum (a conv over
+#: thousands of channels, a gemm), relative to the logits' magnitude: the sums are added in other orders.
+#: (Measured: 8e-7 on squeezenet's last conv; this leaves room.)
+LOGIT_ROUNDING = 1e-5
+
+
+def logits_exposed(model):
+    """A copy of an ONNX classifier whose final Softmax's input (its logits) is a second graph output;
+    the model itself when it does not end in a Softmax."""
+    import onnx
+    from onnx import helper
+
+    last = model.graph.node[-1]
+    if last.op_type != "Softmax":
+        return model
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    exposed.graph.output.append(helper.make_empty_tensor_value_info(last.input[0]))
+    return exposed
+
+
+def assert_softmax_close(ours, theirs, our_logits, their_logits, *, rtol, atol):
+    """A classifier's softmax output against a reference's, given the logits each was computed from.
+
+    The logits must agree at rtol / atol (each relative to its own magnitude).  The probabilities then
+    agree too only where rounding cannot move them: logits that differ by LOGIT_ROUNDING of their
+    magnitude change a probability by a factor of up to exp(2 * that).  onnx's light models filled with
+    constant weights have logits of 1e9 to 1e31 (squeezenet's: 9.5e9), which two correct runs put
+    thousands apart: their softmax is a coin toss between tied classes, and comparing it tests nothing.
+    There the test checks instead that our probabilities are the softmax of our own logits (so the
+    Softmax is right, and the logits were checked above).  Whether the probabilities were compared."""
+    np.testing.assert_allclose(our_logits, their_logits, rtol=rtol, atol=atol, err_msg="logits")
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    if 2 * LOGIT_ROUNDING * float(np.abs(their_logits).max()) <= rtol:
+        np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, err_msg="probabilities")
+        return True
+    # ONNX's Softmax before opset 13 (these models'): over all dims after the first, as one row each
+    z = our_logits.astype(np.float64).reshape(len(our_logits), -1)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(ours.reshape(p.shape), p, rtol=1e-4, atol=1e-7, err_msg="softmax of our logits")
+    return False

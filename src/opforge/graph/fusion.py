@@ -16,20 +16,37 @@ shape or one element.  A run continues while the next step reads a value the
 run made.  Values made inside a run that anything after it reads (a later
 node, a graph output) become outputs of the fused kernel, so nothing else in
 the plan changes.  ``OPFORGE_FUSE=0`` turns fusion off.
+
+A fused kernel that cannot be built -- no compiler, a compiler that fails,
+an unusable cache folder -- leaves its run unfused, on the built-ins' own
+(prebuilt) kernels: a plan never needs a compiler for built-in ops.  The first
+such run in a process says so on the ``opforge.build`` logger, once.  The
+chains models use most (``COMMON_CHAINS``) are prebuilt with the package, like
+the built-ins' kernels (``runtime.prebuilt``), so they run fused even there: a
+fused kernel's source depends on its ops, their attributes, the dtype and which
+inputs are one element, never on the shapes.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
+from .. import ops as _ops
 from ..bounded_cache import BoundedCache
-from ..runtime import cpu
+from ..errors import CacheError, CompileError, CompilerNotFoundError
+from ..runtime import cpu, prebuilt
 from ..runtime.aot import AotKernel
 from .ir import Node
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from ..operator import Kernel, Op
     from ..spec import TensorSpec
     from .executor import Step
@@ -39,6 +56,12 @@ _C_TYPES = {"float32": "float", "float64": "double"}
 _BUILTINS = str(Path(__file__).resolve().parent.parent / "builtins")  # vecmath.h
 _MIN_STEPS = 2
 _fused_ops: BoundedCache[tuple[str, str], tuple[Op, Kernel]] = BoundedCache(256)  # (source, isa) -> (op, kernel)
+# Fused kernels the compiler rejected, by (source path, isa): not tried again in this process (each try would
+# run the compiler).  A missing compiler or cache folder is not remembered: looking again costs little.
+_rejected: BoundedCache[tuple[str, str | None], bool] = BoundedCache(256)
+_told_unfused = threading.Lock()  # held for good once a run fell back: the line is printed once per process
+log = logging.getLogger("opforge.build")
+ops: Any = _ops  # (the built-ins' functions are made as they register: mypy sees none of them)
 
 
 def fusion_enabled() -> bool:
@@ -73,9 +96,28 @@ def _fusable(step: Step[Kernel], shape: tuple[int, ...] | None, dtype: str | Non
 
 
 def fuse_steps(graph: Graph, steps: list[Step[Kernel]]) -> tuple[list[Step[Kernel]], list[str]]:
-    """``steps`` with every fusable run replaced by one step; and the names of the fused ops."""
+    """``steps`` with every fusable run replaced by one step; and the names of the fused ops.
+    A run whose kernel cannot be built keeps its steps."""
     if not fusion_enabled():
         return steps, []
+    result: list[Step[Kernel]]
+    fused_names: list[str]
+    result, fused_names, done = [], [], 0
+    for start, run, escapes in _runs(graph, steps):
+        result += steps[done:start]
+        done = start + len(run)
+        step = _fused_step(run, escapes, cpu.best_isa())  # under the cap
+        if _builds(cast(AotKernel, step[1])):
+            result.append(step)
+            fused_names.append(step[0].op.name)
+        else:
+            result += run
+    result += steps[done:]
+    return result, fused_names
+
+
+def _runs(graph: Graph, steps: list[Step[Kernel]]) -> Iterator[tuple[int, list[Step[Kernel]], list[bool]]]:
+    """(index of its first step, its steps, whether each step's output is read after it) per fusable run."""
     readers: dict[int, int] = {}  # value id -> index of the last step that reads it (len(steps) for graph outputs)
     for index, (node, *_) in enumerate(steps):
         for value in node.inputs:
@@ -84,9 +126,7 @@ def fuse_steps(graph: Graph, steps: list[Step[Kernel]]) -> tuple[list[Step[Kerne
     for value in graph.outputs:
         readers[value.id] = len(steps)
 
-    result: list[Step[Kernel]]
-    fused_names: list[str]
-    result, fused_names, index = [], [], 0
+    index = 0
     while index < len(steps):
         run = [steps[index]]
         if _fusable(steps[index], None, None):
@@ -99,19 +139,44 @@ def fuse_steps(graph: Graph, steps: list[Step[Kernel]]) -> tuple[list[Step[Kerne
                 made.add(steps[following][0].outputs[0].id)
                 following += 1
         if len(run) < _MIN_STEPS:
-            result.append(steps[index])
             index += 1
             continue
         end = index + len(run)
-        step = _fused_step(run, [readers.get(node.outputs[0].id, -1) >= end for node, *_ in run])
-        result.append(step)
-        fused_names.append(step[0].op.name)
+        yield index, run, [readers.get(node.outputs[0].id, -1) >= end for node, *_ in run]
         index = end
-    return result, fused_names
 
 
-def _fused_step(run: list[Step[Kernel]], escapes: list[bool]) -> Step[Kernel]:
-    """One step for a run of fusable steps; ``escapes[k]``: step k's output is read after the run."""
+def _builds(kernel: AotKernel) -> bool:
+    """Whether a fused kernel loads: from the prebuilt set, the build cache, or compiled now.  When it
+    cannot be built, its run stays unfused; the first time in a process, a line says so.  Any other
+    error is a bug, and raises."""
+    key = (str(kernel.path), kernel.isa)
+    if _rejected.get(key):
+        return False
+    try:
+        kernel.load()
+    except (CompilerNotFoundError, CompileError, CacheError) as error:
+        if isinstance(error, CompileError):
+            _rejected.put(key, True)
+        _say_unfused(error)
+        return False
+    return True
+
+
+def _say_unfused(error: Exception) -> None:
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    log.debug("a fused kernel is not built, its run stays unfused: %s", error)  # a compiler's whole output
+    if not _told_unfused.acquire(blocking=False):  # said already
+        return
+    # No compiler is a supported setup (built-in ops never need one); a compiler that fails is not.
+    level = logging.WARNING if isinstance(error, CompileError) else logging.INFO
+    log.log(level, "cannot build fused elementwise kernels (%s); graphs run those chains unfused, one built-in "
+                   "kernel per op (said once per process; OPFORGE_FUSE=0 turns fusion off)", reason)
+
+
+def _fused_step(run: list[Step[Kernel]], escapes: list[bool], isa: str) -> Step[Kernel]:
+    """One step for a run of fusable steps, its kernel (not loaded) compiled for ``isa``;
+    ``escapes[k]``: step k's output is read after the run."""
     escapes[-1] = True  # the run's last value is what it was made for
     inputs: list[Value]
     input_specs: list[TensorSpec]
@@ -155,15 +220,16 @@ def _fused_step(run: list[Step[Kernel]], escapes: list[bool]) -> Step[Kernel]:
     label = "_".join(node.op.name.split("::")[-1] for node, *_ in run)
     source = _SOURCE.format(ctype=ctype, setup="\n".join(scalars), body="\n".join(loads + body + stores),
                             n_out=len(inputs))
-    isa = cpu.best_isa()  # under the cap
+    builtin = all(getattr(kernel, "builtin", False) for _, kernel, *_ in run)  # then it may be prebuilt
     op, kernel = _fused_ops.get_or_create((source, isa),
-                                          lambda: _fused_op(label, len(inputs), len(outputs), source, isa))
+                                          lambda: _fused_op(label, len(inputs), len(outputs), source, isa, builtin))
     node = Node(op, inputs, {}, [out_spec] * len(outputs), name="fused_" + label)
     node.outputs = outputs  # the run's own values: the plan's buffers stay where they were
     return node, kernel, list(input_specs), [out_spec] * len(outputs)
 
 
-def _fused_op(label: str, n_inputs: int, n_outputs: int, source: str, isa: str) -> tuple[Op, Kernel]:
+def _fused_op(label: str, n_inputs: int, n_outputs: int, source: str, isa: str,
+              builtin: bool) -> tuple[Op, Kernel]:
     from ..operator import Op
 
     ins = [f"in{k}" for k in range(n_inputs)]
@@ -173,7 +239,41 @@ def _fused_op(label: str, n_inputs: int, n_outputs: int, source: str, isa: str) 
     # compiled alike they round as the built-ins' own kernels do.
     op.kernel(code=source, function="Fused", isa=None if isa == "generic" else isa, name=f"Fused<{label}>",
               include_dirs=[_BUILTINS], cflags=["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno"])
-    return op, op.kernels[0]
+    kernel = cast(AotKernel, op.kernels[0])
+    kernel.builtin = builtin  # made of built-ins only: its key may be in the prebuilt set
+    return op, kernel
+
+
+#: Chains common in models, prebuilt (float32, every ISA) with the built-ins' kernels: (the function, the
+#: shapes of its inputs: () is one element, read once).  Each must fuse into one run whose intermediates
+#: nothing else reads, as in the models.
+COMMON_CHAINS: list[tuple[Callable[..., object], list[tuple[int, ...]]]] = [
+    (lambda a, b: ops.relu(ops.add(a, b)), [(8,), (8,)]),  # a residual block's end (ResNet, ShuffleNet)
+    (lambda x: ops.mul(x, ops.sigmoid(x)), [(8,)]),  # SiLU / swish (EfficientNet, YOLO)
+    (lambda x: ops.mul(x, ops.hard_sigmoid(x, alpha=1 / 6, beta=0.5)), [(8,)]),  # HardSwish (MobileNetV3)
+    (lambda x, a, b: ops.add(ops.mul(x, a), b), [(8,), (), ()]),  # a scale and shift by constants
+]
+
+
+def common_fused_kernels() -> list[tuple[Op, AotKernel]]:
+    """(op, kernel) of each ``COMMON_CHAINS`` run at every ISA, not loaded: for ``runtime.prebuilt``."""
+    from ..spec import TensorSpec
+    from .executor import Plan, plan_nodes
+    from .trace import trace
+
+    pairs = []
+    for chain, shapes in COMMON_CHAINS:
+        arrays = [np.zeros(shape, np.float32) for shape in shapes]
+        graph = trace(chain, *arrays)
+        _, steps = plan_nodes(graph, [TensorSpec.of(a) for a in arrays], Plan._kernel_for)
+        for _, run, escapes in _runs(graph, steps):
+            for isa in cpu.ISA_LEVELS:
+                node, kernel, *_ = _fused_step(run, list(escapes), isa)
+                pairs.append((node.op, cast(AotKernel, kernel)))
+    return pairs
+
+
+prebuilt.GENERATED.append(common_fused_kernels)  # (the runtime cannot import the graph layer: a hook)
 
 
 _SOURCE = r"""// Generated by opforge.graph.fusion: one pass over the elements for a chain of ops.

@@ -5,7 +5,9 @@ after building the extension.  It imports the built-in ops, takes every
 :class:`~opforge.runtime.aot.AotKernel` they declare (each dtype, ISA and
 layout variant; an ISA the build machine lacks compiles all the same) and
 compiles them in parallel into ``opforge/_prebuilt/<key>.so``, with
-``index.json`` mapping each key to its library.
+``index.json`` mapping each key to its library.  Kernels opforge generates
+from built-ins (graph fusion's most common chains) are added through
+``GENERATED``.
 
 The key is the build cache's key without the compiler's identity: the
 source bytes, the bytes of every local header it includes, the flag list
@@ -37,7 +39,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -183,15 +185,21 @@ def lookup(kernel: AotKernel, folder: Path | None = None) -> BuiltLibrary | None
 # package build
 
 
+#: Functions giving more (op, kernel) pairs to prebuild than the registered ops declare: kernels opforge
+#: generates from built-ins, as graph fusion does for the chains models use most (it adds its own on import).
+GENERATED: list[Callable[[], list[tuple[Op, AotKernel]]]] = []
+
+
 def builtin_kernels() -> list[tuple[Op, AotKernel]]:
-    """(op, kernel) for every built-in kernel that can be prebuilt, in registry order."""
-    import opforge  # noqa: F401 - registers the built-in ops
+    """(op, kernel) for every built-in kernel that can be prebuilt: in registry order, then the generated ones."""
+    import opforge  # noqa: F401 - registers the built-in ops (and, through the graph layer, GENERATED's functions)
 
     from ..registry import registered_ops
     from .aot import AotKernel
 
-    return [(op, kernel) for op in registered_ops() for kernel in op.kernels
-            if isinstance(kernel, AotKernel) and kernel_key(kernel) is not None]
+    declared = [(op, kernel) for op in registered_ops() for kernel in op.kernels if isinstance(kernel, AotKernel)]
+    generated = [pair for generate in GENERATED for pair in generate()]
+    return [(op, kernel) for op, kernel in declared + generated if kernel_key(kernel) is not None]
 
 
 def _compile(kernel: AotKernel, key: str, folder: Path, staging: Path) -> dict[str, Any]:
@@ -295,4 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m``, this file is a second module, ``__main__``: hooks (GENERATED) went to the first.
+    from opforge.runtime import prebuilt as _imported
+
+    sys.exit(_imported.main())
