@@ -97,6 +97,22 @@ def available() -> bool:
     return load() is not None
 
 
+#: OpenBLAS cores whose sgemm adds each output element in the same order whatever block of rows and columns
+#: it is given (its AVX-512 kernels); the Haswell kernels' edge tiles add in another order.
+CUT_INVARIANT_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+def core_name() -> str | None:
+    """The OpenBLAS kernel set in use, lower case (``haswell``, ``skylakex``: OPENBLAS_CORETYPE or the CPU's), or
+    None without OpenBLAS."""
+    handle = load()
+    if handle is None:
+        return None
+    function = handle.scipy_openblas_get_corename
+    function.restype = ctypes.c_char_p
+    return bytes(function()).decode("ascii", "replace").strip().lower()
+
+
 def reject_reason() -> str | None:
     """A kernel's ``requires``: None once OpenBLAS is loaded, else why it is not."""
     if available():
