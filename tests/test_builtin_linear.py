@@ -470,12 +470,16 @@ def test_onnx_cnn_with_a_dynamic_batch():
         np.testing.assert_allclose(loaded(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
-def test_onnx_conv_same_padding_needs_known_dims():
-    model = model_of("Conv", [r(1, 3, 8, 8, dtype="float32"), r(2, 3, 3, 3, dtype="float32")],
-                     dict(auto_pad="SAME_UPPER"), 11, ("x1",))
+def test_onnx_conv_same_padding_of_unknown_dims_converts_per_input_shape():
+    w = r(2, 3, 3, 3, dtype="float32")
+    model = model_of("Conv", [r(1, 3, 8, 8, dtype="float32"), w], dict(auto_pad="SAME_UPPER"), 11, ("x1",))
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
-    with pytest.raises(ox.ModelError, match="auto_pad SAME_UPPER"):
-        ox.load(model)
+    graph = ox.load(model)
+    assert isinstance(graph, ox.DynamicModel) and "auto_pad SAME_UPPER" in graph.reason
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for h in (8, 5):
+        x = r(1, 3, h, 8, dtype="float32")
+        np.testing.assert_allclose(graph(x), session.run(None, {"x0": x})[0], rtol=1e-5, atol=1e-5)
 
 
 # -- speed -------------------------------------------------------------------------------------
