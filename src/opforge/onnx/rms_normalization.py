@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import opforge
-from .elementwise import dtype_of
+from .elementwise import dtype_of, rounded_back
 from .shape import rank_of
 from .registry import converter
 
@@ -45,5 +45,5 @@ def rms_normalization(node: NodeContext, x: Any, scale: Any) -> Any:
     rms = ops.sqrt(ops.add(mean_square, np.asarray(node.attr("epsilon", 1e-5), compute)))
     factor = scale if dtype_of(scale) == compute else ops.cast(scale, dtype=compute)
     y = ops.mul(ops.div(wide, rms), factor)
-    return y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))
+    return y if dtype_of(scale) == compute else rounded_back(y, dtype_of(scale))
 
