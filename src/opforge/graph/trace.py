@@ -184,9 +184,10 @@ def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = N
     -1 / None for unknown dims) or an example array (its spec is used).  With
     ``optimize`` (the default) the graph passes run: dead code goes, float16 and
     bfloat16 nodes without native kernels of their own compute in float32 with casts
-    at the float32 region's boundary (``graph.float16``), an inference batch_norm after a conv folds into its weights, a mul by or an add of a
-    per-channel constant into the conv or batch_norm before it, and a relu after a conv into the
-    conv (``graph.passes``)."""
+    at the float32 regions' boundaries (``graph.float16``), an inference batch_norm
+    after a conv folds into its weights, a mul by or an add of a per-channel constant
+    into the conv or batch_norm before it, and a relu after a conv into the conv
+    (``graph.passes``)."""
     if not callable(fn):
         raise TracingError(f"opforge.trace takes the function to trace first, got {type(fn).__name__}")
     inputs = [Value(_input_spec(k, arg), name=f"x{k}") for k, arg in enumerate(specs_or_arrays)]
