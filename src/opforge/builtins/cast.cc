@@ -6,6 +6,11 @@
 #include "custom_aot_extra.h"
 #include "opforge/parallel.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define OPFORGE_CAST_F16C 1
+#endif
+
 // bfloat16 (the top half of a float32), converted through float with
 // round-to-nearest-even, as ml_dtypes does.
 struct BFloat16 {
@@ -33,6 +38,58 @@ static void Convert(const void *x, void *y, int64_t n) {
     for (int64_t i = lo; i < hi; i++) out[i] = static_cast<Out>(in[i]);
   });
 }
+
+#ifdef OPFORGE_CAST_F16C
+// float16 <-> float32 with F16C, 8 lanes a step, when the CPU has it (every x86 CPU with AVX2 does):
+// without -mf16c, _Float16's conversions are a library call per element, 15-30x slower.  F16C rounds
+// to nearest even and keeps infinities, NaNs and subnormals, as the scalar conversions do.
+__attribute__((target("avx,f16c"))) static void HalfToFloat(const uint16_t *in, float *out, int64_t lo,
+                                                            int64_t hi) {
+  int64_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i))));
+  for (; i < hi; i++) out[i] = _cvtsh_ss(in[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void FloatToHalf(const float *in, uint16_t *out, int64_t lo,
+                                                            int64_t hi) {
+  int64_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < hi; i++) out[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+static const bool kHasF16C = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+
+template <>
+void Convert<_Float16, float>(const void *x, void *y, int64_t n) {
+  const auto *in = static_cast<const uint16_t *>(x);
+  auto *out = static_cast<float *>(y);
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    if (kHasF16C) {
+      HalfToFloat(in, out, lo, hi);
+    } else {
+      const auto *half = static_cast<const _Float16 *>(x);
+      for (int64_t i = lo; i < hi; i++) out[i] = static_cast<float>(half[i]);
+    }
+  });
+}
+
+template <>
+void Convert<float, _Float16>(const void *x, void *y, int64_t n) {
+  const auto *in = static_cast<const float *>(x);
+  auto *out = static_cast<uint16_t *>(y);
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    if (kHasF16C) {
+      FloatToHalf(in, out, lo, hi);
+    } else {
+      auto *half = static_cast<_Float16 *>(y);
+      for (int64_t i = lo; i < hi; i++) half[i] = static_cast<_Float16>(in[i]);
+    }
+  });
+}
+#endif
 
 // CALL(T) for the C type T named by dtype; returns 1 for a dtype not listed.
 #define OPFORGE_FOR_DTYPE(dtype, CALL)                          \

@@ -40,6 +40,9 @@ class Value(ArraySyntax):
         self.index = index        # which output of the producer
         self.id = next(_ids)
         self.name = name or f"v{self.id}"
+        # A float16 / bfloat16 value that only rounds back a result computed in float32 in the narrow
+        # dtype's place (a converter's widening): float32 readers may read the result unrounded (graph.float16).
+        self.float32_rounding = False
 
     @property
     def shape(self) -> tuple[int | SymDim, ...]:

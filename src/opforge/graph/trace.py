@@ -182,10 +182,12 @@ def _input_spec(k: int, arg: object) -> TensorSpec:
 def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = None, optimize: bool = True) -> Graph:
     """Trace ``fn`` into a Graph.  Each argument is a ``TensorSpec`` (shape with
     -1 / None for unknown dims) or an example array (its spec is used).  With
-    ``optimize`` (the default) the graph passes run: dead code goes, an inference
-    batch_norm after a conv folds into its weights, a mul by or an add of a
-    per-channel constant into the conv or batch_norm before it, and a relu after a conv into the
-    conv (``graph.passes``)."""
+    ``optimize`` (the default) the graph passes run: dead code goes, float16 and
+    bfloat16 nodes without native kernels of their own compute in float32 with casts
+    at the float32 regions' boundaries (``graph.float16``), an inference batch_norm
+    after a conv folds into its weights, a mul by or an add of a per-channel constant
+    into the conv or batch_norm before it, and a relu after a conv into the conv
+    (``graph.passes``)."""
     if not callable(fn):
         raise TracingError(f"opforge.trace takes the function to trace first, got {type(fn).__name__}")
     inputs = [Value(_input_spec(k, arg), name=f"x{k}") for k, arg in enumerate(specs_or_arrays)]
@@ -200,9 +202,11 @@ def trace(fn: Callable[..., Any], *specs_or_arrays: object, name: str | None = N
                   name=name or getattr(fn, "__name__", "graph"))  # type: ignore[arg-type]
     graph.tuple_output = several
     if optimize:
+        from .float16 import compute_in_float32
         from .passes import eliminate_dead_code, fold_batch_norm_into_conv, fold_relu_into_conv, fold_scale_and_shift
 
         eliminate_dead_code(graph)
+        compute_in_float32(graph)
         fold_batch_norm_into_conv(graph)
         fold_scale_and_shift(graph)
         fold_relu_into_conv(graph)

@@ -23,6 +23,7 @@ import numpy as np
 
 import opforge
 from ..builtins.common import known_dims
+from ..graph.float16 import rounds_float32_result
 from ..spec import UNKNOWN_RANK
 from .load import onnx_dtype
 from .registry import converter
@@ -71,7 +72,13 @@ def widened(node: NodeContext, fn: Callable[..., Any], inputs: Sequence[Any], ta
         raise node.error(f"input dtype {dtype} is not supported (supported: "
                          f"{', '.join(sorted(set(takes) | {d for d, w in WIDER.items() if w in takes}))})")
     result = fn(*(ops.cast(x, dtype=wider) if x is not None and dtype_of(x) == dtype else x for x in inputs))
-    return result if not cast_back or dtype_of(result) == "bool" else ops.cast(result, dtype=dtype)
+    return result if not cast_back or dtype_of(result) == "bool" else rounded_back(result, dtype)
+
+
+def rounded_back(result: Any, dtype: str) -> Any:
+    """``result``, computed in float32 for an op on float16 or bfloat16, cast back to ``dtype``; a traced
+    cast is marked as that (``graph.float16.rounds_float32_result``), so float32 readers skip it."""
+    return rounds_float32_result(ops.cast(result, dtype=dtype))
 
 
 def same_dtype(node: NodeContext, *inputs: Any) -> None:

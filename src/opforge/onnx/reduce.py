@@ -26,7 +26,7 @@ import numpy as np
 
 import opforge
 from ..spec import UNKNOWN_RANK
-from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, widened
+from .elementwise import FLOATS, NUMERIC, dims_of, dtype_of, rounded_back, widened
 from .registry import converter
 from .shape import ints, rank_of
 
@@ -119,7 +119,7 @@ def in_float(fn: Callable[[Any, list[int], bool], Any]) -> Callable[[NodeContext
         if np.dtype(dtype).kind in "iub":
             return ops.cast(fn(ops.cast(x, dtype="float64"), axes, keep), dtype=dtype)
         if dtype not in FLOATS:
-            return ops.cast(fn(ops.cast(x, dtype="float32"), axes, keep), dtype=dtype)
+            return rounded_back(fn(ops.cast(x, dtype="float32"), axes, keep), dtype)
         return fn(x, axes, keep)
 
     return run

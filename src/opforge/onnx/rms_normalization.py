@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import opforge
-from .elementwise import dtype_of
+from .elementwise import dtype_of, rounded_back
 from .shape import rank_of
 from .registry import converter
 
@@ -51,4 +51,4 @@ def rms_normalized(node: NodeContext, x: Any, scale: Any, axis: int, epsilon: fl
     rms = ops.sqrt(ops.add(mean_square, np.asarray(epsilon, compute)))
     factor = scale if dtype_of(scale) == compute else ops.cast(scale, dtype=compute)
     y = ops.mul(ops.div(wide, rms), factor)
-    return (y if dtype_of(scale) == compute else ops.cast(y, dtype=dtype_of(scale))), rms
+    return (y if dtype_of(scale) == compute else rounded_back(y, dtype_of(scale))), rms
