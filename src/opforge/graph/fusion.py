@@ -28,6 +28,7 @@ inputs are one element, never on the shapes.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -37,11 +38,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .. import ops as _ops
 from ..bounded_cache import BoundedCache
 from ..errors import CacheError, CompileError, CompilerNotFoundError
 from ..runtime import cpu, prebuilt
 from ..runtime.aot import AotKernel
+from .symbolic import call_builtin
 from .ir import Node
 
 if TYPE_CHECKING:
@@ -61,7 +62,15 @@ _fused_ops: BoundedCache[tuple[str, str], tuple[Op, Kernel]] = BoundedCache(256)
 _rejected: BoundedCache[tuple[str, str | None], bool] = BoundedCache(256)
 _told_unfused = threading.Lock()  # held for good once a run fell back: the line is printed once per process
 log = logging.getLogger("opforge.build")
-ops: Any = _ops  # (the built-ins' functions are made as they register: mypy sees none of them)
+class _Builtins:
+    """``ops.relu(...)``: the built-in op of that name, called through the registry (the graph layer imports no
+    frontend, ``opforge.ops`` included)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return functools.partial(call_builtin, name)
+
+
+ops: Any = _Builtins()
 
 
 def fusion_enabled() -> bool:
