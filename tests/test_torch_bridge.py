@@ -10,7 +10,7 @@ import opforge
 import opforge.torch as ot
 from helpers import WHICH_ISA, addresses_op, declare
 from opforge import ops
-from opforge.errors import CheckError, DTypeError, GradientError, KernelError, SchemaError, ShapeError
+from opforge.errors import CheckError, DeviceError, DTypeError, GradientError, KernelError, SchemaError, ShapeError
 
 # y = scale * x, in C++, with a gradient rule written with opforge ops.
 SCALE = r"""
@@ -231,6 +231,32 @@ def test_variadic_inputs_are_a_list():
 
 # -- errors keep their opforge types ------------------------------------------------------
 
+def test_a_meta_tensor_beside_a_cpu_tensor_is_a_device_error():
+    with pytest.raises(DeviceError, match="input 'b' is on meta"):
+        torch.ops.opforge.add(torch.ones(3), torch.ones(3, device="meta"))
+    assert torch.ops.opforge.add(torch.ones(3, device="meta"), torch.ones(3, device="meta")).is_meta
+
+
+def test_a_python_kernel_leaves_the_callers_tensors_resizable(fresh):
+    """Its NumPy views come through DLPack (Tensor.numpy() would pin the storage's size, which
+    FSDP2 changes), and its outputs are torch's own tensors."""
+    op = declare(fresh, "ttorch::twice(Tensor x) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+
+    @op.kernel
+    def _(x):
+        return x * 2
+
+    x = torch.arange(6.0).reshape(2, 3)[:, 1]  # strided: made contiguous first
+    y = torch.ops.ttorch.twice(x)
+    torch.testing.assert_close(y, torch.tensor([2.0, 8.0]))
+    plain = torch.arange(4.0)
+    torch.ops.ttorch.twice(plain)
+    plain.resize_(10)
+    y.resize_(12)
+    assert plain.shape == (10,) and y.shape == (12,)
+
+
 def test_errors_keep_their_types_through_torch_ops(scale):
     ot.register(scale)
     ot.register("softmax")
@@ -301,6 +327,28 @@ def test_a_size_only_the_data_decides_traces_as_an_unbacked_size(fresh):
     # Running it needs every output dim before the kernel runs (opforge allocates outputs first):
     with pytest.raises(ShapeError, match="every output dim known"):
         program.module()(torch.randn(8))
+
+
+def test_dynamic_compile_keeps_the_batch_free_beside_a_fixed_size_parameter():
+    """matmul(x, weight): x's inner dim is tied to the parameter's (pinned, with a guard), its batch
+    stays a symbol, so new batch sizes reuse the graph, forward and backward."""
+    from torch._dynamo.utils import counters
+
+    weight = torch.nn.Parameter(torch.randn(16, 8, dtype=torch.float64))
+
+    def f(x):
+        return torch.ops.opforge.relu(torch.ops.opforge.matmul(x, weight))
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, dynamic=True, backend="aot_eager")
+    for batch in (2, 3, 5, 7):
+        x = torch.randn(batch, 16, dtype=torch.float64)
+        y = compiled(x)
+        torch.testing.assert_close(y, torch.relu(x @ weight))
+        y.sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
 
 
 def test_fake_shapes_follow_symbols_through_sums_and_specialize_otherwise():

@@ -107,3 +107,17 @@ def test_dtensor_gradient_through_reduce_sum_equals_one_process(dtensor_results)
         placements, grad = dtensor_results[f"reduce_sum axes={axes} gradient"]
         assert placements != "error", f"reduce_sum axes={axes}: {grad}"
         torch.testing.assert_close(grad, xr.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_dtensor_gradient_through_layer_norm_with_unused_outputs_equals_one_process(dtensor_results):
+    x, _, _, generator = dtensor_inputs()
+    for n in (6, 8):  # the reduce_sum weights drawn before
+        torch.randn(n, dtype=torch.float64, generator=generator)
+    scale, bias = (torch.randn(6, dtype=torch.float64, generator=generator) for _ in range(2))
+    inputs = [t.clone().requires_grad_() for t in (x, scale, bias)]
+    y = torch.nn.functional.layer_norm(inputs[0], (6,), inputs[1], inputs[2], 1e-5)
+    (y * y).sum().backward()
+    for name, expected in zip(("x", "scale", "bias"), inputs):
+        placements, grad = dtensor_results[f"layer_norm gradient {name}"]
+        assert placements != "error", f"layer_norm gradient {name}: {grad}"
+        torch.testing.assert_close(grad, expected.grad, rtol=1e-10, atol=1e-12)

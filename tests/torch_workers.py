@@ -71,6 +71,12 @@ def ddp_worker(rank, world, port, steps, out_path):
 
         losses, grads = train(model, x[rank * half:(rank + 1) * half], target[rank * half:(rank + 1) * half],
                               steps, averaged)
+        # layer_norm's mean and inv_std_dev unused: their gradients are zeros made as DTensors
+        scale, bias = (torch.randn(6, dtype=torch.float64, generator=generator) for _ in range(2))
+        for k, name in enumerate(("x", "scale", "bias")):
+            attempt(results, f"layer_norm gradient {name}", lambda: _layer_norm_gradients(
+                distribute_tensor(x, mesh, [Shard(0)]), *(distribute_tensor(t, mesh, [Replicate()])
+                                                         for t in (scale, bias)))[k])
         if rank == 0:
             torch.save({"losses": losses, "grads": grads,
                         "params": [p.detach().clone() for p in model.module.parameters()]}, out_path)
@@ -115,6 +121,12 @@ def dtensor_worker(rank, world, port, out_path):
                                         [Replicate()])
             attempt(results, f"reduce_sum axes={axes} gradient",
                     lambda: _reduce_sum_gradient(distribute_tensor(x, mesh, [Shard(0)]), axes, weights))
+        # layer_norm's mean and inv_std_dev unused: their gradients are zeros made as DTensors
+        scale, bias = (torch.randn(6, dtype=torch.float64, generator=generator) for _ in range(2))
+        for k, name in enumerate(("x", "scale", "bias")):
+            attempt(results, f"layer_norm gradient {name}", lambda: _layer_norm_gradients(
+                distribute_tensor(x, mesh, [Shard(0)]), *(distribute_tensor(t, mesh, [Replicate()])
+                                                         for t in (scale, bias)))[k])
         if rank == 0:
             torch.save({name: (tuple(str(p) for p in placements), value) if isinstance(placements, tuple)
                         else (placements, value) for name, (placements, value) in results.items()}, out_path)
@@ -128,6 +140,14 @@ def _reduce_sum_gradient(x, axes, weights):
     x = x.detach().requires_grad_()
     (torch.ops.opforge.reduce_sum(x, axes=axes) * weights).sum().backward()
     return x.grad
+
+
+def _layer_norm_gradients(x, scale, bias):
+    """The gradients of (y * y).sum(), y = layer_norm(x, scale, bias)[0], with respect to each input."""
+    inputs = [t.detach().requires_grad_() for t in (x, scale, bias)]
+    y = torch.ops.opforge.layer_norm(*inputs, axis=-1, epsilon=1e-5)[0]
+    (y * y).sum().backward()
+    return [t.grad for t in inputs]
 
 
 def attempt(results, name, compute):

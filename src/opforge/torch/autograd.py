@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
+from torch.autograd import forward_ad
 
 from .. import errors
 from ..attrs import attr_key
@@ -76,29 +77,73 @@ torch.library.register_fake(f"opforge::{REFUSED}", _refused_fake, lib=_library)
 
 class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to mypy (follow_imports=skip)
     """One differentiable call: ``flat`` holds its tensors (a Tensor[] argument's
-    elements each), ``rebuild(flat)`` gives the call's (args, kwargs) back."""
+    elements each), ``rebuild(flat)`` gives the call's (args, kwargs) back;
+    ``tangents``: whether any carries a forward-mode tangent."""
 
     @staticmethod
-    def forward(ctx: Any, gradient: Gradient, rebuild: _Rebuild, slots: Sequence[int], *flat: Any) -> Any:
+    def forward(gradient: Gradient, rebuild: _Rebuild, slots: Sequence[int], tangents: bool, *flat: Any) -> Any:
         args, kwargs = rebuild(flat)
-        output = gradient.binding.packet.default(*args, **kwargs)  # grad mode is off in here
+        with torch._C._AutoDispatchBelowAutograd():  # the plain call, whatever tangents its inputs carry
+            return gradient.binding.packet.default(*args, **kwargs)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        gradient, rebuild, slots, tangents, *flat = inputs
+        args, kwargs = rebuild(flat)
         outputs = output if gradient.binding.op.tuple_output else (output,)
-        gradient.setup_context(ctx, args, kwargs, output)
+        gradient.setup_context(ctx, args, kwargs, output, tangents)
         ctx.slots = slots
-        ctx.flat_like = [(t.shape, t.dtype) for t in flat] if ctx.problem is not None else None
+        ctx.flat_like = [(t.shape, t.dtype) for t in flat]
         # Floating outputs stay differentiable even when the op has no gradient: so do torch's own ops
         # without a derivative (torch.special.zeta's first input), whose backward raises.  Marking them
         # non-differentiable would let a gradient that needs this op skip it without an error (a layer
         # before the op would get no gradient at all).
         ctx.mark_non_differentiable(*[o for o in outputs if not (o.is_floating_point() or o.is_complex())])
-        return output
+        # An output no gradient reached comes to backward as None, which makes its zeros like the others
+        # (autograd's own zeros would be plain tensors beside a DTensor's gradients).
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         if ctx.problem is not None:
-            return (None, None, None, *ctx.gradient.refused(ctx, grads))
+            return (None, None, None, None, *ctx.gradient.refused(ctx, grads))
         per_input = ctx.gradient.backward(ctx, *grads)
-        return (None, None, None, *[per_input[slot] for slot in ctx.slots])
+        return (None, None, None, None, *[per_input[slot] for slot in ctx.slots])
+
+    @staticmethod
+    def jvp(ctx: Any, _gradient: Any, _rebuild: Any, _slots: Any, _tangents: Any, *tangents: Any) -> Any:
+        return ctx.gradient.jvp(ctx, tangents)
+
+
+def _apply(function: type, *args: Any) -> Any:
+    """``function.apply(*args)`` from the autograd key.  Inside one of torch.func's
+    differentiating transforms (grad, vjp, jvp; jacrev and jacfwd add vmap, which is
+    fine) the tensors here are already that transform's: the Function is applied at
+    its level alone, as torch.func applies a Function it lowers itself.  Two such
+    transforms nested (hessian, jvp of grad) would need the op's forward to run again
+    at the outer level, which torch gives custom ops no way to do: a GradientError
+    there, not the zeros the outer transform would see."""
+    apply = super(torch.autograd.Function, function).apply
+    if not torch._C._are_functorch_transforms_active():
+        return apply(*args)
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    from torch._functorch.utils import enable_single_level_autograd_function
+
+    differentiating = [i for i in retrieve_all_functorch_interpreters()
+                       if i.key() in (TransformType.Grad, TransformType.Jvp)]
+    if len(differentiating) > 1:
+        raise GradientError(f"op '{args[0].binding.op.name}': torch.func cannot nest differentiating transforms "
+                            "(hessian, jvp of grad, ...) over an opforge op; take higher derivatives with "
+                            "torch.autograd.grad(..., create_graph=True), which differentiates its gradient "
+                            "rule again")
+    with enable_single_level_autograd_function():
+        return apply(*args)
+
+
+def _has_tangent(tensor: Any) -> bool:
+    """Whether ``tensor`` carries a forward-mode tangent (``torch.func.jvp``, ``forward_ad``)."""
+    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(tensor).tangent is not None
 
 
 class Gradient:
@@ -115,10 +160,13 @@ class Gradient:
         below autograd (the same overload, with the autograd keys excluded)."""
         def autograd_kernel(*args: Any, **kwargs: Any) -> Any:
             flat, slots, rebuild = self._flatten(args, kwargs)
-            if not (torch.is_grad_enabled() and any(t.requires_grad for t in flat)):
+            tangents = any(_has_tangent(t) for t in flat)
+            if not tangents and not (torch.is_grad_enabled() and any(t.requires_grad for t in flat)):
                 with torch._C._AutoDispatchBelowAutograd():
                     return below_autograd(*args, **kwargs)
-            return self.function.apply(self, rebuild, slots, *flat)
+            # Function.apply without its torch.func dispatch: this kernel runs at the autograd key,
+            # below torch.func's transforms, which have unwrapped the tensors to their own level already.
+            return _apply(self.function, self, rebuild, slots, tangents, *flat)
 
         return autograd_kernel
 
@@ -167,7 +215,7 @@ class Gradient:
         return flat, slots, rebuild
 
     def setup_context(self, ctx: Any, inputs: Sequence[Any], keyword_only_inputs: Mapping[str, Any],
-                      output: Any) -> None:
+                      output: Any, tangents: bool = False) -> None:
         binding = self.binding
         tensors, attrs = binding.split(inputs, keyword_only_inputs)
         outputs = list(output) if binding.op.tuple_output else [output]
@@ -181,7 +229,10 @@ class Gradient:
         except OpforgeError as error:  # raised when the gradient is asked for, not by the forward call
             ctx.problem = error
             return
-        ctx.save_for_backward(*[v if keep else None for v, keep in zip(tensors + outputs, used)])
+        kept = [v if keep else None for v, keep in zip(tensors + outputs, used)]
+        ctx.save_for_backward(*kept)
+        if tangents:  # for jvp, which runs as the call returns (forward AD is off in forward itself)
+            ctx.forward_saved = kept
 
     def _graph_for(self, attrs: dict[str, AttrValue], tensors: Sequence[Any],
                    outputs: Sequence[Any]) -> _Backward:
@@ -223,7 +274,7 @@ class Gradient:
         grad = next(g for g in grads if g is not None)  # autograd calls backward with some gradient
         refuse = getattr(torch.ops.opforge, REFUSED).default
         return [refuse(grad, list(shape), dtype, type(error).__name__, str(error)) if needed else None
-                for needed, (shape, dtype) in zip(ctx.needs_input_grad[3:], ctx.flat_like)]
+                for needed, (shape, dtype) in zip(ctx.needs_input_grad[4:], ctx.flat_like)]
 
     def backward(self, ctx: Any, *grads: Any) -> list[Any]:
         """The gradient of each tensor input of the op (of each element of a Tensor[] one)."""
@@ -234,6 +285,37 @@ class Gradient:
                  if g is None else g for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
         found = iter(replay(ctx.graph, saved + grads, like=like))  # type: ignore[operator]  # as above
         return [next(found) if keep else None for keep in ctx.present]
+
+
+    def jvp(self, ctx: Any, tangents: Sequence[Any]) -> Any:
+        """Forward mode from the reverse rule: the backward graph is linear in the output
+        gradients, so the product of the Jacobian with the input tangents is the gradient,
+        with respect to those output gradients, of the backward graph's results dotted with
+        the tangents.  The backward graph is replayed once on probe gradients (its nodes
+        record torch's autograd) and differentiated once."""
+        if ctx.problem is not None:  # asked for now: forward mode computes the tangent with the call
+            problem = ctx.problem
+            raise problem if isinstance(problem, OpforgeError) else GradientError(problem)
+        op = self.binding.op
+        saved = ctx.forward_saved
+        del ctx.forward_saved
+        like = next(t for t in saved + list(tangents) if t is not None)
+        with torch.enable_grad():
+            probes = [torch.zeros(shape, dtype=dtype, device=device, requires_grad=True)
+                      for shape, dtype, device in ctx.output_like]
+            found = iter(replay(ctx.graph, saved + probes, like=like))
+            per_input = [next(found) if keep else None for keep in ctx.present]
+            pairs = [(per_input[slot], t) for slot, t in zip(ctx.slots, tangents)
+                     if t is not None and per_input[slot] is not None and per_input[slot].requires_grad]
+            try:
+                out_tangents = torch.autograd.grad([g for g, _ in pairs], probes, [t for _, t in pairs],
+                                                   allow_unused=True) if pairs else [None] * len(probes)
+            except OpforgeError as error:
+                raise GradientError(f"op '{op.name}': forward-mode AD differentiates its gradient rule, which "
+                                    f"failed: {error}") from error
+        out_tangents = [torch.zeros(shape, dtype=dtype, device=device) if t is None else t.detach()
+                        for t, (shape, dtype, device) in zip(out_tangents, ctx.output_like)]
+        return tuple(out_tangents) if op.tuple_output else out_tangents[0]
 
 
 def _holds_at(graph: Graph, specs: Sequence[TensorSpec | None]) -> bool:

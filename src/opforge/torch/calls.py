@@ -87,13 +87,7 @@ class Binding:
     def run(self, *args: Any, **kwargs: Any) -> Any:
         op = self.op
         tensors, attrs = self.split(args, kwargs)
-        present = [t for t in tensors if t is not None]
-        device = present[0].device if present else torch.device("cpu")
-        for index, t in enumerate(tensors):
-            if t is not None and t.device != device:
-                raise DeviceError(f"op '{op.name}': input '{op.input_name(index)}' is on {t.device}, input "
-                                  f"'{op.input_name(tensors.index(present[0]))}' on {device}; one call takes "
-                                  "tensors on one device")
+        device = self.device_of(tensors)
         kind = "gpu" if device.type == "cuda" else "cpu" if device.type == "cpu" else None
         if kind is None:
             raise DeviceError(f"op '{op.name}': its inputs are on {device}; opforge kernels run on the CPU and on "
@@ -117,6 +111,19 @@ class Binding:
                 plan.run(inputs, [o.data_ptr() for o in outputs],
                          workspace.data_ptr() if workspace is not None else 0)
         return tuple(outputs) if op.tuple_output else outputs[0]
+
+    def device_of(self, tensors: Sequence[Any]) -> Any:
+        """The one device of a call's tensors (the CPU when none is given); DeviceError for a mix,
+        meta tensors included: torch would run the fake kernel for a meta tensor beside a real one
+        and give an uninitialised result."""
+        present = [t for t in tensors if t is not None]
+        device = present[0].device if present else torch.device("cpu")
+        for index, t in enumerate(tensors):
+            if t is not None and t.device != device:
+                raise DeviceError(f"op '{self.op.name}': input '{self.op.input_name(index)}' is on {t.device}, "
+                                  f"input '{self.op.input_name(tensors.index(present[0]))}' on {device}; one "
+                                  "call takes tensors on one device")
+        return device
 
     def native_plan(self, kind: str, device_index: int, specs: Sequence[tuple[Sequence[int], str] | None],
                     attrs: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -161,14 +168,18 @@ class Binding:
             return plan.kernel.fn(*tensors, **attrs)
         arrays = []
         for index, t in enumerate(tensors):
-            try:
-                arrays.append(None if t is None else t.numpy())
-            except TypeError:
+            try:  # a DLPack view: Tensor.numpy() would make the caller's storage non-resizable (FSDP2 resizes)
+                arrays.append(None if t is None else np.from_dlpack(t))
+            except (RuntimeError, TypeError, BufferError):
                 raise DTypeError(f"op '{op.name}': input '{op.input_name(index)}' has dtype {t.dtype}; the op's "
                                  f"Python kernel '{plan.kernel.name}' takes NumPy arrays, which have no such "
                                  "dtype") from None
-        outputs = plan.kernel.run(op, arrays, attrs, plan.out_specs, plan.in_specs)
-        outputs = [torch.from_numpy(np.ascontiguousarray(o)) for o in outputs]
+        results = plan.kernel.run(op, arrays, attrs, plan.out_specs, plan.in_specs)
+        outputs = []
+        for spec, result in zip(plan.out_specs, results):  # into torch's own memory, as its ops' outputs are
+            output = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype))
+            np.from_dlpack(output)[...] = result
+            outputs.append(output)
         return tuple(outputs) if op.tuple_output else outputs[0]
 
     # -- the fake kernel ------------------------------------------------------------
@@ -183,8 +194,7 @@ class Binding:
         the data decides become unbacked sizes)."""
         op = self.op
         tensors, attrs = self.split(args, kwargs)
-        present = [t for t in tensors if t is not None]
-        device = present[0].device if present else torch.device("cpu")
+        device = self.device_of(tensors)
         signature = symbolic.Signature(op, tensors)
         out_specs = op.infer_specs(signature.unknown, attrs)
         if any(spec.rank is None for spec in out_specs):  # a rank the sizes decide (gather_nd's tuple length):

@@ -448,7 +448,7 @@ class FastKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle &op, c10::DispatchKeySet keys, torch::jit::Stack *stack) {
     OpState &state = *state_;
     if (autograd_) {
-      if (c10::GradMode::is_enabled() && NeedsGradient(state, *stack)) {
+      if (NeedsGradient(state, *stack)) {
         state.fallback.callBoxed(stack);  // the Python op records the gradient
         return;
       }
@@ -465,15 +465,22 @@ class FastKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // A tensor that needs a gradient, or carries a forward-mode tangent (dual level 0, where
+  // forward_ad and torch.func.jvp put them): the Python op records or computes it.
+  static bool Differentiated(const at::Tensor &t, bool grad_mode) {
+    return (grad_mode && t.requires_grad()) || (t.defined() && t._fw_grad(0).defined());
+  }
+
   static bool NeedsGradient(const OpState &state, const torch::jit::Stack &stack) {
+    const bool grad_mode = c10::GradMode::is_enabled();
     auto args = torch::jit::last(stack, state.kinds.size());
     for (size_t k = 0; k < state.kinds.size(); ++k) {
       const c10::IValue &v = args[k];
       if (v.isTensor()) {
-        if (v.toTensor().requires_grad()) return true;
+        if (Differentiated(v.toTensor(), grad_mode)) return true;
       } else if (v.isTensorList()) {
         for (const at::Tensor &t : v.toTensorList())
-          if (t.requires_grad()) return true;
+          if (Differentiated(t, grad_mode)) return true;
       }
     }
     return false;

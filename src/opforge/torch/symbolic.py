@@ -89,45 +89,71 @@ class Signature:
             return shapes
         op = self.op
 
-        def run(shift: Mapping[int, int]) -> list[tuple[int, ...]]:
-            return [s.shape for s in op.infer_specs(self.evaluated(shift), attrs)]
+        def run(shift: Mapping[int, int]) -> list[tuple[int, ...]] | None:
+            try:
+                return [s.shape for s in op.infer_specs(self.evaluated(shift), attrs)]
+            except Exception:  # the moved sizes broke one of the op's checks
+                return None
 
-        base: list[tuple[int, ...]] | None
-        try:
-            base = run({})
-            moved = [run({k: 2}) for k in range(len(self.symbols))]
-            check = run({k: 2 * (k + 1) for k in range(len(self.symbols))})
-        except Exception:  # the moved sizes broke one of the op's checks: specialize below
-            base = None
+        base = run({})
+        # Each symbol is moved alone.  One whose move breaks the op's checks is tied to something:
+        # symbols that move together (two inputs' batch dims that must match) are one variable, with
+        # a guard that they are equal, as torch's own ops add; one tied to a fixed size (a matmul's
+        # inner dim against a parameter's) is pinned, with a guard on its size.  The other symbols
+        # stay free, so the batch size of matmul(x, weight) never recompiles.
+        count = len(self.symbols)
+        variables: list[list[int]] = []  # the symbols each variable moves
+        if base is not None:
+            tied = [k for k in range(count) if run({k: 2}) is None]
+            variables = [[k] for k in range(count) if k not in tied]
+            if len(tied) > 1 and len({self.symbols[k][1] for k in tied}) == 1 \
+                    and run(dict.fromkeys(tied, 2)) is not None:
+                variables.append(tied)
+        moved = [run(dict.fromkeys(members, 2)) for members in variables]
+        check = run({k: 2 * (v + 1) for v, members in enumerate(variables) for k in members}) if variables \
+            else None
+        if check is None or any(m is None for m in moved):
+            variables, moved = [], []
         result = []
         for o, shape in enumerate(shapes):
             dims = []
-            for k, d in enumerate(shape):
+            for at, d in enumerate(shape):
                 found = None
-                if d < 0 and base is not None:
-                    found = self._linear(base[o][k], [m[o][k] for m in moved], check[o][k])
+                if d < 0 and variables:
+                    found = self._linear(base[o][at], [members[0] for members in variables],  # type: ignore[index]
+                                         [m[o][at] for m in moved], check[o][at])  # type: ignore[index]
                 dims.append(d if d >= 0 else found if found is not None else -1)
             result.append(dims)
         if any(isinstance(d, int) and d < 0 for dims in result for d in dims):
-            concrete = op.infer_specs(concrete_specs(), attrs)
-            result = [[c if isinstance(d, int) and d < 0 else d for d, c in zip(dims, spec.shape)]
-                      for dims, spec in zip(result, concrete)]
+            concrete = op.infer_specs(concrete_specs(), attrs)  # every symbol specialized
+            return [[c if isinstance(d, int) and d < 0 else d for d, c in zip(dims, spec.shape)]
+                    for dims, spec in zip(result, concrete)]
+        # the guards the dims above assume
+        in_variables = {k for members in variables for k in members}
+        for members in variables:
+            for k in members[1:]:
+                bool(self.symbols[k][0] == self.symbols[members[0]][0])
+        for k in range(count):
+            if k not in in_variables:
+                int(self.symbols[k][0])
         return result
 
-    def _linear(self, base: int, moved: Sequence[int], check: int) -> int | torch.SymInt | None:
-        """``base`` as ``c0 + sum(c_i * symbol_i)`` from the dims ``moved`` gave (symbol i
-        moved by 2), verified on ``check`` (symbol i moved by 2(i+1)); None when it is not
-        such a combination with integer coefficients."""
+    def _linear(self, base: int, variables: Sequence[int], moved: Sequence[int],
+                check: int) -> int | torch.SymInt | None:
+        """``base`` as ``c0 + sum(c_v * symbol_v)`` over the variables (each named by one of its
+        symbols) from the dims ``moved`` gave (variable v moved by 2), verified on ``check`` (each
+        variable v moved by 2(v+1)); None when it is not such a combination with integer
+        coefficients."""
         if base < 0 or check < 0 or any(m < 0 for m in moved):
             return None
         steps = [m - base for m in moved]
         if any(step % 2 for step in steps):
             return None
         coefficients = [step // 2 for step in steps]
-        if base + sum(c * 2 * (k + 1) for k, c in enumerate(coefficients)) != check:
+        if base + sum(c * 2 * (v + 1) for v, c in enumerate(coefficients)) != check:
             return None
-        value = base - sum(c * size for c, (_, size) in zip(coefficients, self.symbols))
-        for c, (symbol, _) in zip(coefficients, self.symbols):
+        value = base - sum(c * self.symbols[k][1] for c, k in zip(coefficients, variables))
+        for c, k in zip(coefficients, variables):
             if c:
-                value = value + c * symbol
+                value = value + c * self.symbols[k][0]
         return value
