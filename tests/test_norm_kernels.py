@@ -69,3 +69,61 @@ def test_lrn_and_gradient_match_references(shape, attrs, dtype, threads):
     assert_native("lrn_grad", dy, x)
     np.testing.assert_allclose(ops.lrn(x, **attrs), lrn_reference(x, **attrs), **TOLERANCE[dtype])
     np.testing.assert_allclose(ops.lrn_grad(dy, x, **attrs), lrn_grad_reference(dy, x, **attrs), **TOLERANCE[dtype])
+
+
+# -- layer_norm without a bias: its own native variant (absent_inputs) ------------------------------------
+def layer_norm_kernel(*specs):
+    from opforge import TensorSpec
+    from opforge.runtime.dispatch import select_kernel
+
+    return select_kernel(opforge.lookup("layer_norm"),
+                         [None if s is None else TensorSpec(s.shape, str(s.dtype)) for s in specs])
+
+
+@pytest.mark.parametrize("shape, axis, scale_shape", [((300, 257), -1, (257,)), ((3, 50, 101), 1, (50, 101)),
+                                                      ((3, 50, 101), 1, (1, 101)), ((4, 6, 9), 0, (1,)),
+                                                      ((2, 5000), 1, (5000,)), ((5, 0), 1, (0,))])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_without_bias_runs_natively_and_matches(shape, axis, scale_shape, dtype, threads):
+    from opforge.runtime.aot import AotKernel
+
+    x, scale = normal(shape, dtype, seed=4, loc=3.0), normal(scale_shape, dtype, seed=5)
+    kernel = layer_norm_kernel(x, scale, None)
+    assert isinstance(kernel, AotKernel) and kernel.absent_inputs == {"bias"}, kernel
+    got = ops.layer_norm(x, scale, axis=axis, epsilon=1e-5)
+    want = layer_norm_reference(x, scale, axis=axis, epsilon=1e-5)
+    with_zero_bias = ops.layer_norm(x, scale, np.zeros(scale_shape[-1:], dtype), axis=axis, epsilon=1e-5)
+    for g, w, z in zip(got, want, with_zero_bias):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, **TOLERANCE[dtype])
+        np.testing.assert_array_equal(g, z)  # the same arithmetic as the kernel with a bias of zeros
+
+
+def test_layer_norm_kernel_without_bias_is_refused_a_bias():
+    x, scale, bias = normal((4, 8), "float32", 1), normal((8,), "float32", 2), normal((8,), "float32", 3)
+    no_bias = layer_norm_kernel(x, scale, None)
+    assert layer_norm_kernel(x, scale, bias) is not no_bias
+    reason = no_bias.reject_reason(opforge.lookup("layer_norm"), [opforge.TensorSpec.of(a) for a in (x, scale, bias)])
+    assert reason is not None and "'bias'" in reason
+
+
+def test_layer_norm_without_bias_in_a_graph_and_its_gradient():
+    """A graph runs the no-bias kernel in its native program; the gradient (dx, dscale) is right."""
+    from opforge.testing import gradcheck
+
+    x, scale = normal((3, 4, 5), "float64", 6), normal((4, 5), "float64", 7)
+    fn = opforge.trace(lambda a, s: ops.layer_norm(a, s, axis=1)[0], x, scale)
+    np.testing.assert_allclose(fn(x, scale), layer_norm_reference(x, scale, axis=1, epsilon=1e-5)[0], rtol=1e-7)
+    (plan,) = fn._executor.plans.values()
+    assert plan.program is not None  # the native program: its kernel takes the call without a bias
+    assert gradcheck(ops.layer_norm, x, scale, axis=1) < 1e-6
+    y, pullback = opforge.vjp(lambda a, s: ops.layer_norm(a, s, axis=1)[0], x, scale)
+    dx, dscale = pullback(np.ones_like(y))
+    assert dx.shape == x.shape and dscale.shape == scale.shape and np.isfinite(dx).all()
+
+
+def test_absent_inputs_name_optional_inputs_only():
+    op = opforge.op("test_absent::scaled(Tensor x, Tensor? s=None) -> Tensor y")
+    op.def_infer(opforge.infer.same_as(0))
+    with pytest.raises(opforge.SchemaError, match="absent_inputs"):
+        op.kernel(lambda x, s: x, absent_inputs=["x"])

@@ -83,6 +83,10 @@ class Kernel:
     requires: Callable[[], str | None] | None = None
     #: What a C kernel's non-zero return codes mean ({4: "input 'indices' holds ..."}): KernelError says so.
     error_messages: Mapping[int, str] = {}
+    #: Names of ``Tensor?`` inputs the kernel is for calls without (``kernel(absent_inputs=...)``): it takes
+    #: only calls where each of them is absent.  A native kernel takes no other absent input (the C ABI
+    #: passes present tensors only), so a variant compiled for "no bias" is how it serves such calls.
+    absent_inputs: frozenset[str] = frozenset()
 
     def __init__(self, *, device: str = "cpu", dtypes: DTypeSignatures | None = None, isa: str | None = None,
                  layout: str = "ndarray", name: str | None = None) -> None:
@@ -99,6 +103,8 @@ class Kernel:
         if missing:
             return missing
         for index, spec in enumerate(specs):
+            if spec is not None and op.input_name(index) in self.absent_inputs:
+                return f"input '{op.input_name(index)}' is given; the kernel is for calls without it"
             if spec is not None and self.layout != "any" and spec.layout != self.layout:
                 return f"input '{op.input_name(index)}' is in layout {spec.layout}, the kernel takes {self.layout}"
         if self.dtypes is None:
@@ -278,14 +284,15 @@ class Op(OpBase):
     def kernel(self, fn: None = None, *, source: str | os.PathLike[str] | None = None, code: str | None = None,
                function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None, isa: str | None = None,
                layout: str = "ndarray", cflags: Sequence[str] = (), include_dirs: Sequence[str | os.PathLike[str]] = (),
-               name: str | None = None, reference: bool = False,
-               errors: Mapping[int, str] | None = None) -> Any: ...  # a Kernel, or a list: one per variant
+               name: str | None = None, reference: bool = False, errors: Mapping[int, str] | None = None,
+               absent_inputs: Iterable[str] = ()) -> Any: ...  # a Kernel, or a list: one per variant
 
     def kernel(self, fn: Callable[..., Any] | None = None, *, source: str | os.PathLike[str] | None = None,
                code: str | None = None, function: str | None = None, device: str = "cpu", dtypes: KernelDTypes = None,
                isa: str | None = None, layout: str = "ndarray", cflags: Sequence[str] = (),
                include_dirs: Sequence[str | os.PathLike[str]] = (), name: str | None = None,
-               reference: bool = False, errors: Mapping[int, str] | None = None) -> Any:
+               reference: bool = False, errors: Mapping[int, str] | None = None,
+               absent_inputs: Iterable[str] = ()) -> Any:
         """Add a kernel.
 
         * ``op.kernel(source="leaky_relu.cc:LeakyRelu", ...)``: a C/C++/CUDA
@@ -301,8 +308,11 @@ class Op(OpBase):
         "avx512") compiles with that instruction set and lets dispatch pick
         the best one the CPU has.  ``errors={4: "input 'indices' holds an index
         out of range"}`` says what a C kernel's return codes mean: the
-        ``KernelError`` of a failed call quotes it.  Returns the kernel (or
-        list of kernels).
+        ``KernelError`` of a failed call quotes it.  ``absent_inputs=["bias"]``
+        (``Tensor?`` inputs) makes a kernel for calls without those inputs:
+        it takes exactly the calls where they are absent, and its C function
+        gets the present tensors only (a C kernel otherwise takes no call with
+        an absent input).  Returns the kernel (or list of kernels).
         """
         if errors is not None and not (isinstance(errors, Mapping) and all(
                 isinstance(c, int) and not isinstance(c, bool) and c != 0 and isinstance(m, str)
@@ -312,14 +322,20 @@ class Op(OpBase):
         if errors and source is None and code is None:
             raise OpforgeError(f"op '{self.name}': errors= explains a C kernel's return codes (with source= or "
                                "code=); a Python kernel raises its own opforge error")
+        absent = frozenset(absent_inputs)
+        optional = {i.name for i in self.inputs if i.optional}
+        if not absent <= optional:
+            raise SchemaError(f"op '{self.name}': absent_inputs names {sorted(absent - optional)}; only optional "
+                              f"(Tensor?) inputs can be absent: {sorted(optional) or 'none'}")
         if fn is None and source is None and code is None:
             return lambda f: self.kernel(f, device=device, dtypes=dtypes, isa=isa, layout=layout, name=name,
-                                         reference=reference)
+                                         reference=reference, absent_inputs=absent)
         signatures = self._dtype_signatures(dtypes)
         if fn is not None:
             kernel = PyKernel(fn, device=device, dtypes=signatures, isa=isa, layout=layout, name=name)
             kernel.reference = reference
             kernel.dispatchable = not reference or signatures is not None  # see Op.reference
+            kernel.absent_inputs = absent
             self.add_kernel(kernel)
             return fn
         kernels = RUNTIME.source_kernels(self, source=source, code=code, function=function, device=device,
@@ -328,6 +344,7 @@ class Op(OpBase):
         for made in kernels:
             if errors:
                 made.error_messages = dict(errors)
+            made.absent_inputs = absent
             self.add_kernel(made)
         return kernels[0] if len(kernels) == 1 else kernels
 

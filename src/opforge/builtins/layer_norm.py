@@ -8,8 +8,9 @@ normalised dims set to 1 (ONNX's optional outputs).  The kernel (float32,
 float64; generic and AVX2 builds; rows on opforge's pool) takes each row's
 mean in double vector lanes, then the squares about it in lanes of the
 element type added block by block into a double, and writes y in the
-element type; it broadcasts scale and bias itself; without a
-bias the NumPy reference runs.  The gradient covers all three outputs and every input.
+element type; it broadcasts scale and bias itself.  It is compiled a second
+time for calls without a bias (``absent_inputs``), which then run natively
+too.  The gradient covers all three outputs and every input.
 """
 from __future__ import annotations
 
@@ -115,6 +116,14 @@ LAYER_NORM_CC = r"""
 
 typedef OPFORGE_T T;
 
+// Compiled twice: with a bias, and with OPFORGE_LAYER_NORM_NO_BIAS for calls without one, whose params
+// then hold no bias (the ABI passes present inputs only): x, scale, then the outputs.
+#ifdef OPFORGE_LAYER_NORM_NO_BIAS
+const int kInputs = 2;
+#else
+const int kInputs = 3;
+#endif
+
 #include "lanes.h"
 
 namespace {
@@ -197,16 +206,18 @@ extern "C" int LayerNormInit(int *ndims, int64_t **shapes, const char **dtypes, 
   LayerNormPlan *plan = new LayerNormPlan;
   extra->SetKernelData(plan);
   for (int d = 0; d < rank; d++) (d < axis ? plan->outer : plan->inner) *= shapes[0][d];
-  if (!Broadcast(rank, shapes[0], axis, ndims[1], shapes[1], &plan->at_scale) ||
-      !Broadcast(rank, shapes[0], axis, ndims[2], shapes[2], &plan->at_bias))
-    return 3;  // the op's check refuses these first
+  // (the op's check refuses a scale or bias that does not broadcast first)
+  if (!Broadcast(rank, shapes[0], axis, ndims[1], shapes[1], &plan->at_scale)) return 3;
+#ifndef OPFORGE_LAYER_NORM_NO_BIAS
+  if (!Broadcast(rank, shapes[0], axis, ndims[2], shapes[2], &plan->at_bias)) return 3;
+#endif
   DropIdentity(&plan->at_scale);
   DropIdentity(&plan->at_bias);
   plan->eps = extra->Attr<float>("epsilon");
   return 0;
 }
 
-// params: x, scale, bias, y, mean, inv_std_dev.  Per row: the mean, then the squares about it (two
+// params: x, scale, bias (unless OPFORGE_LAYER_NORM_NO_BIAS), y, mean, inv_std_dev.  Per row: the mean, then the squares about it (two
 // passes over a row that sits in cache), then y in T arithmetic against scale and bias, laid out
 // contiguously once per call where they broadcast.
 extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
@@ -216,9 +227,9 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
     if (plan == nullptr) return 4;  // LayerNormInit makes it for each signature
     const int64_t outer = plan->outer, inner = plan->inner;
     const T *x = static_cast<const T *>(params[0]), *scale_in = static_cast<const T *>(params[1]),
-            *bias_in = static_cast<const T *>(params[2]);
-    T *y = static_cast<T *>(params[3]), *mean_out = static_cast<T *>(params[4]),
-      *inv_out = static_cast<T *>(params[5]);
+            *bias_in = kInputs == 3 ? static_cast<const T *>(params[2]) : nullptr;
+    T *y = static_cast<T *>(params[kInputs]), *mean_out = static_cast<T *>(params[kInputs + 1]),
+      *inv_out = static_cast<T *>(params[kInputs + 2]);
     std::vector<T> scale, bias;  // (broadcast ones only)
     const T *s = scale_in, *b = bias_in;
     if (!plan->at_scale.empty()) {
@@ -250,7 +261,12 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
         const double var = inner ? std::max(0.0, squares / inner - shift * shift) : none;
         const double inv = 1.0 / std::sqrt(var + eps);
         const T dm = static_cast<T>(shift), r = static_cast<T>(inv);
+#ifdef OPFORGE_LAYER_NORM_NO_BIAS
+        (void)b;
+        for (int64_t i = 0; i < inner; i++) yr[i] = ((xr[i] - m) - dm) * r * s[i];
+#else
         for (int64_t i = 0; i < inner; i++) yr[i] = ((xr[i] - m) - dm) * r * s[i] + b[i];
+#endif
         mean_out[o] = static_cast<T>(mean);
         inv_out[o] = static_cast<T>(inv);
       }
@@ -264,4 +280,8 @@ extern "C" int LayerNorm(int nparam, void **params, int *ndims, int64_t **shapes
 for _isa in (None, "avx2"):
     layer_norm.kernel(function="LayerNorm", dtypes={"x": FLOATS, "scale": FLOATS, "bias": FLOATS}, isa=_isa,
                       cflags=["-Wno-psabi"], include_dirs=HEADER_DIRS, code=LAYER_NORM_CC)
+    # the same source for calls without a bias (the ABI passes present inputs only)
+    layer_norm.kernel(function="LayerNorm", dtypes={"x": FLOATS, "scale": FLOATS}, isa=_isa,
+                      cflags=["-Wno-psabi", "-DOPFORGE_LAYER_NORM_NO_BIAS=1"], include_dirs=HEADER_DIRS,
+                      code=LAYER_NORM_CC, name="LayerNormNoBias", absent_inputs=["bias"])
 del _isa

@@ -34,7 +34,7 @@ import numpy as np
 from .. import _native
 from ..bounded_cache import BoundedCache
 from ..errors import AllocationError, ArityError, CudaError, DeviceError, OpforgeError
-from ..runtime.aot import WORKSPACE_ALIGN, AotKernel, workspace_sizes
+from ..runtime.aot import WORKSPACE_ALIGN, AotKernel, present, workspace_sizes
 from ..runtime import cpu
 from ..runtime.arrays import CUDA, device_name, host_view, placement
 from ..runtime.cuda_graph import copy_async
@@ -201,7 +201,7 @@ class Plan:
         node, kernel, in_specs, out_specs = step
         if not (isinstance(kernel, AotKernel) and kernel.device == "cpu"):
             return False
-        return not skips_kernel(node.op, out_specs) and all(s is not None for s in in_specs)
+        return not skips_kernel(node.op, out_specs)
 
     # -- the native program ---------------------------------------------------
     def _views(self) -> dict[int, int]:
@@ -275,8 +275,9 @@ class Plan:
         for index, (node, _, _, _) in enumerate(run):
             for value in node.outputs:
                 position.setdefault(home(value.id)[0], index)
-            for value in node.inputs:  # type: ignore[assignment]  # (a native step has every input: _native)
-                last_use[home(value.id)[0]] = index  # a view's or a part's reader keeps its memory alive
+            for value in node.inputs:  # type: ignore[assignment]
+                if value is not None:  # (an absent input: one its kernel is made without)
+                    last_use[home(value.id)[0]] = index  # a view's or a part's reader keeps its memory alive
         buffers: dict[int, Ref] = {}  # value id -> (buffer index, offset)
         for k, value in enumerate(graph.inputs):
             buffers[value.id] = (1 + k, 0)
@@ -308,8 +309,8 @@ class Plan:
         largest: tuple[str, str, Sequence[int]] | None  # the largest workspace: (op, Init function, requested)
         steps, workspace_bytes, largest = [], 0, None
         prepared = []
-        in_specs: list[TensorSpec]  # a native step has every input (_native): no spec is None
-        for node, kernel, in_specs, out_specs in run:  # type: ignore[assignment]
+        for node, kernel, given, out_specs in run:
+            in_specs = present(given)  # (the ABI passes present inputs only: see Kernel.absent_inputs)
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
             sizes_ws = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
@@ -320,7 +321,7 @@ class Plan:
             prepared.append((node, kernel, in_specs, out_specs, extra, sizes_ws))
         workspace_at = -(-arena // 64) * 64
         for node, kernel, in_specs, out_specs, extra, sizes_ws in prepared:
-            refs = ([buffers[v.id] for v in node.inputs]  # type: ignore[union-attr]  # (every input: _native)
+            refs = ([buffers[v.id] for v in node.inputs if v is not None]
                     + [buffers[v.id] for v in node.outputs])
             cursor = workspace_at
             for size in sizes_ws:
@@ -524,14 +525,14 @@ class DevicePlan:
         workspace_at = -(-intermediate_bytes // _IO_ALIGN) * _IO_ALIGN
         prepared: list[DeviceStep]
         prepared, workspace_bytes = [], 0
-        in_specs: list[TensorSpec]  # an AotKernel takes no absent input (its reject_reason): no spec is None
-        for node, kernel, in_specs, out_specs in steps:  # type: ignore[assignment]
+        for node, kernel, given, out_specs in steps:
+            in_specs = present(given)  # (the ABI passes present inputs only: see Kernel.absent_inputs)
             kernel.load()
             extra, requested = kernel.signature_state(node.op, in_specs + out_specs, node.attrs)
             sizes = workspace_sizes(requested, max((s.nbytes for s in in_specs), default=0), op=node.op.name,
                                     function=kernel.function_name + "Init")
             workspace_bytes = max(workspace_bytes, sum(sizes))
-            pointers = ([refs[v.id] for v in node.inputs]  # type: ignore[union-attr]  # (as in_specs above)
+            pointers = ([refs[v.id] for v in node.inputs if v is not None]
                         + [refs[v.id] for v in node.outputs])
             cursor = workspace_at
             for size in sizes:  # multiples of 64

@@ -31,7 +31,8 @@ Which nodes move:
   float, so that staying in float32 saves a cast on each side.
 
 Graph inputs and outputs keep their dtypes.  The decision is made with the CPU's
-kernels; a graph run on a GPU runs the same float32 nodes.
+kernels; a graph run on a GPU runs the same float32 nodes.  The first rule is
+``runtime.widen``'s, which single calls on a framework's narrow tensors follow too.
 """
 from __future__ import annotations
 
@@ -39,19 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import OpforgeError
-from ..runtime.aot import AotKernel
-from ..runtime.dispatch import select_kernel
+from ..runtime.widen import NARROW_FLOATS, float32_outputs, native_cpu_kernel
 from ..spec import TensorSpec
 from .ir import Node, Value, constant_node
 from .passes import eliminate_dead_code
 
 if TYPE_CHECKING:
-    from ..operator import Op
     from .ir import Graph
-
-#: Float dtypes without arithmetic of their own on the CPU: computed in float32.
-NARROW_FLOATS = ("float16", "bfloat16")
 
 
 def rounds_float32_result(value: Any) -> Any:
@@ -63,43 +58,17 @@ def rounds_float32_result(value: Any) -> Any:
     return value
 
 
-def _native(op: Op, specs: list[TensorSpec | None]) -> bool:
-    """Whether dispatch gives these specs a native CPU kernel (not a Python one, not none)."""
-    try:
-        kernel = select_kernel(op, specs)
-    except OpforgeError:
-        return False
-    return isinstance(kernel, AotKernel) and kernel.device == "cpu"
-
-
-def _widened_outputs(node: Node, wide_specs: list[TensorSpec | None]) -> list[TensorSpec] | None:
-    """The node's output specs with its narrow inputs in float32, when each is the node's own output with
-    float32 in place of a narrow dtype (else None: the op computes something else in float32)."""
-    try:
-        specs = node.op.infer_specs(wide_specs, node.attrs)
-    except OpforgeError:
-        return None
-    if len(specs) != len(node.outputs):
-        return None
-    for spec, value in zip(specs, node.outputs):
-        expected = "float32" if value.spec.dtype in NARROW_FLOATS else value.spec.dtype
-        if spec.dtype != expected or spec.shape != value.spec.shape:
-            return None
-    return specs
-
-
 def _float32_specs(node: Node, wide: dict[int, Value], constants: dict[int, Node]) -> list[TensorSpec] | None:
     """The node's output specs computed in float32, if it moves there (see the module's docstring); else None."""
-    narrow_inputs = [v for v in node.inputs if v is not None and v.spec.dtype in NARROW_FLOATS]
-    if not narrow_inputs or node.kernel is not None or "no_side_effect" not in node.op.traits:
+    if node.kernel is not None:
         return None  # (a kernel pinned by the layout pass, or a loaded graph, was chosen for these dtypes)
-    wide_specs = [None if v is None else TensorSpec(v.spec.shape, "float32", v.spec.layout)
-                  if v.spec.dtype in NARROW_FLOATS else v.spec for v in node.inputs]
-    out_specs = _widened_outputs(node, wide_specs)
-    if out_specs is None or not _native(node.op, wide_specs):
+    in_specs = [None if v is None else v.spec for v in node.inputs]
+    out_specs = float32_outputs(node.op, node.attrs, in_specs, [v.spec for v in node.outputs])
+    if out_specs is None:
         return None
-    if not _native(node.op, [None if v is None else v.spec for v in node.inputs]):
+    if not native_cpu_kernel(node.op, in_specs):
         return out_specs
+    narrow_inputs = [v for v in node.inputs if v is not None and v.spec.dtype in NARROW_FLOATS]
     # A native narrow kernel: moved only when its inputs are known in float32 already and it makes floats.
     saves_casts = (all(v.id in wide or v.id in constants for v in narrow_inputs)
                    and any(v.id in wide for v in narrow_inputs)

@@ -68,6 +68,11 @@ def workspace_sizes(requested: Sequence[int], floor_bytes: int, *, op: str, func
     return sizes
 
 
+def present(specs: Iterable[TensorSpec | None]) -> list[TensorSpec]:
+    """The specs of the inputs a call passes through the ABI: the present ones."""
+    return [s for s in specs if s is not None]
+
+
 def largest_nbytes(arrays: Iterable[npt.NDArray[Any] | None]) -> int:
     return max((a.nbytes for a in arrays if a is not None), default=0)
 
@@ -105,8 +110,10 @@ class AotKernel(Kernel):
 
     def reject_reason(self, op: Op, specs: Sequence[TensorSpec | None]) -> str | None:
         for index, spec in enumerate(specs):
-            if spec is None:  # the C ABI has no way to say "absent"
-                return f"input '{op.input_name(index)}' is absent, and a native kernel needs every input"
+            # the C ABI has no way to say "absent": only a kernel made for calls without the input takes one
+            if spec is None and op.input_name(index) not in self.absent_inputs:
+                return (f"input '{op.input_name(index)}' is absent, and a native kernel needs every input "
+                        "(unless it is declared with absent_inputs)")
         return super().reject_reason(op, specs)
 
     @property
@@ -206,7 +213,7 @@ class AotKernel(Kernel):
 
         several = len(op.outputs) > 1
         shapes, error = _native.call_infer(self._infer, self._extra_for_attrs(op, attrs),
-                                           [s.shape for s in specs],  # type: ignore[union-attr]  # all present
+                                           [s.shape for s in present(specs)],
                                            several)
         if error is not None:
             raise kernel_error(op, self, 0, error, function=self.function_name + "InferShape")
@@ -218,11 +225,12 @@ class AotKernel(Kernel):
         return [TensorSpec(shape, dtype) for shape in shapes]
 
     # -- running ------------------------------------------------------------
-    def plan(self, op: Op, arrays: Sequence[npt.NDArray[Any]], specs: Sequence[TensorSpec],
+    def plan(self, op: Op, arrays: Sequence[npt.NDArray[Any]], specs: Sequence[TensorSpec | None],
              out_specs: Sequence[TensorSpec], attrs: Mapping[str, AttrValue]) -> NativePlan | None:
         """The native launcher's plan for one signature (CPU kernels only)."""
         if self.device != "cpu":
             return None
+        specs = present(specs)
         extra, requested = self.signature_state(op, list(specs) + list(out_specs), attrs)
         return (self._function,
                 tuple(s.shape for s in out_specs),
@@ -238,9 +246,8 @@ class AotKernel(Kernel):
         with that byte (``check_op`` uses it to find never-written output)."""
         from .dispatch import as_array, input_specs, kernel_error
 
-        # (specs may hold None for absent inputs; a native kernel's inputs are all present)
-        specs: list[TensorSpec] = list(in_specs) if in_specs is not None else input_specs(  # type: ignore[assignment, arg-type]
-            op, arrays)
+        # the kernel gets the present inputs only (absent ones are those of its absent_inputs)
+        specs = present(in_specs if in_specs is not None else input_specs(op, arrays))
         if self.device == "gpu":
             from . import cuda
 
@@ -249,8 +256,9 @@ class AotKernel(Kernel):
                                     function=self.function_name + "Init")
             shapes = [s.shape for s in specs] + [s.shape for s in out_specs]
             names = [s.dtype for s in specs] + [s.dtype for s in out_specs]
-            return cuda.run_host_arrays(self, op, arrays, out_specs, sizes, shapes, names, extra)
-        arrays = tuple(as_array(op, k, a) for k, a in enumerate(arrays))
+            return cuda.run_host_arrays(self, op, [a for a in arrays if a is not None], out_specs, sizes, shapes,
+                                        names, extra)
+        arrays = tuple(as_array(op, k, a) for k, a in enumerate(arrays) if a is not None)
         if any(s is not None and s.layout != "ndarray" for s in list(specs) + list(out_specs)):
             return self._run_blocked(op, arrays, specs, out_specs, attrs)
         plan = self.plan(op, arrays, specs, out_specs, attrs)

@@ -21,6 +21,7 @@ from ..attrs import attr_key
 from ..bounded_cache import BoundedCache
 from ..errors import DeviceError, DTypeError, ShapeError
 from ..runtime.buffer_plan import BufferPlan
+from ..runtime.widen import plan_buffers
 from ..spec import TensorSpec
 from . import fast as fast_path
 from . import symbolic
@@ -94,7 +95,7 @@ class Binding:
                               "CUDA devices")
         tensors = [None if t is None else t.detach().contiguous() for t in tensors]
         key = (kind, attr_key(attrs), tuple(None if t is None else (t.shape, t.dtype) for t in tensors))
-        plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, self.specs(tensors), kind))
+        plan = self.plans.get_or_create(key, lambda: plan_buffers(op, attrs, self.specs(tensors), kind))
         if not plan.native and not plan.skip:
             return self.run_python(plan, tensors, attrs, device)
         outputs = [torch.empty(s.shape, dtype=torch_dtype(s.dtype), device=device) for s in plan.out_specs]
@@ -137,8 +138,8 @@ class Binding:
         attrs = op.resolve_attrs(given)
         in_specs = [None if s is None else TensorSpec(s[0], s[1]) for s in specs]
         key = (kind, attr_key(attrs), tuple(None if s is None else (s.shape, s.dtype) for s in in_specs))
-        plan = self.plans.get_or_create(key, lambda: BufferPlan(op, attrs, in_specs, kind))
-        if not plan.native:
+        plan = self.plans.get_or_create(key, lambda: plan_buffers(op, attrs, in_specs, kind))
+        if not plan.native or plan.function is None:  # (None: several kernels, a WidenedPlan's casts)
             return None
         last_error = current_stream = 0
         if kind == "gpu":
