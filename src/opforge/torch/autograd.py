@@ -105,6 +105,8 @@ class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to 
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        if all(g is None for g in grads):  # no gradient reached any output: none reaches the inputs
+            return (None,) * (4 + len(ctx.flat_like))
         if ctx.problem is not None:
             return (None, None, None, None, *ctx.gradient.refused(ctx, grads))
         per_input = ctx.gradient.backward(ctx, *grads)
