@@ -121,3 +121,42 @@ def test_narrow_calls_without_the_cpp_path():
     env = dict(os.environ, OPFORGE_TORCH_FAST="0")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("[]"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_bfloat16_activations_meet_float32_weights_and_train(compiled):
+    """In torch.autocast, a Linear's bfloat16 output meets layer_norm's float32 scale and bias: the op
+    promotes its floating inputs to one dtype (the widest) instead of refusing the mix, and the
+    float32 parameters get float32 gradients."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8)
+    scale = torch.nn.Parameter(torch.rand(8) + 0.5)
+    bias = torch.nn.Parameter(torch.rand(8))
+
+    def forward(x, layer_norm):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = linear(x)
+            assert compiled or h.dtype == torch.bfloat16
+            return ops.relu(layer_norm(h, scale, bias)).sum()
+
+    def ours(h, s, b):
+        return ops.layer_norm(h, s, b, axis=-1, epsilon=1e-5)[0]
+
+    def torchs(h, s, b):
+        return torch.nn.functional.layer_norm(h.float(), (8,), s, b, 1e-5)
+
+    x = torch.randn(4, 8)
+    run = torch.compile(forward, backend="aot_eager") if compiled else forward
+    loss = run(x, ours)
+    loss.backward()
+    grads = [p.grad.clone() for p in (scale, bias)]
+    for p in (scale, bias):
+        p.grad = None
+    expected = forward(x, torchs)
+    expected.backward()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for got, p in zip(grads, (scale, bias)):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5)
+

@@ -85,6 +85,8 @@ def _define(op: Op) -> Binding:
             library.impl(defined, gradient.kernel(getattr(ns, defined).default), "Autograd")
         for defined in (name, python_name):
             torch.library.register_fake(f"{namespace}::{defined}", binding.fake, lib=library)
+        for key in _AUTOCAST_KEYS:
+            library.impl(name, _autocast_kernel(getattr(ns, name).default, key), key)
         if fast:
             binding.fast = fast_path.FastPath(namespace, name, python_name, binding.native_plan)
             op.plan_caches.append(binding.fast)
@@ -93,6 +95,37 @@ def _define(op: Op) -> Binding:
         _bindings[(namespace, name)] = binding
         op._torch_binding = binding  # type: ignore[attr-defined]  # the op's binding, read by _binding_of
         return binding
+
+
+_AUTOCAST_KEYS = ("AutocastCPU", "AutocastCUDA")
+
+
+def _autocast_kernel(packet: Any, key: str) -> Any:
+    """The op inside ``torch.autocast``: its floating inputs at one dtype, the widest among them
+    (torch's "promote" policy), so a bfloat16 activation meets a float32 weight and the op runs
+    on the weight's dtype rather than failing on the mix.  opforge never narrows an input: its
+    CPU kernels compute bfloat16 and float16 in float32, so narrowing would gain nothing."""
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def autocast(*args: Any, **kwargs: Any) -> Any:
+        floats = [t.dtype for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            if len(set(floats)) < 2:
+                return packet(*args, **kwargs)
+            widest = floats[0]
+            for dtype in floats[1:]:
+                widest = torch.promote_types(widest, dtype)
+
+            def cast(value: Any) -> Any:
+                if isinstance(value, (list, tuple)):
+                    return [cast(v) for v in value]
+                is_float = isinstance(value, torch.Tensor) and value.is_floating_point()
+                return value.to(widest) if is_float else value
+
+            return packet(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    return autocast
 
 
 def _ops_named(target: Op | str) -> list[Op]:
