@@ -17,6 +17,13 @@ on CPU tensors, against:
 * ``torch.add(a, b)``;
 * ``torch.library.custom_op`` with a Python implementation (``a + b``).
 
+The forward-with-gradient path is timed apart: ``torch.autograd.grad(op(a, b),
+(a, b), g)`` on inputs that require grad, one forward and one backward per
+call, for the opforge op (its gradient rule, ``dy`` for each input, replayed
+as torch ops), ``torch.add`` and a ``torch.library.custom_op`` with
+``register_autograd`` (the baseline: a custom op with a gradient in PyTorch's
+own Python API).
+
 Each op is also called from a function compiled with
 ``torch.compile(fullgraph=True)`` (inductor), so a call there pays the compiled
 wrapper too.  Variants are timed in interleaved rounds (``call_overhead.py``'s
@@ -25,6 +32,7 @@ mean anything.  The last lines are
 
     torch_compiled_op_vs_native: <ratio>
     torch_op_vs_native: <ratio>          (goal <= 1.0)
+    torch_grad_op_vs_custom_op: <ratio>
 """
 from __future__ import annotations
 
@@ -83,6 +91,11 @@ def opforge_op():
     op = opforge.op("bench::add(Tensor a, Tensor b) -> Tensor y", traits=["no_side_effect"])
     op.def_infer(opforge.infer.same_as(0))
     op.kernel(source=f"{HERE / 'sources' / 'add.cc'}:Add", dtypes={"a": ["float32"], "b": ["float32"]})
+
+    @op.grad
+    def _(saved, dy):
+        return dy, dy
+
     return opforge.torch.register(op)
 
 
@@ -103,6 +116,10 @@ def custom_op():
     def _(a, b):
         return torch.empty_like(a)
 
+    def backward(ctx, grad):
+        return grad, grad
+
+    add.register_autograd(backward)
     return add
 
 
@@ -138,6 +155,19 @@ def main(argv=None):
 
     results = time_variants(variants, namespace, args.rounds, args.number)
     best = {name: min(times) for name, times in results.items()}
+    # forward with gradient: fewer calls per round, each is a forward and a backward
+    namespace.update(ag=a.clone().requires_grad_(), bg=b.clone().requires_grad_(), g=torch.ones(N), torch=torch)
+    with_grad = {}
+    for k, name in enumerate(ops):
+        if name == NATIVE:  # (no autograd)
+            continue
+        (da, db) = torch.autograd.grad(ops[name](namespace["ag"], namespace["bg"]), (namespace["ag"], namespace["bg"]),
+                                       namespace["g"])
+        if not (torch.equal(da, namespace["g"]) and torch.equal(db, namespace["g"])):
+            raise SystemExit(f"{name}: wrong gradient {da}, {db}")
+        with_grad[f"with grad: {name}"] = f"torch.autograd.grad(op{k}(ag, bg), (ag, bg), g)"
+    results = time_variants(with_grad, namespace, args.rounds, max(args.number // 10, 1))
+    best.update({name: min(times) for name, times in results.items()})
     width = max(map(len, best))
     for name, seconds in best.items():
         print(f"{name:<{width}}  {seconds * 1e6:8.3f} us   {seconds / best[NATIVE]:6.2f}x native")
@@ -146,6 +176,8 @@ def main(argv=None):
         print(f"torch_compiled_op_vs_native: "
               f"{best['torch.compile: ' + HEADLINE] / best['torch.compile: ' + NATIVE]:.2f}")
     print(f"torch_op_vs_native: {best[HEADLINE] / best[NATIVE]:.2f}")
+    print(f"torch_grad_op_vs_custom_op: "
+          f"{best['with grad: ' + HEADLINE] / best['with grad: torch.library.custom_op (Python impl)']:.2f}")
 
 
 if __name__ == "__main__":

@@ -245,6 +245,11 @@ class Gradient:
         torch specialize the graph to them (a guard, and a recompilation for other sizes)."""
         binding = self.binding
         names = binding.op.outputs
+        sizes = [None if t is None else (tuple(t.shape), t.dtype) for t in (*tensors, *outputs)]
+        if all(s is None or all(type(d) is int for d in s[0]) for s in sizes):  # no SymInt: keyed as torch gives it
+            key = (attr_key(attrs), tuple(sizes))
+            return self.graphs.get_or_create(key, lambda: self._backward_graph(
+                attrs, binding.specs(tensors), binding.specs(outputs, names)))
         ins, outs = Signature(binding.op, tensors), Signature(binding.op, outputs, names)
         if ins.symbols or outs.symbols:
             key = (attr_key(attrs), tuple(ins.unknown), tuple(outs.unknown))
