@@ -31,10 +31,14 @@ def saved(tmp_path_factory):
 def test_saved_functions_run_in_another_process(saved):
     path, expected = saved
     loaded = run("load", path)
-    assert set(loaded) == {"tanh_then_relu", "softmax", "twice"}
+    assert set(loaded) == {"tanh_then_relu", "softmax", "twice", "layer_norm_no_bias"}
     for name, values in expected.items():
         assert not isinstance(loaded[name], str), loaded[name]
-        np.testing.assert_allclose(loaded[name], values, rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(loaded[name], values, rtol=1e-6, atol=1e-6, err_msg=name)
+    x = np.linspace(-2.0, 2.0, 12, dtype=np.float64).reshape(3, 4)
+    normalised = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(loaded["layer_norm_no_bias"], normalised * np.linspace(0.5, 2.0, 4), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_an_op_not_registered_in_the_loading_process_is_an_error(saved):

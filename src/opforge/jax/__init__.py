@@ -149,6 +149,7 @@ class CallSite:
             return tuple(result) if op.tuple_output else result[0]
         out_types = self.out_types if not varying else [_typed_like(args[0], t) for t in self.out_types]
         call = jax.ffi.ffi_call(TARGET, out_types if op.tuple_output else out_types[0], vmap_method=self.vmap_method)
+        args = [a for a in args if a is not None]  # the kernel gets the present inputs (an absent one: its own kernel)
         if self.vmap_method == "broadcast_all":
             args = _same_rank(args)  # (planned, checked and inferred on the inputs as given)
         return call(*args, plans=np.int64(self.plans), identity=self.identity)
