@@ -99,6 +99,27 @@ def test_layer_norm_without_bias_runs_natively_and_matches(shape, axis, scale_sh
         np.testing.assert_array_equal(g, z)  # the same arithmetic as the kernel with a bias of zeros
 
 
+def test_a_call_without_bias_stays_in_the_native_launcher(monkeypatch):
+    """The launcher plans a signature with an absent input as any other (None is part of it) and hands the
+    kernel the present inputs: after the first call, Python runs nothing (CallPlanner.run is for calls the
+    launcher cannot make)."""
+    from opforge.runtime.dispatch import CallPlanner
+
+    x, scale = normal((16, 32), "float32", 8), normal((32,), "float32", 9)
+    first = ops.layer_norm(x, scale, None)
+    python_runs = []
+    run = CallPlanner.run
+    monkeypatch.setattr(CallPlanner, "run", lambda self, arrays: python_runs.append(self.op.name) or run(self, arrays))
+    again = ops.layer_norm(x + 1, scale, None)
+    assert python_runs == []
+    np.testing.assert_allclose(again[0], layer_norm_reference(x + 1, scale, axis=-1, epsilon=1e-5)[0], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(first[0], ops.layer_norm(x, scale, None)[0])
+    bias = normal((32,), "float32", 10)  # the same launcher, another signature: a plan of its own
+    np.testing.assert_allclose(ops.layer_norm(x, scale, bias)[0], first[0] + bias, rtol=1e-5, atol=1e-5)
+    assert python_runs == []
+
+
 def test_layer_norm_kernel_without_bias_is_refused_a_bias():
     x, scale, bias = normal((4, 8), "float32", 1), normal((8,), "float32", 2), normal((8,), "float32", 3)
     no_bias = layer_norm_kernel(x, scale, None)

@@ -164,6 +164,20 @@ def test_plain_calls_take_the_cpp_path_and_the_rest_python(scale, monkeypatch):
     assert python_calls == ["ttorch::scale"]
 
 
+def test_an_absent_optional_input_takes_the_cpp_path(monkeypatch):
+    from opforge.runtime.buffer_plan import BufferPlan
+
+    x, scale = torch.randn(8, 16), torch.rand(16) + 0.5
+    expected = torch.nn.functional.layer_norm(x, (16,), scale, None, 1e-5)
+    torch.testing.assert_close(torch.ops.opforge.layer_norm(x, scale, None)[0], expected)  # planned
+    python_calls = []
+    run = BufferPlan.run
+    monkeypatch.setattr(BufferPlan, "run", lambda self, *a, **k: python_calls.append(self.op.name) or run(self, *a, **k))
+    torch.testing.assert_close(torch.ops.opforge.layer_norm(x, scale, None)[0], expected)
+    torch.testing.assert_close(torch.ops.opforge.layer_norm(x, scale)[0], expected)  # bias left out
+    assert python_calls == []
+
+
 def test_without_the_cpp_path_calls_run_in_python(tmp_path):
     import subprocess
     import sys

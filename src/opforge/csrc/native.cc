@@ -469,9 +469,17 @@ struct LauncherObject {
   long long plan_misses;
 };
 
+// An absent optional input: None in the call, passed to no kernel (those for such calls take the others).
+bool IsAbsent(const PyArrayObject *a) { return reinterpret_cast<const PyObject *>(a) == Py_None; }
+
 bool SignatureMatches(const std::vector<int64_t> &sig, PyArrayObject **arrays, int n) {
   size_t pos = 0;
   for (int k = 0; k < n; ++k) {
+    if (IsAbsent(arrays[k])) {  // (no type_num is -1)
+      if (pos + 2 > sig.size() || sig[pos] != -1) return false;
+      pos += 2;
+      continue;
+    }
     int ndim = PyArray_NDIM(arrays[k]);
     if (pos + 2 + ndim > sig.size()) return false;
     if (sig[pos] != PyArray_DESCR(arrays[k])->type_num || sig[pos + 1] != ndim) return false;
@@ -484,6 +492,11 @@ bool SignatureMatches(const std::vector<int64_t> &sig, PyArrayObject **arrays, i
 void MakeSignature(std::vector<int64_t> *sig, PyArrayObject **arrays, int n) {
   sig->clear();
   for (int k = 0; k < n; ++k) {
+    if (IsAbsent(arrays[k])) {
+      sig->push_back(-1);
+      sig->push_back(0);
+      continue;
+    }
     sig->push_back(PyArray_DESCR(arrays[k])->type_num);
     sig->push_back(PyArray_NDIM(arrays[k]));
     for (int d = 0; d < PyArray_NDIM(arrays[k]); ++d) sig->push_back(PyArray_DIM(arrays[k], d));
@@ -561,7 +574,9 @@ Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, MakeTuple arr
   PyObject *spec = CallPlanner(self, "plan", tuple);
   if (spec == nullptr) return nullptr;
   auto *plan = new Plan();
-  bool ok = FillPlan(plan, spec, self->n_inputs, self->n_outputs);
+  int n_present = 0;
+  for (int k = 0; k < self->n_inputs; ++k) n_present += !IsAbsent(arrays[k]);
+  bool ok = FillPlan(plan, spec, n_present, self->n_outputs);
   Py_DECREF(spec);
   if (!ok) {
     delete plan;
@@ -799,7 +814,8 @@ PyObject *Launcher_call(LauncherObject *self, PyObject *args, PyObject *kwargs) 
         return nullptr;
       }
       for (int j = 0; j < self->n_inputs; ++j) {
-        if (!IsPlainArray(PyTuple_GET_ITEM(inputs, j))) {  // absent optional inputs, views for Python kernels
+        PyObject *item = PyTuple_GET_ITEM(inputs, j);
+        if (!IsPlainArray(item) && item != Py_None) {  // views for Python kernels, ...
           PyObject *result = CallPlanner(self, "run", inputs);
           Py_DECREF(inputs);
           return result;
@@ -843,10 +859,27 @@ PyObject *RunArrays(LauncherObject *self, PyArrayObject *const *given, PyObject 
     return result;
   }
   plan->users++;  // keeps the plan alive even if a call on another thread evicts it
+  // The kernel gets the present inputs only: absent ones are left out, as in every opforge call.
+  PyArrayObject *stack_present[kStackTensors];
+  std::vector<PyArrayObject *> heap_present;
+  PyArrayObject **run_arrays = arrays;
+  int n_present = self->n_inputs;
+  for (int k = 0; k < self->n_inputs; ++k) {
+    if (!IsAbsent(arrays[k])) continue;
+    if (n_tensors > kStackTensors) heap_present.resize(n_tensors);
+    run_arrays = n_tensors > kStackTensors ? heap_present.data() : stack_present;
+    n_present = 0;
+    for (int j = 0; j < self->n_inputs; ++j)
+      if (!IsAbsent(arrays[j])) run_arrays[n_present++] = arrays[j];
+    break;
+  }
   int rc = 0;
   Outcome outcome;
   PyObject *result = nullptr;
-  if (RunPlan(plan, arrays, self->n_inputs, self->n_outputs, CallPoison(), &rc, &outcome)) {
+  const bool ran = RunPlan(plan, run_arrays, n_present, self->n_outputs, CallPoison(), &rc, &outcome);
+  if (run_arrays != arrays)
+    for (int k = 0; k < self->n_outputs; ++k) arrays[self->n_inputs + k] = run_arrays[n_present + k];
+  if (ran) {
     if (rc != 0 || outcome.kind != nullptr) {
       PyObject *raised = PyObject_CallMethod(self->planner, "failed", "iNN", rc, OutcomeError(outcome),
                                              PyLong_FromVoidPtr(reinterpret_cast<void *>(plan->fn)));

@@ -302,7 +302,8 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
   size_t n_tensors = 0;
   for (size_t k = 0; k < n_args; ++k)
     n_tensors += state.kinds[k] == ArgKind::kTensorList ? args[k].toTensorList().size() : 1;
-  Small<const at::Tensor *> tensors;  // the inputs: on the stack, or in `held`
+  Small<const at::Tensor *> tensors;  // the present inputs (the kernel's): on the stack, or in `held`
+  Small<const at::Tensor *> slots;  // every input in order, nullptr for an absent optional one (the planner's)
   Small<at::Tensor> held;  // contiguous copies of strided inputs, list elements; never grows past the reserve
   held.reserve(n_tensors);
   Small<std::pair<const c10::IValue *, bool>> attrs;
@@ -320,6 +321,7 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
       tensors.push_back(&held.back());
     }
     PutTensor(&key, t);
+    slots.push_back(tensors.back());
     return true;
   };
   for (size_t k = 0; k < n_args; ++k) {
@@ -329,7 +331,12 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
         if (!take(v.toTensor(), true)) return false;
         break;
       case ArgKind::kOptionalTensor:
-        if (v.isNone() || !take(v.toTensor(), true)) return false;  // absent: a Python reference kernel runs it
+        if (v.isNone()) {  // absent: the plan is for kernels that take the call without it
+          Put(&key, static_cast<int8_t>(-1));  // (no scalar type is -1)
+          slots.push_back(nullptr);
+        } else if (!take(v.toTensor(), true)) {
+          return false;
+        }
         break;
       case ArgKind::kTensorList: {
         auto list = v.toTensorList();
@@ -368,7 +375,7 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
     if (found != state.plans.end()) plan = found->second;
   }
   if (plan == nullptr) {
-    std::vector<const at::Tensor *> specs(tensors.begin(), tensors.end());
+    std::vector<const at::Tensor *> specs(slots.begin(), slots.end());
     std::vector<std::pair<const c10::IValue *, bool>> plan_attrs(attrs.begin(), attrs.end());
     plan = MakePlan(state, cuda, cuda ? device->index() : 0, specs, plan_attrs);
     if (plan == nullptr) return false;
