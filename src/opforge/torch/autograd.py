@@ -247,8 +247,7 @@ class Gradient:
         names = binding.op.outputs
         sizes = [None if t is None else (tuple(t.shape), t.dtype) for t in (*tensors, *outputs)]
         if all(s is None or all(type(d) is int for d in s[0]) for s in sizes):  # no SymInt: keyed as torch gives it
-            key = (attr_key(attrs), tuple(sizes))
-            return self.graphs.get_or_create(key, lambda: self._backward_graph(
+            return self.graphs.get_or_create((attr_key(attrs), tuple(sizes)), lambda: self._backward_graph(
                 attrs, binding.specs(tensors), binding.specs(outputs, names)))
         ins, outs = Signature(binding.op, tensors), Signature(binding.op, outputs, names)
         if ins.symbols or outs.symbols:
