@@ -160,3 +160,15 @@ def test_autocast_bfloat16_activations_meet_float32_weights_and_train(compiled):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5)
 
+
+
+def test_float32_to_bfloat16_rounds_as_torch_does():
+    """The vectorized narrowing: ties to even, infinities, subnormals, overflow to infinity, NaN kept,
+    over a length that leaves a tail after the vector loop."""
+    special = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -2.5e-39, 3.4e38, 3.3961e38,
+                            1.00390625, 1.01171875, 1.0078125, -1.0078125, 65504.0, 1e-45])
+    values = torch.cat([special, torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 1e4])
+    got = ops.cast(values, dtype=torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), values.bfloat16().view(torch.int16))
+    nan = ops.cast(torch.tensor([float("nan")] * 9), dtype=torch.bfloat16)
+    assert torch.isnan(nan.float()).all()

@@ -178,6 +178,21 @@ def test_an_absent_optional_input_takes_the_cpp_path(monkeypatch):
     assert python_calls == []
 
 
+def test_a_dtype_attribute_takes_the_cpp_path(monkeypatch):
+    """A ScalarType argument is an int to torch's dispatcher: the C++ path reads it as a dtype."""
+    from opforge.runtime.buffer_plan import BufferPlan
+
+    x = torch.randn(5, 7)
+    for dtype in (torch.bfloat16, torch.float64):
+        assert torch.equal(torch.ops.opforge.cast(x, dtype=dtype), x.to(dtype))  # planned
+    python_calls = []
+    run = BufferPlan.run
+    monkeypatch.setattr(BufferPlan, "run", lambda self, *a, **k: python_calls.append(self.op.name) or run(self, *a, **k))
+    for dtype in (torch.bfloat16, torch.float64):
+        assert torch.equal(torch.ops.opforge.cast(x + 1, dtype=dtype), (x + 1).to(dtype))
+    assert python_calls == []
+
+
 def test_without_the_cpp_path_calls_run_in_python(tmp_path):
     import subprocess
     import sys

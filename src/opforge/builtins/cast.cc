@@ -39,6 +39,43 @@ static void Convert(const void *x, void *y, int64_t n) {
   });
 }
 
+// float32 -> bfloat16 without a branch per element (the NaN test is a select), so the loop vectorizes;
+// the same rounding as BFloat16(float).  Compiled twice: for the baseline ISA and, chosen at run time
+// as F16C is below, for AVX2 (twice as fast again).
+#define OPFORGE_FLOAT_TO_BFLOAT16_LOOP                                                   \
+  for (int64_t i = lo; i < hi; i++) {                                                    \
+    uint32_t u;                                                                          \
+    std::memcpy(&u, in + 4 * i, 4);                                                      \
+    const uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16;                       \
+    const uint32_t quiet_nan = (u >> 16) | 0x40;                                         \
+    out[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded); \
+  }
+
+static void FloatToBFloat16(const char *in, uint16_t *out, int64_t lo, int64_t hi) {
+  OPFORGE_FLOAT_TO_BFLOAT16_LOOP
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) static void FloatToBFloat16Avx2(const char *in, uint16_t *out, int64_t lo,
+                                                                 int64_t hi) {
+  OPFORGE_FLOAT_TO_BFLOAT16_LOOP
+}
+static const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+#endif
+#undef OPFORGE_FLOAT_TO_BFLOAT16_LOOP
+
+template <>
+void Convert<float, BFloat16>(const void *x, void *y, int64_t n) {
+  const char *in = static_cast<const char *>(x);
+  auto *out = static_cast<uint16_t *>(y);
+  opforge::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (kHasAvx2) return FloatToBFloat16Avx2(in, out, lo, hi);
+#endif
+    FloatToBFloat16(in, out, lo, hi);
+  });
+}
+
 #ifdef OPFORGE_CAST_F16C
 // float16 <-> float32 with F16C, 8 lanes a step, when the CPU has it (every x86 CPU with AVX2 does):
 // without -mf16c, _Float16's conversions are a library call per element, 15-30x slower.  F16C rounds

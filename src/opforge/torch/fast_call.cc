@@ -531,9 +531,11 @@ void *opforge_torch_bind(const char *ns, const char *name, const char *python_na
                  type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType) {
         state->kinds.push_back(ArgKind::kOptionalTensor);
       } else {
-        bool dtype = type->kind() == c10::TypeKind::ScalarTypeType ||
-                     (type->kind() == c10::TypeKind::OptionalType &&
-                      type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+        // A ScalarType argument is an int to the dispatcher (type()); its real type says it is a dtype.
+        const auto &real = argument.real_type();
+        bool dtype = real->kind() == c10::TypeKind::ScalarTypeType ||
+                     (real->kind() == c10::TypeKind::OptionalType &&
+                      real->castRaw<c10::OptionalType>()->getElementType()->kind() ==
                           c10::TypeKind::ScalarTypeType);
         state->kinds.push_back(dtype ? ArgKind::kDTypeAttr : ArgKind::kAttr);
         state->attr_names.push_back(argument.name());
