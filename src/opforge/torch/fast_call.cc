@@ -221,8 +221,9 @@ bool ReadInt64s(PyObject *seq, std::vector<int64_t> *out) {
   return true;
 }
 
-// Asks Python for the plan of one signature.  nullptr: run this call (and the
-// signature) through the Python op -- a Python kernel, or an error Python raises there.
+// Asks Python for the plan of one signature.  A plan without a function: the signature runs
+// in the Python op (a Python kernel, several kernels).  nullptr: an error, which the Python op
+// raises with its type (and which is asked again on the next call).
 std::shared_ptr<const Plan> MakePlan(OpState &state, bool cuda, int device_index,
                                      const std::vector<const at::Tensor *> &tensors,
                                      const std::vector<std::pair<const c10::IValue *, bool>> &attrs) {
@@ -241,7 +242,9 @@ std::shared_ptr<const Plan> MakePlan(OpState &state, bool cuda, int device_index
     Py_XDECREF(value);
   }
   if (ok) result = PyObject_CallFunction(state.planner, "siOO", cuda ? "gpu" : "cpu", device_index, specs, values);
-  if (result != nullptr && result != Py_None) {
+  if (result == Py_None) {  // the signature runs in Python (a Python kernel, a call of several kernels):
+    plan = std::shared_ptr<Plan>(new Plan(), DeletePlan);  // remembered, function nullptr, so it is not asked again
+  } else if (result != nullptr) {
     // (function, extra, [out shape], [out dtype], (workspace sizes), skip, last_error, current_stream,
     //  take_attr_error, keep)
     PyObject *function, *extra, *shapes, *names, *workspace, *skip, *last_error, *current_stream, *take_attr_error,
@@ -279,7 +282,7 @@ std::shared_ptr<const Plan> MakePlan(OpState &state, bool cuda, int device_index
       Py_INCREF(keep);
       plan->keep = keep;
     } else {
-      plan.reset();
+      plan.reset();  // (errors are not remembered: the Python op raises them, with their types)
     }
   }
   if (PyErr_Occurred()) PyErr_Clear();  // the Python op raises it again, with its type
@@ -388,6 +391,7 @@ bool TryFast(OpState &state, torch::jit::Stack *stack) {
     last.key = key;
     last.plan = plan;
   }
+  if (plan->function == nullptr) return false;  // a signature that runs in Python
 
   c10::optional<c10::DeviceGuard> guard;
   if (cuda) guard.emplace(*device);
