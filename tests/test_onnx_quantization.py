@@ -220,9 +220,12 @@ def run_both(model, *arrays):
 def test_qdq_conv_model_matches_onnxruntime():
     """x -> Q -> DQ -> Conv (int8 weights, per output channel, through DQ) -> Relu -> Q -> DQ, as quantization
     tools write a QDQ model."""
+    # 7-bit weights, as onnxruntime's quantizer writes them with reduce_range: its uint8 x int8 kernels on
+    # CPUs without VNNI add pairs of products in saturating 16-bit lanes, so full-range int8 weights come
+    # back wrong from onnxruntime there (one to four output steps here), right on CPUs with VNNI.
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    w_scale = (np.abs(w).reshape(4, -1).max(axis=1) / 127).astype(np.float32)
-    w_q = np.clip(np.rint(w / w_scale[:, None, None, None]), -127, 127).astype(np.int8)
+    w_scale = (np.abs(w).reshape(4, -1).max(axis=1) / 63).astype(np.float32)
+    w_q = np.clip(np.rint(w / w_scale[:, None, None, None]), -63, 63).astype(np.int8)
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
@@ -326,13 +329,15 @@ def test_matmul_integer_with_per_row_and_per_column_zero_points(atype, btype):
                          [("a", atype, [2, 5, 40]), ("b", btype, [40, 7])], [("y", TensorProto.INT32, [2, 5, 7])],
                          [("az", az), ("bz", bz)], opset=10)
         want = (a.astype(np.int64) - az.astype(np.int64)) @ (b.astype(np.int64) - bz.astype(np.int64))
-        if az.ndim == 0:  # onnxruntime takes zero points per tensor only
-            (ours,), (theirs,) = run_both(model, a, b)
-            np.testing.assert_array_equal(ours, theirs)
-        else:
-            ours = opforge.onnx.load(model)(a, b)
+        ours = opforge.onnx.load(model)(a, b)
         assert ours.dtype == np.int32
-        np.testing.assert_array_equal(ours, want)
+        np.testing.assert_array_equal(ours, want)  # exact, over the full ranges
+        if az.ndim == 0:  # onnxruntime takes zero points per tensor only
+            # On CPUs without VNNI onnxruntime's uint8 x int8 kernel adds pairs of products in saturating
+            # 16-bit lanes: it is exact for 7-bit int8 values (as its quantizer's reduce_range writes).
+            b7 = np.clip(b, -64, 63).astype(bnp) if (anp, bnp) == (np.uint8, np.int8) else b
+            (ours,), (theirs,) = run_both(model, a, b7)
+            np.testing.assert_array_equal(ours, theirs)
 
 
 def test_matmul_integer_of_2d_a_with_a_zero_point_per_row():
@@ -374,7 +379,7 @@ def test_conv_integer_and_qlinear_conv_match_onnxruntime():
     assert ours.dtype == np.int32
     np.testing.assert_array_equal(ours, theirs)
 
-    w8 = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    w8 = rng.integers(-64, 64, (4, 3, 3, 3)).astype(np.int8)  # 7-bit: see test_qdq_conv_model_matches_onnxruntime
     nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], **conv_attrs)]
     inits = [("xs", np.float32(0.01)), ("xz", np.uint8(128)), ("w", w8),
              ("ws", np.array([0.01, 0.02, 0.005, 0.03], np.float32)), ("wz", np.zeros(4, np.int8)),
