@@ -23,6 +23,11 @@ Softplus; ``activation_alpha`` / ``activation_beta`` are consumed in order
 by the activations that take them (each takes its ONNX default when the
 list runs out); a bidirectional node names both directions'.  ``clip`` bounds every gate's input to its activation.
 float16 and bfloat16 compute in float32 and are cast back.
+
+onnxruntime's com.microsoft DynamicQuantizeLSTM (the LSTM ``quantize_dynamic`` writes) takes W and R as
+int8 / uint8, transposed ([directions, input or hidden, 4 * hidden]), with scales and zero points per
+direction or per column: they are dequantized, transposed into LSTM's layout, and the node converts as an
+LSTM in float.
 """
 from __future__ import annotations
 
@@ -83,12 +88,14 @@ def bound(node: NodeContext, fn: Callable[[NodeContext, Any, float, float], Any]
     return lambda x: fn(node, x, alpha or 0.0, beta or 0.0)
 
 
-def activations(node: NodeContext, directions: int) -> list[list[Activation]]:
-    """The activation functions of each direction, in the op's order (LSTM f, g, h; GRU f, g; RNN f)."""
-    default = DEFAULT_ACTIVATIONS[node.op_type]
+def activations(node: NodeContext, directions: int, kind: str | None = None) -> list[list[Activation]]:
+    """The activation functions of each direction, in the op's order (LSTM f, g, h; GRU f, g; RNN f);
+    ``kind`` is the op's (LSTM, GRU or RNN), the node's type by default."""
+    kind = kind or node.op_type
+    default = DEFAULT_ACTIVATIONS[kind]
     names = list(node.attr("activations", []) or default * directions)
     if len(names) != len(default) * directions:
-        raise node.error(f"attribute 'activations' has {len(names)} names; {node.op_type} takes {len(default)} per "
+        raise node.error(f"attribute 'activations' has {len(names)} names; {kind} takes {len(default)} per "
                          f"direction ({', '.join(default)}), {len(default) * directions} here")
     alphas = [float(a) for a in node.attr("activation_alpha", [])]
     betas = [float(b) for b in node.attr("activation_beta", [])]
@@ -235,8 +242,9 @@ CELLS: dict[str, type[Cell]] = {"LSTM": LSTMCell, "GRU": GRUCell, "RNN": RNNCell
 # -- the unrolled node -----------------------------------------------------------------
 
 def recurrent_node(node: NodeContext, x: Any, w: Any, r: Any, b: Any, lens: Any, h0: Any,
-                   c0: Any = None, p: Any = None) -> tuple[Any, ...]:
-    kind = node.op_type
+                   c0: Any = None, p: Any = None, kind: str | None = None) -> tuple[Any, ...]:
+    """The outputs of an LSTM, GRU or RNN node (``kind``; the node's type by default)."""
+    kind = kind or node.op_type
     gates = GATES[kind]
     layout = int(node.attr("layout", 0))  # (from opset 14; the loader refuses it before)
     if layout not in (0, 1):
@@ -246,7 +254,7 @@ def recurrent_node(node: NodeContext, x: Any, w: Any, r: Any, b: Any, lens: Any,
         raise node.error(f"attribute 'direction' is {direction!r}; it must be 'forward', 'reverse' or "
                          "'bidirectional'")
     directions = DIRECTIONS[direction]
-    fns = activations(node, directions)
+    fns = activations(node, directions, kind)
     dtype = dtype_of(x)
     if dtype not in FLOATS + ("float16", "bfloat16"):
         raise node.error(f"input 'X' has dtype {dtype}; {kind} takes floating-point tensors")
@@ -384,3 +392,70 @@ def gru(node: NodeContext, x: Any, w: Any, r: Any, b: Any = None, sequence_lens:
 def lstm(node: NodeContext, x: Any, w: Any, r: Any, b: Any = None, sequence_lens: Any = None,
          initial_h: Any = None, initial_c: Any = None, p: Any = None) -> Any:
     return recurrent_node(node, x, w, r, b, sequence_lens, initial_h, initial_c, p)
+
+
+# -- com.microsoft DynamicQuantizeLSTM ----------------------------------------------------------------
+
+QUANTIZED_WEIGHTS = ("int8", "uint8")
+
+
+def dequantized(node: NodeContext, q: Any, scale: Any, zero_point: Any, name: str, dtype: str) -> Any:
+    """(q - zero_point) * scale of DynamicQuantizeLSTM's W or R ([directions, rows, 4 * hidden]), in ``dtype``,
+    transposed into ONNX LSTM's layout [directions, 4 * hidden, rows].  The scale and zero point are per
+    direction ([directions]) or per column ([directions, 4 * hidden]).  q - zero_point is an integer of at
+    most 9 bits, exact in any float; the product is rounded once."""
+    if dtype_of(q) not in QUANTIZED_WEIGHTS:
+        raise node.error(f"input '{name}' has dtype {dtype_of(q)}; it must be int8 or uint8")
+    if dtype_of(zero_point) != dtype_of(q):
+        raise node.error(f"input '{name}_zero_point' has dtype {dtype_of(zero_point)}; {name}'s is {dtype_of(q)}")
+    if dtype_of(scale) not in FLOATS + ("float16",):
+        raise node.error(f"input '{name}_scale' has dtype {dtype_of(scale)}; it must be float32 (or float16, "
+                         "float64)")
+    q_dims = dims_of(q)
+    if q_dims == UNKNOWN_RANK or len(q_dims) != 3:
+        raise node.error(f"input '{name}' has shape {list(q_dims) if q_dims != UNKNOWN_RANK else 'unknown'}; it "
+                         f"must be 3-D [num_directions, {'input' if name == 'W' else 'hidden'}_size, 4*hidden_size]")
+    directions, width = q_dims[0], q_dims[2]
+    scale_dims = node.static_shape(scale, f"input '{name}_scale'")
+    zp_dims = node.static_shape(zero_point, f"input '{name}_zero_point'")
+    per_column = len(scale_dims) == 2
+    fits = (len(scale_dims) in (1, 2) and zp_dims == scale_dims and directions in (-1, scale_dims[0])
+            and (not per_column or width in (-1, scale_dims[1])))
+    if not fits:
+        raise node.error(f"inputs '{name}_scale' and '{name}_zero_point' have shapes {list(scale_dims)} and "
+                         f"{list(zp_dims)}; they must both be [num_directions] (per direction) or [num_directions, "
+                         f"4*hidden_size] (per column), {name} being {list(q_dims)}")
+    broadcast = [-1, 1, scale_dims[1] if per_column else 1]
+    parts = (q, scale, zero_point)
+    if all(isinstance(v, np.ndarray) for v in parts):  # initializers, as quantize_dynamic writes them
+        shifted = q.astype(np.int32) - zero_point.astype(np.int32).reshape(broadcast)
+        w = (shifted.astype(np.float64) * scale.astype(np.float64).reshape(broadcast)).astype(dtype_of(scale))
+        w = w.transpose(0, 2, 1)
+        return w if w.dtype.name == dtype else w.astype(dtype)
+    shifted = ops.sub(ops.cast(q, dtype="float32"), ops.reshape(ops.cast(zero_point, dtype="float32"),
+                                                                 shape=broadcast))
+    if dtype_of(scale) != "float32":
+        shifted = ops.cast(shifted, dtype=dtype_of(scale))
+    w = ops.transpose(ops.mul(shifted, ops.reshape(scale, shape=broadcast)), perm=[0, 2, 1])
+    return w if dtype_of(scale) == dtype else ops.cast(w, dtype=dtype)
+
+
+@converter("DynamicQuantizeLSTM", domain="com.microsoft", since=1)
+def dynamic_quantize_lstm(node: NodeContext, x: Any, w: Any, r: Any, b: Any = None, sequence_lens: Any = None,
+                          initial_h: Any = None, initial_c: Any = None, p: Any = None, w_scale: Any = None,
+                          w_zero_point: Any = None, r_scale: Any = None, r_zero_point: Any = None) -> Any:
+    """onnxruntime's LSTM on 8-bit weights (what ``onnxruntime.quantization.quantize_dynamic`` makes of an
+    LSTM): W [directions, input, 4 * hidden] and R [directions, hidden, 4 * hidden], quantized per direction
+    or per column, are dequantized (at load time when they are initializers) and the node runs as a float
+    LSTM.  onnxruntime also quantizes X and H to uint8 at each product, which opforge does not: its outputs
+    differ from opforge's by that rounding."""
+    for name, value in (("W_scale", w_scale), ("W_zero_point", w_zero_point), ("R_scale", r_scale),
+                        ("R_zero_point", r_zero_point)):
+        if value is None:
+            raise node.error(f"input '{name}' is missing")
+    dtype = dtype_of(x)
+    if dtype not in FLOATS + ("float16", "bfloat16"):
+        raise node.error(f"input 'X' has dtype {dtype}; DynamicQuantizeLSTM takes floating-point tensors")
+    w = dequantized(node, w, w_scale, w_zero_point, "W", dtype)
+    r = dequantized(node, r, r_scale, r_zero_point, "R", dtype)
+    return recurrent_node(node, x, w, r, b, sequence_lens, initial_h, initial_c, p, kind="LSTM")
