@@ -429,7 +429,8 @@ constexpr int kStackTensors = 16;
 
 struct Plan {
   KernelFn fn = nullptr;           // nullptr: the planner runs this signature itself
-  std::vector<int64_t> signature;  // per input: type_num, ndim, dims...
+  std::vector<int64_t> signature;  // per input: type_num, ndim, dims... (-1, 0 for an absent one)
+  int n_present = 0;               // the inputs the kernel gets: those not absent
   PyObject *spec = nullptr;        // the planner's tuple; keeps everything below alive
   std::vector<PyArray_Descr *> out_descrs;
   std::vector<std::vector<npy_intp>> out_dims;
@@ -574,9 +575,8 @@ Plan *FindOrMakePlan(LauncherObject *self, PyArrayObject **arrays, MakeTuple arr
   PyObject *spec = CallPlanner(self, "plan", tuple);
   if (spec == nullptr) return nullptr;
   auto *plan = new Plan();
-  int n_present = 0;
-  for (int k = 0; k < self->n_inputs; ++k) n_present += !IsAbsent(arrays[k]);
-  bool ok = FillPlan(plan, spec, n_present, self->n_outputs);
+  for (int k = 0; k < self->n_inputs; ++k) plan->n_present += !IsAbsent(arrays[k]);
+  bool ok = FillPlan(plan, spec, plan->n_present, self->n_outputs);
   Py_DECREF(spec);
   if (!ok) {
     delete plan;
@@ -859,25 +859,22 @@ PyObject *RunArrays(LauncherObject *self, PyArrayObject *const *given, PyObject 
     return result;
   }
   plan->users++;  // keeps the plan alive even if a call on another thread evicts it
-  // The kernel gets the present inputs only: absent ones are left out, as in every opforge call.
+  // The kernel gets the present inputs only (a plan of a signature with absent ones says so).
   PyArrayObject *stack_present[kStackTensors];
   std::vector<PyArrayObject *> heap_present;
   PyArrayObject **run_arrays = arrays;
-  int n_present = self->n_inputs;
-  for (int k = 0; k < self->n_inputs; ++k) {
-    if (!IsAbsent(arrays[k])) continue;
+  const int n_present = plan->n_present;
+  if (n_present != self->n_inputs) {
     if (n_tensors > kStackTensors) heap_present.resize(n_tensors);
     run_arrays = n_tensors > kStackTensors ? heap_present.data() : stack_present;
-    n_present = 0;
-    for (int j = 0; j < self->n_inputs; ++j)
-      if (!IsAbsent(arrays[j])) run_arrays[n_present++] = arrays[j];
-    break;
+    for (int k = 0, at = 0; k < self->n_inputs; ++k)
+      if (!IsAbsent(arrays[k])) run_arrays[at++] = arrays[k];
   }
   int rc = 0;
   Outcome outcome;
   PyObject *result = nullptr;
   const bool ran = RunPlan(plan, run_arrays, n_present, self->n_outputs, CallPoison(), &rc, &outcome);
-  if (run_arrays != arrays)
+  if (run_arrays != arrays)  // (the outputs, after the present inputs there)
     for (int k = 0; k < self->n_outputs; ++k) arrays[self->n_inputs + k] = run_arrays[n_present + k];
   if (ran) {
     if (rc != 0 || outcome.kind != nullptr) {

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _native
 from ..operator import PyKernel
 from . import cuda
-from .aot import workspace_sizes
+from .aot import present, workspace_sizes
 from .dispatch import kernel_error, select_kernel, skips_kernel
 
 if TYPE_CHECKING:
@@ -58,26 +58,32 @@ class BufferPlan:
     def __init__(self, op: Op, attrs: Mapping[str, AttrValue], specs: Sequence[TensorSpec | None],
                  device: str) -> None:
         kernel: Any  # as self.kernel
-        self.op, self.device = op, device
-        self.in_specs = tuple(specs)
         self.kernel = kernel = select_kernel(op, specs, device=device)
-        self.out_specs = tuple(op.infer_specs(specs, attrs, kernel))
-        for spec in self.out_specs:
+        out_specs = op.infer_specs(specs, attrs, kernel)
+        for spec in out_specs:
             op.check_output_shape(spec)
-        self.out_nbytes = tuple(s.nbytes for s in self.out_specs)
-        present = [s for s in specs if s is not None]
-        self.skip = skips_kernel(op, self.out_specs)
+        given = self._describe(op, device, specs, out_specs)
         self.native = not isinstance(kernel, PyKernel)
-        self.shapes = tuple(s.shape for s in present + list(self.out_specs))
-        self.dtypes = tuple(s.dtype for s in present + list(self.out_specs))
         if self.native:
-            self.extra, requested = kernel.signature_state(op, present + list(self.out_specs), attrs)
-            self.workspace = workspace_sizes(requested, max((s.nbytes for s in present), default=0), op=op.name,
+            self.extra, requested = kernel.signature_state(op, given + list(self.out_specs), attrs)
+            self.workspace = workspace_sizes(requested, max((s.nbytes for s in given), default=0), op=op.name,
                                              function=kernel.function_name + "Init")
             self.function = kernel._function
         else:
             self.extra, self.workspace, self.function = None, (), None
         self.workspace_bytes = sum(self.workspace)
+
+    def _describe(self, op: Op, device: str, specs: Sequence[TensorSpec | None],
+                  out_specs: Sequence[TensorSpec]) -> list[TensorSpec]:
+        """Set what a plan says of its call's tensors; returns the present inputs' specs."""
+        self.op, self.device = op, device
+        self.in_specs, self.out_specs = tuple(specs), tuple(out_specs)
+        self.out_nbytes = tuple(s.nbytes for s in self.out_specs)
+        self.skip = skips_kernel(op, self.out_specs)
+        given = present(specs)
+        self.shapes = tuple(s.shape for s in given + list(self.out_specs))
+        self.dtypes = tuple(s.dtype for s in given + list(self.out_specs))
+        return given
 
     def pointers(self, inputs: Sequence[int], outputs: Sequence[int], workspace: int = 0) -> list[int]:
         """The kernel's ``params``: input and output data pointers, then one per workspace buffer."""

@@ -20,7 +20,7 @@ from ..errors import OpforgeError
 from ..spec import TensorSpec
 from .aot import WORKSPACE_ALIGN, AotKernel
 from .buffer_plan import BufferPlan
-from .dispatch import select_kernel, skips_kernel
+from .dispatch import select_kernel
 
 if TYPE_CHECKING:
     from ..attrs import AttrValue
@@ -111,15 +111,10 @@ class WidenedPlan(BufferPlan):
         if cast_op is None:
             raise OpforgeError(f"op '{op.name}': a float16 or bfloat16 call computed in float32 needs the "
                                "built-in cast op")
-        self.op, self.device, self.in_specs, self.out_specs = op, "cpu", tuple(specs), tuple(out_specs)
+        present = self._describe(op, "cpu", specs, out_specs)
         self.inner = BufferPlan(op, attrs, in_float32(specs), "cpu")
         self.kernel = self.inner.kernel
-        self.out_nbytes = tuple(s.nbytes for s in self.out_specs)
-        self.skip = skips_kernel(op, self.out_specs)
         self.native, self.extra, self.function = True, None, None
-        present = [s for s in specs if s is not None]
-        self.shapes = tuple(s.shape for s in present + list(self.out_specs))
-        self.dtypes = tuple(s.dtype for s in present + list(self.out_specs))
         staging: list[int] = []
 
         def stage(spec: TensorSpec, dtype: str) -> tuple[BufferPlan, int]:

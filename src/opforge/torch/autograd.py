@@ -93,7 +93,7 @@ class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to 
         outputs = output if gradient.binding.op.tuple_output else (output,)
         gradient.setup_context(ctx, args, kwargs, output, tangents)
         ctx.slots = slots
-        ctx.flat_like = [(t.shape, t.dtype) for t in flat]
+        ctx.flat_like = [(t.shape, t.dtype) for t in flat] if ctx.problem is not None else None
         # Floating outputs stay differentiable even when the op has no gradient: so do torch's own ops
         # without a derivative (torch.special.zeta's first input), whose backward raises.  Marking them
         # non-differentiable would let a gradient that needs this op skip it without an error (a layer
@@ -106,7 +106,7 @@ class _Apply(torch.autograd.Function):  # type: ignore[misc]  # torch is Any to 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         if all(g is None for g in grads):  # no gradient reached any output: none reaches the inputs
-            return (None,) * (4 + len(ctx.flat_like))
+            return (None,) * len(ctx.needs_input_grad)
         if ctx.problem is not None:
             return (None, None, None, None, *ctx.gradient.refused(ctx, grads))
         per_input = ctx.gradient.backward(ctx, *grads)
@@ -291,7 +291,6 @@ class Gradient:
                  if g is None else g for g, (shape, dtype, device) in zip(grads, ctx.output_like)]
         found = iter(replay(ctx.graph, saved + grads, like=like))  # type: ignore[operator]  # as above
         return [next(found) if keep else None for keep in ctx.present]
-
 
     def jvp(self, ctx: Any, tangents: Sequence[Any]) -> Any:
         """Forward mode from the reverse rule: the backward graph is linear in the output

@@ -103,25 +103,30 @@ class Signature:
         # stay free, so the batch size of matmul(x, weight) never recompiles.
         count = len(self.symbols)
         variables: list[list[int]] = []  # the symbols each variable moves
+        moved: list[list[tuple[int, ...]]] = []  # the output shapes with each variable moved by 2
+        check = None
         if base is not None:
-            tied = [k for k in range(count) if run({k: 2}) is None]
+            alone = [run({k: 2}) for k in range(count)]
+            tied = [k for k in range(count) if alone[k] is None]
             variables = [[k] for k in range(count) if k not in tied]
-            if len(tied) > 1 and len({self.symbols[k][1] for k in tied}) == 1 \
-                    and run(dict.fromkeys(tied, 2)) is not None:
+            moved = [found for found in alone if found is not None]
+            equal = len(tied) > 1 and len({self.symbols[k][1] for k in tied}) == 1
+            together = run(dict.fromkeys(tied, 2)) if equal else None
+            if together is not None:
                 variables.append(tied)
-        moved = [run(dict.fromkeys(members, 2)) for members in variables]
-        check = run({k: 2 * (v + 1) for v, members in enumerate(variables) for k in members}) if variables \
-            else None
-        if check is None or any(m is None for m in moved):
-            variables, moved = [], []
+                moved.append(together)
+            check = run({k: 2 * (v + 1) for v, members in enumerate(variables) for k in members}) if variables \
+                else None
+        if check is None:
+            variables = []
         result = []
         for o, shape in enumerate(shapes):
             dims = []
             for at, d in enumerate(shape):
                 found = None
-                if d < 0 and variables:
-                    found = self._linear(base[o][at], [members[0] for members in variables],  # type: ignore[index]
-                                         [m[o][at] for m in moved], check[o][at])  # type: ignore[index]
+                if d < 0 and base is not None and check is not None:
+                    found = self._linear(base[o][at], [members[0] for members in variables],
+                                         [m[o][at] for m in moved], check[o][at])
                 dims.append(d if d >= 0 else found if found is not None else -1)
             result.append(dims)
         if any(isinstance(d, int) and d < 0 for dims in result for d in dims):
